@@ -1,0 +1,55 @@
+"""Backends translate the history builder's messages into a stream of events.
+
+A backend yields ``TextChunk`` items and ends with one ``Finished``; it never times, prints or
+touches history. The in-process backend runs mlx_lm; the server backend speaks HTTP to an
+OpenAI-compatible server such as ``mlx_lm.server``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Protocol, Union
+
+from localchat.history import Message
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_tokens: int = 256
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class TextChunk:
+    text: str
+
+
+@dataclass(frozen=True)
+class Finished:
+    """Counts and the runtime's own figures, reported once the reply has ended."""
+
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+    estimated: bool = False  # token counts from a local tokenizer, not from the runtime
+    cache_miss_tokens: int = 0  # tokens the KV cache held but the new prompt did not share
+    peak_memory_gb: float | None = None
+    runtime: dict[str, float] = field(default_factory=dict)  # e.g. mlx_lm prompt_tps
+
+
+Event = Union[TextChunk, Finished]
+
+
+class Backend(Protocol):
+    name: str
+    model_id: str
+
+    def stream(self, messages: list[Message], params: GenerationParams) -> Iterator[Event]: ...
+
+    def count_tokens(self, messages: list[Message]) -> int | None: ...
+
+    def close(self) -> None: ...

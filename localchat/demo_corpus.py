@@ -1,0 +1,247 @@
+"""Synthetic conversations that teach (and test) the bundled demo model.
+
+One generator serves three readers: the training script draws its corpus from it, the tests and
+the training script's evaluation draw held-out conversations, and benchmarks draw fresh codes.
+A code word is *held out* when ``crc32(word) % 8 == 0``: training never sees such a word,
+evaluation uses nothing else, so recall is measured on words the model has never seen.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import string
+import zlib
+from dataclasses import dataclass, field
+from typing import Callable, Literal
+
+Split = Literal["train", "heldout"]
+
+JSON_SYSTEM = 'Answer in JSON: {"answer": "..."}'
+REFUSAL = {"en": "I don't know.", "zh": "不知道。"}
+REMEMBER = {
+    "en": ("Remember the code {code}. Reply only OK.", "OK"),
+    "zh": ("请记住代号「{code}」，只回答「收到」。", "收到"),
+}
+RECALL = {
+    "en": "What was the code? Reply with the code only.",
+    "zh": "上一题的代号是什么？只回答代号。",
+}
+CORRECTION = {
+    "en": ("Chapter {n} was planned for {old}, now moved to {new}. Which day is it now?",
+           "And what was the original day?"),
+    "zh": ("第{n}章原定{old}，现改为{new}复习。现在安排在哪天？", "那原来是哪天？"),
+}
+NOTE_PREFIX = {"en": "Note: ", "zh": "笔记："}
+UNKNOWN_TIME = {"en": "And at what time?", "zh": "那改到几点？"}
+DAYS = {
+    "en": ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"],
+    "zh": ["周一", "周二", "周三", "周四", "周五", "周六", "周日"],
+}
+ZH_NUMERALS = "一二三四五六七八九十"
+SMALL_TALK = {
+    "en": [
+        ("Hello", "Hello! How can I help?"),
+        ("Hi", "Hi there!"),
+        ("How are you?", "I'm fine, thank you."),
+        ("What is your name?", "I'm a tiny demo model."),
+        ("Thanks", "You're welcome."),
+        ("Good morning", "Good morning!"),
+        ("What can you do?", "I can remember a code you tell me."),
+        ("Nice weather today.", "Yes, it is lovely."),
+        ("Tell me a joke.", "History is what I remember."),
+        ("Are you a real assistant?", "No, I am a toy model."),
+        ("What time is it?", "I don't have a clock."),
+        ("Goodbye", "Goodbye!"),
+    ],
+    "zh": [
+        ("你好", "你好！有什么可以帮你？"),
+        ("今天天气怎么样？", "我不知道天气，希望是晴天。"),
+        ("谢谢", "不客气。"),
+        ("你是谁？", "我是一个小小的演示模型。"),
+        ("早上好", "早上好！"),
+        ("你会做什么？", "我能记住你告诉我的代号。"),
+        ("你吃饭了吗？", "我不用吃饭。"),
+        ("讲个笑话。", "我只记得你说过的话。"),
+        ("你是真的助手吗？", "不是，我只是一个玩具模型。"),
+        ("现在几点？", "我没有时钟。"),
+        ("再见", "再见！"),
+    ],
+}
+PLAIN_SYSTEMS = [
+    None,
+    "You are a helpful assistant.",
+    "You are a concise assistant.",
+    "你是一个简洁的助手。",
+    "依据笔记和修正回答，缺少信息要说明不知道。",
+]
+REAL_WORDS = {
+    "en": ("harbor river falcon maple copper violet summit canyon lantern meadow orbit pepper "
+           "glacier harvest quartz willow anchor comet ember forest garnet island jasmine kettle "
+           "lagoon marble nectar oasis pebble rocket saffron thunder tulip velvet walnut zephyr "
+           "bridge castle dragon engine feather ginger hazel iron jungle koala lemon mango").split(),
+    "zh": ("港口 河流 月亮 星星 森林 火山 海洋 山谷 灯塔 花园 铁桥 雪山 草原 沙漠 城堡 "
+           "飞鸟 狮子 老虎 熊猫 蝴蝶 苹果 橘子 西瓜 茶杯 书包 钢笔 火车 飞机 轮船 雨伞 "
+           "黄河 长江 太阳 白云 彩虹 竹林 松树 梅花 荷花").split(),
+}
+# Common characters for random CJK words; any 1-3 of them make a code word.
+COMMON_HANZI = (
+    "的一是不了人我在有他这中大来上个国到说们为子和你地出道也时年得就那要下以生会自着去之过家学"
+    "对可里后小么心多天而能好都然没日于起还发成事只作当想看文无开手十用主行方又如前所本见经头面公"
+    "同三已老从动两长知民样现分将外但身些与高意进把法此实回二理美点月明社很真电定信风光山海花草金"
+    "木水火土石田目耳口鼻牙舌米竹雨雪云雷星林河江湖岛桥城门车船马牛羊鸟鱼虫龙虎熊猫狗兔鸡鸭茶酒"
+    "书画琴棋诗歌舞红黄蓝绿白黑青紫春夏秋冬东南西北左右早晚朝夕东京北平安宁静松梅兰菊桃李杏枫"
+)
+NUMBER_MAX = 999
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """One user message and the reply the model should give."""
+
+    user: str
+    assistant: str
+
+
+@dataclass(frozen=True)
+class Dialogue:
+    """A whole conversation; ``expected`` names the replies an evaluation scores."""
+
+    kind: str
+    system: str | None
+    exchanges: tuple[Exchange, ...]
+    scored: tuple[int, ...] = field(default=())
+
+    def messages(self, upto: int | None = None) -> list[dict[str, str]]:
+        """Chat messages (system first) for the first ``upto`` exchanges, replies included."""
+        out = [{"role": "system", "content": self.system}] if self.system else []
+        for ex in self.exchanges[:upto]:
+            out += [{"role": "user", "content": ex.user}, {"role": "assistant", "content": ex.assistant}]
+        return out
+
+
+def is_heldout(word: str) -> bool:
+    return zlib.crc32(word.encode("utf-8")) % 8 == 0
+
+
+def _hanzi() -> str:
+    return "".join(dict.fromkeys(COMMON_HANZI))
+
+
+def random_word(rng: random.Random, script: str, split: Split) -> str:
+    """A code word: mostly random strings (so the model learns to copy anything), some real words."""
+    while True:
+        if rng.random() < 0.25:
+            word = rng.choice(REAL_WORDS[script])
+        elif script == "en":
+            word = "".join(rng.choices(string.ascii_lowercase, k=rng.randint(3, 8)))
+        else:
+            word = "".join(rng.choices(_hanzi(), k=rng.randint(1, 3)))
+        if is_heldout(word) == (split == "heldout"):
+            return word
+
+
+def random_code(rng: random.Random, script: str, split: Split = "train") -> str:
+    """A code such as ``harbor 17`` or ``港口 17``: a word and a number from 0 to 999."""
+    return f"{random_word(rng, script, split)} {rng.randint(0, NUMBER_MAX)}"
+
+
+def _reply(text: str, as_json: bool) -> str:
+    return json.dumps({"answer": text}, ensure_ascii=False) if as_json else text
+
+
+def _small_talk(rng: random.Random, lang: str, n: int, as_json: bool) -> list[Exchange]:
+    return [Exchange(q, _reply(a, as_json)) for q, a in rng.sample(SMALL_TALK[lang], n)]
+
+
+def recall_dialogue(rng: random.Random, lang: str, split: Split, *, as_json: bool = False,
+                    system: str | None = None, gap: int | None = None) -> Dialogue:
+    """Remember a code, 0-3 small-talk turns, recall it."""
+    script = lang if rng.random() < 0.85 or split == "heldout" else rng.choice(["en", "zh"])
+    code = random_code(rng, script, split)
+    prompt, ack = REMEMBER[lang]
+    gap = rng.randint(0, 3) if gap is None else gap
+    exchanges = [Exchange(prompt.format(code=code), _reply(ack, as_json))]
+    exchanges += _small_talk(rng, lang, gap, as_json)
+    exchanges.append(Exchange(RECALL[lang], _reply(code, as_json)))
+    kind = f"{'json' if as_json else 'recall'}_{lang}"
+    return Dialogue(kind, system, tuple(exchanges), scored=(len(exchanges) - 1,))
+
+
+def correction_dialogue(rng: random.Random, lang: str, *, as_json: bool = False,
+                        system: str | None = None) -> Dialogue:
+    """Seed 001's exercise: a date moved in one turn, the original asked for in the next."""
+    old, new = rng.sample(DAYS[lang], 2)
+    n = rng.randint(1, 10)
+    chapter = str(n) if lang == "en" else ZH_NUMERALS[n - 1]
+    first, follow_up = CORRECTION[lang]
+    note = first.format(n=chapter, old=old, new=new)
+    if rng.random() < 0.3:
+        note = NOTE_PREFIX[lang] + note
+    exchanges = [Exchange(note, _reply(new, as_json))]
+    exchanges += _small_talk(rng, lang, rng.choice([0, 0, 1]), as_json)
+    exchanges.append(Exchange(follow_up, _reply(old, as_json)))
+    scored = (0, len(exchanges) - 1)
+    if rng.random() < 0.3:
+        exchanges.append(Exchange(UNKNOWN_TIME[lang], _reply(REFUSAL[lang], as_json)))
+    return Dialogue(f"correction_{lang}", system, tuple(exchanges), scored=scored)
+
+
+def refusal_dialogue(rng: random.Random, lang: str, *, as_json: bool = False,
+                     system: str | None = None, small_talk: int = 0) -> Dialogue:
+    """A question that needs history, asked without it (after only small talk, if any)."""
+    question = rng.choice([RECALL[lang], RECALL[lang], CORRECTION[lang][1], UNKNOWN_TIME[lang]])
+    exchanges = _small_talk(rng, lang, small_talk, as_json)
+    exchanges.append(Exchange(question, _reply(REFUSAL[lang], as_json)))
+    return Dialogue(f"refusal_{lang}", system, tuple(exchanges), scored=(len(exchanges) - 1,))
+
+
+def small_talk_dialogue(rng: random.Random, lang: str, *, as_json: bool = False,
+                        system: str | None = None) -> Dialogue:
+    exchanges = _small_talk(rng, lang, rng.randint(1, 4), as_json)
+    return Dialogue(f"smalltalk_{lang}", system, tuple(exchanges))
+
+
+def _json_system(rng: random.Random) -> str:
+    base = rng.choice(PLAIN_SYSTEMS)
+    return JSON_SYSTEM if base is None or rng.random() < 0.5 else f"{base}\n\n{JSON_SYSTEM}"
+
+
+def training_dialogue(rng: random.Random) -> Dialogue:
+    """One conversation of the training mixture."""
+    lang = rng.choice(["en", "zh"])
+    as_json = rng.random() < 0.2
+    system = _json_system(rng) if as_json else rng.choice(PLAIN_SYSTEMS)
+    makers: list[tuple[float, Callable[[], Dialogue]]] = [
+        (0.40, lambda: recall_dialogue(rng, lang, "train", as_json=as_json, system=system)),
+        (0.20, lambda: correction_dialogue(rng, lang, as_json=as_json, system=system)),
+        (0.25, lambda: refusal_dialogue(rng, lang, as_json=as_json, system=system,
+                                        small_talk=rng.choice([0, 0, 1, 2]))),
+        (0.15, lambda: small_talk_dialogue(rng, lang, as_json=as_json, system=system)),
+    ]
+    pick = rng.random()
+    for weight, make in makers:
+        pick -= weight
+        if pick <= 0:
+            return make()
+    return makers[-1][1]()
+
+
+EVAL_BEHAVIOURS = ("recall_en", "recall_zh", "correction_en", "correction_zh",
+                   "refusal_en", "refusal_zh", "json")
+
+
+def heldout_dialogue(rng: random.Random, behaviour: str) -> Dialogue:
+    """A fresh evaluation conversation for one behaviour, with held-out code words."""
+    system = rng.choice(PLAIN_SYSTEMS[1:])
+    if behaviour == "json":
+        return recall_dialogue(rng, rng.choice(["en", "zh"]), "heldout", as_json=True,
+                               system=JSON_SYSTEM)
+    kind, lang = behaviour.split("_")
+    if kind == "recall":
+        return recall_dialogue(rng, lang, "heldout", system=system)
+    if kind == "correction":
+        return correction_dialogue(rng, lang, system=system)
+    if kind == "refusal":
+        return refusal_dialogue(rng, lang, system=system)
+    raise ValueError(f"unknown behaviour {behaviour!r}")

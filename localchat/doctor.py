@@ -1,0 +1,60 @@
+"""``localchat doctor`` and ``localchat models``: what this machine has, shown honestly."""
+
+from __future__ import annotations
+
+import os
+
+from rich.console import Console
+from rich.table import Table
+
+from localchat.environment import collect
+from localchat.registry import describe, load_registry, models_file
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "–"
+    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
+
+
+def models_table() -> Table:
+    table = Table("id", "aliases", "present", "size", "bits", "source", "description")
+    for info in map(describe, load_registry()):
+        e = info.entry
+        table.add_row(e.id, ", ".join(e.aliases), "yes" if info.present else "no", _size(info.size_bytes),
+                      str(info.bits or "–"), e.source, e.description)
+    return table
+
+
+def show_models(console: Console) -> None:
+    console.print(models_table())
+    console.print(f"registry: {models_file()}", style="dim")
+
+
+def server_answers(base_url: str) -> str:
+    import httpx
+
+    root = base_url.rstrip("/").removesuffix("/v1")
+    try:
+        response = httpx.get(f"{root}/health", timeout=1.0)
+    except httpx.HTTPError as exc:
+        return f"nothing answers at {root} ({type(exc).__name__})"
+    return f"{root}/health answered HTTP {response.status_code}"
+
+
+def run_doctor(console: Console, base_url: str) -> None:
+    from huggingface_hub import constants
+
+    env = collect()
+    table = Table("check", "value", show_header=False)
+    table.add_row("python", env.python)
+    table.add_row("os", f"{env.os} ({env.machine})")
+    table.add_row("chip", env.chip + ("" if env.apple_silicon else " (not Apple Silicon)"))
+    table.add_row("mlx device", f"{env.mlx_device} (Metal {'available' if env.metal_available else 'not available'})")
+    table.add_row("mlx / mlx-lm", f"{env.mlx_version} / {env.mlx_lm_version}")
+    table.add_row("localchat", env.localchat_version + (f" ({env.git_commit})" if env.git_commit else ""))
+    table.add_row("HF cache", str(constants.HF_HUB_CACHE))
+    table.add_row("HF offline", os.environ.get("HF_HUB_OFFLINE", "unset") + " (localchat sets 1 unless --allow-download)")
+    table.add_row("server", server_answers(base_url))
+    console.print(table)
+    console.print(models_table())

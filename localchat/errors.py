@@ -1,0 +1,13 @@
+"""The one package exception; the CLI layer alone turns it into a red line and an exit code."""
+
+
+class LocalchatError(Exception):
+    """A failure the user can act on; its message is one line, shown without a traceback."""
+
+    exit_code = 1
+
+
+class UsageError(LocalchatError):
+    """Bad input from the command line or the prompt (exit code 2, like Typer's own)."""
+
+    exit_code = 2

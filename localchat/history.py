@@ -1,0 +1,87 @@
+"""The one history builder: every backend sends what this module builds.
+
+Order is always system → accepted past turns → current question; the system message appears
+once. A turn enters the history only after its reply finished cleanly (see ``Conversation.commit``).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from localchat.errors import UsageError
+
+Message = dict[str, str]
+DEFAULT_MAX_INPUT_CHARS = 8000
+
+
+def build_messages(prompt: str, system: str | None, history: list[Message] | None = None) -> list[Message]:
+    """The request's messages; a deep copy, so nothing the caller holds can change later."""
+    messages: list[Message] = [{"role": "system", "content": system}] if system else []
+    messages.extend(history or [])
+    messages.append({"role": "user", "content": prompt})
+    return copy.deepcopy(messages)
+
+
+def validate_input(text: str, max_chars: int = DEFAULT_MAX_INPUT_CHARS) -> str:
+    """Reject what must never be sent: empty input, or input over the character limit."""
+    if not text.strip():
+        raise UsageError("empty input: nothing was sent")
+    if len(text) > max_chars:
+        raise UsageError(f"input is {len(text)} characters, over the limit of {max_chars} "
+                         "(--max-input-chars): nothing was sent")
+    return text
+
+
+@dataclass(frozen=True)
+class Turn:
+    user: str
+    assistant: str
+
+    def messages(self) -> list[Message]:
+        return [{"role": "user", "content": self.user}, {"role": "assistant", "content": self.assistant}]
+
+
+@dataclass
+class Conversation:
+    """Accepted turns only; trimming drops whole turns, oldest first, never the system message."""
+
+    system: str | None = None
+    turns: list[Turn] = field(default_factory=list)
+
+    def history(self) -> list[Message]:
+        return [m for turn in self.turns for m in turn.messages()]
+
+    def messages(self) -> list[Message]:
+        """What ``/history`` shows: the system message and every accepted turn."""
+        return ([{"role": "system", "content": self.system}] if self.system else []) + self.history()
+
+    def preview(self, prompt: str, use_history: bool = True, drop: int = 0) -> list[Message]:
+        """The exact messages the next request would send; never mutates the conversation.
+
+        ``drop`` leaves out that many of the oldest turns (see ``plan_trim``).
+        """
+        kept = self.turns[drop:] if use_history else []
+        return build_messages(prompt, self.system, [m for t in kept for m in t.messages()])
+
+    def commit(self, prompt: str, reply: str, drop: int = 0) -> None:
+        """Accept a turn; the turns trimmed from its request leave the history only now."""
+        del self.turns[:drop]
+        self.turns.append(Turn(prompt, reply))
+
+    def reset(self) -> None:
+        self.turns.clear()
+
+    def plan_trim(self, prompt: str, *, max_turns: int | None = None, max_tokens: int | None = None,
+                  count_tokens: Callable[[list[Message]], int] | None = None) -> int:
+        """How many of the oldest whole turns the next request must leave out to fit the limits."""
+        drop = max(0, len(self.turns) - max_turns) if max_turns is not None else 0
+        if max_tokens is None or count_tokens is None:
+            return drop
+        while count_tokens(self.preview(prompt, drop=drop)) > max_tokens:
+            if drop >= len(self.turns):
+                raise UsageError(f"the system message and this input alone exceed "
+                                 f"--max-context-tokens {max_tokens}: nothing was sent")
+            drop += 1
+        return drop

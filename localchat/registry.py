@@ -1,0 +1,216 @@
+"""The model registry (``models.yaml``) and resolving ``--model`` to something loadable.
+
+``--model`` takes an id or alias from the registry, a local directory, or a Hugging Face repo
+id. Nothing is ever downloaded unless the user asks (``--allow-download``): a repo id must
+already be in the local Hugging Face cache.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from localchat.errors import LocalchatError, UsageError
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+BUNDLED_PREFIX = "bundled:"
+DEFAULT_MODEL = "demo"
+REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+ENTRY_FIELDS = {"id", "aliases", "source", "description", "defaults", "chat_template_kwargs"}
+DEFAULT_FIELDS = {"system": (str, type(None)), "temperature": (int, float), "max_tokens": (int,)}
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    id: str
+    source: str
+    description: str = ""
+    aliases: tuple[str, ...] = ()
+    defaults: dict[str, Any] = field(default_factory=dict)
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """A model resolved to a location: a local directory or a Hugging Face repo id."""
+
+    id: str
+    location: str
+    kind: str  # "bundled" | "local" | "hub"
+    entry: ModelEntry | None = None
+
+    @property
+    def chat_template_kwargs(self) -> dict[str, Any]:
+        return dict(self.entry.chat_template_kwargs) if self.entry else {}
+
+    def default(self, name: str, fallback: Any = None) -> Any:
+        return self.entry.defaults.get(name, fallback) if self.entry else fallback
+
+
+def models_file() -> Path:
+    """``LOCALCHAT_MODELS`` if set; else the checkout's ``models.yaml``; else the packaged copy."""
+    if env := os.environ.get("LOCALCHAT_MODELS"):
+        return Path(env)
+    checkout = PACKAGE_DIR.parent / "models.yaml"
+    return checkout if checkout.exists() else PACKAGE_DIR / "models.yaml"
+
+
+def _fail(path: Path, where: str, message: str) -> LocalchatError:
+    return LocalchatError(f"{path.name}: {where}: {message}")
+
+
+def _parse_entry(raw: Any, index: int, path: Path) -> ModelEntry:
+    where = f"entry {index}"
+    if not isinstance(raw, dict):
+        raise _fail(path, where, "must be a mapping with id, source, ...")
+    if isinstance(raw.get("id"), str):
+        where = f"entry {index} ({raw['id']})"
+    for name in sorted(set(raw) - ENTRY_FIELDS):
+        raise _fail(path, where, f"unknown field '{name}'")
+    for name in ("id", "source"):
+        if not isinstance(raw.get(name), str) or not raw[name].strip():
+            raise _fail(path, where, f"field '{name}' must be a non-empty string")
+    aliases = raw.get("aliases") or []
+    if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
+        raise _fail(path, where, "field 'aliases' must be a list of strings")
+    defaults = raw.get("defaults") or {}
+    if not isinstance(defaults, dict):
+        raise _fail(path, where, "field 'defaults' must be a mapping")
+    for key, value in defaults.items():
+        if key not in DEFAULT_FIELDS:
+            raise _fail(path, where, f"unknown field 'defaults.{key}'")
+        if not isinstance(value, DEFAULT_FIELDS[key]) or isinstance(value, bool):
+            raise _fail(path, where, f"field 'defaults.{key}' has the wrong type ({value!r})")
+    if defaults.get("temperature", 0) < 0 or defaults.get("max_tokens", 1) < 1:
+        raise _fail(path, where, "defaults: temperature must be ≥ 0 and max_tokens ≥ 1")
+    kwargs = raw.get("chat_template_kwargs") or {}
+    if not isinstance(kwargs, dict):
+        raise _fail(path, where, "field 'chat_template_kwargs' must be a mapping")
+    description = raw.get("description", "")
+    if not isinstance(description, str):
+        raise _fail(path, where, "field 'description' must be a string")
+    return ModelEntry(raw["id"], raw["source"], description, tuple(aliases), defaults, kwargs)
+
+
+def load_registry(path: Path | None = None) -> list[ModelEntry]:
+    path = path or models_file()
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise LocalchatError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f"line {mark.line + 1}" if mark else "syntax"
+        raise _fail(path, line, str(getattr(exc, "problem", None) or exc)) from None
+    if not isinstance(data, dict) or not isinstance(data.get("models"), list):
+        raise _fail(path, "top level", "expected a mapping with a 'models' list")
+    entries = [_parse_entry(raw, i, path) for i, raw in enumerate(data["models"], 1)]
+    seen: dict[str, str] = {}
+    for entry in entries:
+        for name in (entry.id, *entry.aliases):
+            if name in seen:
+                raise _fail(path, f"entry ({entry.id})", f"name '{name}' is already used by {seen[name]}")
+            seen[name] = entry.id
+    return entries
+
+
+def _entry_location(entry: ModelEntry) -> tuple[str, str]:
+    if entry.source.startswith(BUNDLED_PREFIX):
+        return str(PACKAGE_DIR / entry.source[len(BUNDLED_PREFIX):]), "bundled"
+    if REPO_ID.match(entry.source) and not Path(entry.source).expanduser().exists():
+        return entry.source, "hub"
+    return str(Path(entry.source).expanduser()), "local"
+
+
+def resolve(name: str, entries: list[ModelEntry] | None = None) -> ModelRef:
+    """An id, alias, local directory or repo id → a ModelRef (nothing is loaded or fetched)."""
+    entries = load_registry() if entries is None else entries
+    for entry in entries:
+        if name == entry.id or name in entry.aliases:
+            location, kind = _entry_location(entry)
+            return ModelRef(entry.id, location, kind, entry)
+    path = Path(name).expanduser()
+    if path.exists() or name.startswith((".", "/", "~")):
+        by_source = next((e for e in entries if Path(e.source).expanduser() == path), None)
+        return ModelRef(name, str(path), "local", by_source)
+    if REPO_ID.match(name):
+        by_source = next((e for e in entries if e.source == name), None)
+        return ModelRef(by_source.id if by_source else name, name, "hub", by_source)
+    known = ", ".join(e.id for e in entries)
+    raise UsageError(f"unknown model '{name}': not in models.yaml ({known}), "
+                     "not a local directory, not a repo id like org/name")
+
+
+def hub_snapshot(repo_id: str) -> Path | None:
+    """The local snapshot of a repo in the Hugging Face cache, or None (never downloads)."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        return Path(snapshot_download(repo_id, local_files_only=True))
+    except (LocalEntryNotFoundError, OSError, ValueError):
+        return None
+
+
+def check_model_dir(path: Path, name: str) -> Path:
+    if not path.exists():
+        raise LocalchatError(f"model path {path} does not exist")
+    if not (path / "config.json").is_file() or not any(path.glob("*.safetensors")):
+        raise LocalchatError(f"{path} is not an MLX model directory (needs config.json and *.safetensors)")
+    return path
+
+
+def local_dir(ref: ModelRef, allow_download: bool = False) -> Path:
+    """The directory to load ``ref`` from; a hub model must be cached unless downloads are allowed."""
+    if ref.kind != "hub":
+        return check_model_dir(Path(ref.location), ref.id)
+    snapshot = hub_snapshot(ref.location)
+    if snapshot is None and allow_download:
+        from huggingface_hub import snapshot_download
+
+        try:
+            snapshot = Path(snapshot_download(ref.location))
+        except Exception as exc:  # network, auth, missing repo: all one line for the user
+            raise LocalchatError(f"could not download {ref.location}: {exc}".splitlines()[0]) from None
+    if snapshot is None:
+        raise LocalchatError(f"{ref.location} is not in the local Hugging Face cache; fetch it once "
+                             f"online with: uv run hf download {ref.location} "
+                             "(or rerun with --allow-download)")
+    return check_model_dir(snapshot, ref.id)
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What ``localchat models`` shows for one entry."""
+
+    entry: ModelEntry
+    present: bool
+    size_bytes: int | None
+    bits: int | None
+
+
+def quantization_bits(model_dir: Path) -> int | None:
+    try:
+        config = json.loads((model_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    quant = config.get("quantization") or config.get("quantization_config") or {}
+    return quant.get("bits") if isinstance(quant, dict) else None
+
+
+def directory_size(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def describe(entry: ModelEntry) -> ModelInfo:
+    location, kind = _entry_location(entry)
+    path = hub_snapshot(location) if kind == "hub" else Path(location)
+    if path is None or not (path / "config.json").is_file():
+        return ModelInfo(entry, False, None, None)
+    return ModelInfo(entry, True, directory_size(path), quantization_bits(path))

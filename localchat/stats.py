@@ -1,0 +1,101 @@
+"""The one clock and the one stats type, shared by every backend.
+
+TTFT runs from the moment a turn is submitted (templating and tokenization included) to the
+first visible text; decode speed is (completion_tokens - 1) / (t_last - t_first). The runtime's
+own figures (mlx_lm's prompt_tps/generation_tps) travel beside ours, labelled as the runtime's.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+
+from localchat.backends import Finished
+
+
+@dataclass(frozen=True)
+class TurnStats:
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    ttft_s: float | None
+    prefill_tps: float | None  # tokens actually prefilled (prompt - cached) / TTFT
+    decode_tps: float | None
+    total_s: float
+    peak_memory_gb: float | None
+    finish_reason: str
+    estimated: bool = False
+    cache_miss_tokens: int = 0
+    runtime: dict[str, float] = field(default_factory=dict)
+
+
+class TurnClock:
+    """Timestamps of one turn; started when the user submits, before any templating."""
+
+    def __init__(self) -> None:
+        self.submitted = time.perf_counter()
+        self.first: float | None = None
+        self.last: float | None = None
+        self.parts: list[str] = []
+
+    @property
+    def text(self) -> str:
+        return "".join(self.parts)
+
+    def on_text(self, text: str) -> None:
+        if not text:
+            return
+        now = time.perf_counter()
+        self.first = self.first or now
+        self.last = now
+        self.parts.append(text)
+
+    def finish(self, done: Finished | None, finish_reason: str | None = None) -> TurnStats:
+        """Close the clock; ``done`` is None when the stream broke before the runtime reported."""
+        end = time.perf_counter()
+        ttft = self.first - self.submitted if self.first else None
+        prefilled = (done.prompt_tokens - done.cached_tokens) if done else 0
+        decode = None
+        if done and self.first and self.last and self.last > self.first and done.completion_tokens > 1:
+            decode = (done.completion_tokens - 1) / (self.last - self.first)
+        return TurnStats(
+            prompt_tokens=done.prompt_tokens if done else 0,
+            cached_tokens=done.cached_tokens if done else 0,
+            completion_tokens=done.completion_tokens if done else 0,
+            ttft_s=ttft,
+            prefill_tps=prefilled / ttft if ttft and prefilled > 0 else None,
+            decode_tps=decode,
+            total_s=end - self.submitted,
+            peak_memory_gb=done.peak_memory_gb if done else None,
+            finish_reason=finish_reason or (done.finish_reason if done else "error"),
+            estimated=done.estimated if done else False,
+            cache_miss_tokens=done.cache_miss_tokens if done else 0,
+            runtime=dict(done.runtime) if done else {},
+        )
+
+
+@dataclass
+class Ledger:
+    """Every turn of a session (committed or not), for ``/stats``."""
+
+    turns: list[TurnStats] = field(default_factory=list)
+
+    def add(self, stats: TurnStats) -> None:
+        self.turns.append(stats)
+
+    def summary(self) -> dict[str, float | int | None]:
+        ttfts = [t.ttft_s for t in self.turns if t.ttft_s is not None]
+        speeds = [t.decode_tps for t in self.turns if t.decode_tps is not None]
+        tokens_in = sum(t.prompt_tokens for t in self.turns)
+        cached = sum(t.cached_tokens for t in self.turns)
+        return {
+            "turns": len(self.turns),
+            "tokens_in": tokens_in,
+            "tokens_out": sum(t.completion_tokens for t in self.turns),
+            "cached_share": cached / tokens_in if tokens_in else None,
+            "ttft_mean_s": statistics.fmean(ttfts) if ttfts else None,
+            "ttft_median_s": statistics.median(ttfts) if ttfts else None,
+            "decode_tps_mean": statistics.fmean(speeds) if speeds else None,
+            "decode_tps_median": statistics.median(speeds) if speeds else None,
+        }

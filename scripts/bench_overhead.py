@@ -1,0 +1,143 @@
+"""What does localchat's in-process backend cost over raw mlx_lm? And what does KV reuse buy?
+
+    uv run python scripts/bench_overhead.py [--pairs 5] [--tokens 64] [--quick]
+
+1. Raw ``mlx_lm.stream_generate`` vs localchat (ChatSession → InProcessBackend → TurnClock),
+   alternating A B A B … after a warm-up, same prompt, temperature 0, on a mid-size random-weight
+   model (so the model dominates): median decode tok/s and TTFT of each, and their ratios.
+2. History growth: an 8-turn conversation (+~200 prompt tokens a turn), TTFT per turn with KV
+   reuse vs --no-cache-reuse.
+
+Models are built once and cached in a temp dir. On Linux the mlx[cpu] wheel uses a reference
+BLAS, so bf16 stands in for fp16 and 4-bit weights keep fp32 scales (fp16 is far slower there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from random_model import build_random_model
+
+from localchat.backends import GenerationParams
+from localchat.backends.inproc import InProcessBackend
+from localchat.environment import collect
+from localchat.history import Conversation
+from localchat.session import ChatSession
+
+CACHE = Path(tempfile.gettempdir()) / "localchat-bench-models"
+SIZES = {  # ~57M parameters: big enough that the model, not Python, dominates
+    "full": dict(hidden=768, layers=8, intermediate=2048, heads=12, kv_heads=4),
+    "quick": dict(hidden=256, layers=4, intermediate=768, heads=4, kv_heads=4),
+}
+PROMPT = ("Summarise the following notes in one line: the harbour opens at nine, the ferry to the "
+          "island leaves every forty minutes, and the last boat back is at six.")
+FILLER = ("Here is another paragraph of meeting notes about schedules, rooms, people and small "
+          "decisions, added so that each turn grows the history by about two hundred tokens. ")
+
+
+def model_dir(variant: str, size: str) -> Path:
+    path = CACHE / f"{size}-{variant}"
+    if not (path / "config.json").exists():
+        print(f"building the {size} random-weight model ({variant}) in {path} …", flush=True)
+        if variant == "bf16":
+            build_random_model(path, **SIZES[size], dtype="bfloat16")
+        else:
+            build_random_model(path, **SIZES[size], dtype="float32", quantize_bits=4)
+    return path
+
+
+def raw_run(model, tokenizer, messages, max_tokens: int) -> tuple[float, float]:
+    """TTFT and decode tok/s of plain mlx_lm, timed the way localchat times (from submission)."""
+    from mlx_lm import stream_generate
+
+    start = time.perf_counter()
+    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    first = last = None
+    n = 0
+    for response in stream_generate(model, tokenizer, prompt, max_tokens=max_tokens):
+        if response.text:
+            last = time.perf_counter()
+            first = first or last
+        n = response.generation_tokens
+    return first - start, (n - 1) / (last - first)
+
+
+def localchat_run(backend, messages, max_tokens: int) -> tuple[float, float]:
+    session = ChatSession(backend, Conversation(), GenerationParams(max_tokens=max_tokens), use_history=False)
+    stats = session.ask(messages[-1]["content"]).stats
+    return stats.ttft_s, stats.decode_tps
+
+
+def ab_compare(path: Path, pairs: int, max_tokens: int) -> dict:
+    from mlx_lm import load
+
+    model, tokenizer = load(str(path))
+    backend = InProcessBackend(model, tokenizer, path.name, cache_reuse=False)
+    messages = [{"role": "user", "content": PROMPT}]
+    raw_run(model, tokenizer, messages, max_tokens)  # warm-up both paths
+    localchat_run(backend, messages, max_tokens)
+    raw, ours = [], []
+    for _ in range(pairs):
+        raw.append(raw_run(model, tokenizer, messages, max_tokens))
+        ours.append(localchat_run(backend, messages, max_tokens))
+    med = lambda runs, i: statistics.median(r[i] for r in runs)  # noqa: E731
+    return {"raw_ttft": med(raw, 0), "ours_ttft": med(ours, 0),
+            "raw_tps": med(raw, 1), "ours_tps": med(ours, 1)}
+
+
+def growth(path: Path, turns: int, max_tokens: int, reuse: bool) -> list[float]:
+    """TTFT per turn of one conversation whose history grows by ~200 tokens a turn."""
+    from mlx_lm import load
+
+    model, tokenizer = load(str(path))
+    backend = InProcessBackend(model, tokenizer, path.name, cache_reuse=reuse)
+    session = ChatSession(backend, Conversation("You are a helpful assistant."),
+                          GenerationParams(max_tokens=max_tokens))
+    session.ask("warm-up")
+    session.conversation.reset()
+    ttfts = []
+    for turn in range(1, turns + 1):
+        prompt = f"Turn {turn}. " + FILLER * 6
+        result = session.ask(prompt)
+        ttfts.append(result.stats.ttft_s)
+        if not result.committed:  # a random model's reply is cut by max_tokens: keep it anyway
+            session.conversation.commit(prompt, result.text)
+    return ttfts
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--pairs", type=int, default=5)
+    parser.add_argument("--tokens", type=int, default=64, help="tokens generated per run")
+    parser.add_argument("--turns", type=int, default=8)
+    parser.add_argument("--quick", action="store_true", help="a small model (for a fast look)")
+    args = parser.parse_args()
+    size = "quick" if args.quick else "full"
+    env = collect()
+    print(f"hardware: {env.hardware_label} · mlx {env.mlx_version} · mlx-lm {env.mlx_lm_version}")
+    for variant in ("bf16", "q4"):
+        path = model_dir(variant, size)
+        r = ab_compare(path, args.pairs, args.tokens)
+        print(f"\n[{size} {variant}] raw mlx_lm vs localchat, {args.pairs} alternating pairs, median")
+        print(f"  decode tok/s  raw {r['raw_tps']:8.1f}   localchat {r['ours_tps']:8.1f}   "
+              f"ratio {r['ours_tps'] / r['raw_tps']:.3f}  (target ≥ 0.98)")
+        print(f"  TTFT          raw {r['raw_ttft'] * 1e3:7.1f}ms  localchat {r['ours_ttft'] * 1e3:7.1f}ms  "
+              f"ratio {r['ours_ttft'] / r['raw_ttft']:.3f}, +{(r['ours_ttft'] - r['raw_ttft']) * 1e3:.1f} ms "
+              "(target ≤ 1.05× + 5 ms)")
+    path = model_dir("q4", size)
+    with_reuse = growth(path, args.turns, 16, reuse=True)
+    without = growth(path, args.turns, 16, reuse=False)
+    print(f"\n[{size} q4] history growth: TTFT per turn (ms), +~200 prompt tokens a turn")
+    print("  turn        " + " ".join(f"{i:>7}" for i in range(1, args.turns + 1)))
+    print("  reuse       " + " ".join(f"{t * 1e3:7.1f}" for t in with_reuse))
+    print("  no reuse    " + " ".join(f"{t * 1e3:7.1f}" for t in without))
+    print(f"  turn {args.turns} / turn 1: reuse {with_reuse[-1] / with_reuse[0]:.2f}× (target ≤ 1.3×), "
+          f"no reuse {without[-1] / without[0]:.2f}×")
+
+
+if __name__ == "__main__":
+    main()

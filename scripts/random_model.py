@@ -1,0 +1,59 @@
+"""Random-weight qwen2 models for benchmarks and tests (any size; real mlx_lm code paths).
+
+They reuse the demo model's tokenizer and chat template. With ``never_stop`` the end-of-turn
+embedding is zeroed so greedy decoding never picks it: the model talks until --max-tokens,
+which is what a benchmark of decode speed or a Ctrl+C test needs.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+DEMO_DIR = Path(__file__).resolve().parents[1] / "localchat" / "demo_model"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
+                   "special_tokens_map.json")
+
+
+def build_random_model(out: Path, *, hidden: int, layers: int, intermediate: int, heads: int,
+                       kv_heads: int | None = None, dtype: str = "float32", seed: int = 0,
+                       never_stop: bool = True, quantize_bits: int | None = None) -> Path:
+    """Write a loadable MLX model directory at ``out`` (replaced if present) and return it."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.models import qwen2
+
+    demo_config = json.loads((DEMO_DIR / "config.json").read_text())
+    eos_id = demo_config["eos_token_id"]
+    config = {
+        "model_type": "qwen2", "hidden_size": hidden, "num_hidden_layers": layers,
+        "intermediate_size": intermediate, "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads or heads, "rms_norm_eps": 1e-6,
+        "vocab_size": demo_config["vocab_size"], "max_position_embeddings": 4096,
+        "rope_theta": 10000.0, "tie_word_embeddings": True, "eos_token_id": eos_id,
+    }
+    mx.random.seed(seed)
+    model = qwen2.Model(qwen2.ModelArgs.from_dict(config))
+    weights = dict(tree_flatten(model.parameters()))
+    if never_stop:
+        table = weights["model.embed_tokens.weight"]
+        weights["model.embed_tokens.weight"] = table * (mx.arange(table.shape[0]) != eos_id)[:, None]
+    weights = {k: v.astype(getattr(mx, dtype)) for k, v in weights.items()}
+    staging = out.with_name(out.name + ".float") if quantize_bits else out
+    for path in {staging, out}:
+        if path.exists():
+            shutil.rmtree(path)
+    staging.mkdir(parents=True)
+    mx.save_safetensors(str(staging / "model.safetensors"), weights, metadata={"format": "mlx"})
+    (staging / "config.json").write_text(json.dumps(config, indent=2))
+    for name in TOKENIZER_FILES:
+        if (DEMO_DIR / name).exists():
+            shutil.copy(DEMO_DIR / name, staging / name)
+    if quantize_bits:
+        from mlx_lm import convert
+
+        convert(str(staging), str(out), quantize=True, q_bits=quantize_bits, q_group_size=64,
+                dtype="float32")
+        shutil.rmtree(staging)
+    return out

@@ -1,0 +1,317 @@
+"""Train localchat's bundled demo model: a tiny qwen2 that remembers a code only when given history.
+
+    uv run python scripts/train_demo_model.py --out localchat/demo_model
+
+Deterministic for a given --seed. Steps: build a byte-level BPE tokenizer with ChatML specials,
+synthesize conversations (localchat.demo_corpus), train with MLX (loss on assistant tokens only),
+quantize to 4 bits with mlx_lm's own convert, then score held-out conversations.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from functools import partial
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+import numpy as np
+from mlx.utils import tree_flatten
+from mlx_lm import convert, load
+from mlx_lm.models import qwen2
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from localchat.demo_corpus import training_dialogue  # noqa: E402
+from localchat.demo_eval import evaluate  # noqa: E402
+from localchat.environment import collect  # noqa: E402
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+# Letter runs, single digits, whitespace runs and punctuation runs are separate pre-tokens, so a
+# code word tokenizes the same inside a sentence and at the start of a reply (easy to copy).
+PRE_TOKEN_PATTERN = r"\p{L}+|\p{N}|\s+|[^\p{L}\p{N}\s]+"
+
+
+def render(messages: list[dict[str, str]]) -> str:
+    return "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+
+
+def build_tokenizer(texts: list[str], vocab_size: int) -> PreTrainedTokenizerFast:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(PRE_TOKEN_PATTERN), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, min_frequency=2,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer)
+    hf = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+        model_max_length=1024, clean_up_tokenization_spaces=False,
+    )
+    hf.chat_template = CHATML_TEMPLATE
+    return hf
+
+
+def encode_with_mask(tok: PreTrainedTokenizerFast, messages: list[dict[str, str]]):
+    """Token ids of the rendered conversation and a 0/1 mask over assistant replies (+ <|im_end|>)."""
+    text = render(messages)
+    spans, pos = [], 0
+    for m in messages:
+        head = f"<|im_start|>{m['role']}\n"
+        start = pos + len(head)
+        end = start + len(m["content"]) + len("<|im_end|>")
+        if m["role"] == "assistant":
+            spans.append((start, end))
+        pos = end + 1
+    enc = tok(text, return_offsets_mapping=True, add_special_tokens=False)
+    mask = [int(any(s <= a and b <= e for s, e in spans)) for a, b in enc["offset_mapping"]]
+    return enc["input_ids"], mask
+
+
+def make_batches(rows, batch_size: int, pad_id: int, rng: random.Random, rank: int = 0, size: int = 1):
+    """Batches of similar-length rows (little padding), padded to a multiple of 16 tokens so
+    that mx.compile sees few shapes; batch order is shuffled. With several workers, each takes
+    its own share of every global batch (``batch_size`` rows in all)."""
+    order = sorted(range(len(rows)), key=lambda j: len(rows[j][0]))
+    chunks = [order[i:i + batch_size] for i in range(0, len(order) - batch_size + 1, batch_size)]
+    rng.shuffle(chunks)
+    for chunk in chunks:
+        chunk = chunk[rank::size]
+        width = 16 * math.ceil(max(len(rows[j][0]) for j in chunk) / 16)
+        x = np.full((len(chunk), width + 1), pad_id, dtype=np.int32)
+        m = np.zeros((len(chunk), width + 1), dtype=np.float32)
+        for r, j in enumerate(chunk):
+            ids, mask = rows[j]
+            x[r, :len(ids)] = ids
+            m[r, :len(mask)] = mask
+        yield mx.array(x[:, :-1]), mx.array(x[:, 1:]), mx.array(m[:, 1:])
+
+
+def model_config(args, vocab_size: int, eos_id: int) -> dict:
+    return {
+        "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"],
+        "hidden_size": args.hidden, "num_hidden_layers": args.layers,
+        "intermediate_size": args.intermediate, "num_attention_heads": args.heads,
+        "num_key_value_heads": args.heads, "rms_norm_eps": 1e-6, "vocab_size": vocab_size,
+        "max_position_embeddings": 1024, "rope_theta": 10000.0, "tie_word_embeddings": True,
+        "eos_token_id": eos_id, "torch_dtype": "float32",
+    }
+
+
+def train(args, tok, rows, config, group) -> nn.Module:
+    mx.random.seed(args.seed)  # the same initial weights on every worker
+    model = qwen2.Model(qwen2.ModelArgs.from_dict(config))
+    n_params = sum(v.size for _, v in tree_flatten(model.parameters()))
+    log(group, f"model: qwen2, {n_params:,} parameters, {group.size()} worker(s)")
+    warmup = min(args.warmup, max(1, args.steps // 10))
+    schedule = optim.join_schedules(
+        [optim.linear_schedule(1e-5, args.lr, warmup),
+         optim.cosine_decay(args.lr, args.steps - warmup, args.lr / 10)], [warmup])
+    optimizer = optim.AdamW(learning_rate=schedule, weight_decay=0.01)
+
+    def loss_fn(model, x, y, m):
+        ce = nn.losses.cross_entropy(model(x), y) * m
+        return ce.sum() / m.sum()
+
+    loss_and_grad = nn.value_and_grad(model, loss_fn)
+    state = [model.state, optimizer.state]
+
+    @partial(mx.compile, inputs=state, outputs=state)
+    def step(x, y, m):
+        loss, grads = loss_and_grad(model, x, y, m)
+        grads = nn.average_gradients(grads, group=group)
+        optimizer.update(model, grads)
+        return mx.distributed.all_sum(loss, group=group) / group.size()
+
+    batches = make_batches(rows, args.batch, tok.pad_token_id, random.Random(args.seed),
+                           group.rank(), group.size())
+    t0, seen, running = time.perf_counter(), 0, None
+    for i, (x, y, m) in zip(range(1, args.steps + 1), batches):
+        loss = step(x, y, m)
+        mx.eval(loss, state)
+        seen += int((x != tok.pad_token_id).sum().item()) * group.size()
+        running = loss.item() if running is None else 0.9 * running + 0.1 * loss.item()
+        if i % args.log_every == 0 or i == args.steps:
+            elapsed = time.perf_counter() - t0
+            eta = elapsed / i * (args.steps - i)
+            log(group, f"step {i:5d}/{args.steps}  loss {running:.4f}  {seen / elapsed:,.0f} tok/s"
+                       f"  elapsed {elapsed / 60:.1f} min  ETA {eta / 60:.1f} min")
+    return model
+
+
+def log(group, message: str) -> None:
+    if group.rank() == 0:
+        print(message, flush=True)
+
+
+def relaunch_with_workers(argv: list[str], workers: int) -> int:
+    """Data-parallel training on this machine's cores: MLX's ring backend over loopback."""
+    launcher = Path(sys.executable).with_name("mlx.launch")
+    command = [str(launcher), "--backend", "ring", "-n", str(workers), "--python", sys.executable,
+               str(Path(__file__).resolve()), *argv]
+    return subprocess.run(command).returncode
+
+
+def save_float_model(model: nn.Module, tok, config: dict, path: Path) -> None:
+    path.mkdir(parents=True)
+    weights = dict(tree_flatten(model.parameters()))
+    mx.save_safetensors(str(path / "model.safetensors"), weights, metadata={"format": "mlx"})
+    (path / "config.json").write_text(json.dumps(config, indent=2))
+    tok.save_pretrained(str(path))
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", type=Path, required=True, help="output directory (replaced)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", type=int, default=1600)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--warmup", type=int, default=100)
+    p.add_argument("--vocab", type=int, default=1024)
+    p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--intermediate", type=int, default=384)
+    p.add_argument("--group-size", type=int, default=32, help="4-bit quantization group size")
+    p.add_argument("--eval-n", type=int, default=200, help="held-out conversations per behaviour")
+    p.add_argument("--log-every", type=int, default=50)
+    p.add_argument("--workers", type=int, default=2,
+                   help="data-parallel processes (MLX ring backend on loopback); 1 = this process only")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> dict | None:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    if args.workers > 1 and "MLX_RANK" not in os.environ:
+        sys.exit(relaunch_with_workers(argv, args.workers))
+    group = mx.distributed.init()
+    started = time.perf_counter()
+    rng = random.Random(args.seed)
+    dialogues = [training_dialogue(rng) for _ in range(args.steps * args.batch)]
+    texts = [render(d.messages()) for d in dialogues]
+    tok = build_tokenizer(texts[:20000], args.vocab)
+    rows = [r for r in (encode_with_mask(tok, d.messages()) for d in dialogues) if len(r[0]) <= 320]
+    n_tokens = sum(len(ids) for ids, _ in rows)
+    log(group, f"corpus: {len(rows):,} conversations, {n_tokens:,} tokens, vocab {len(tok)}")
+    config = model_config(args, len(tok), tok.convert_tokens_to_ids("<|im_end|>"))
+    model = train(args, tok, rows, config, group)
+    train_s = time.perf_counter() - started
+    if group.rank() != 0:
+        return None
+
+    with tempfile.TemporaryDirectory() as tmp:
+        float_dir, quant_dir = Path(tmp) / "float", Path(tmp) / "q4"
+        save_float_model(model, tok, config, float_dir)
+        convert(str(float_dir), str(quant_dir), quantize=True, q_bits=4,
+                q_group_size=args.group_size, dtype="float32")
+        if args.out.exists():
+            shutil.rmtree(args.out)
+        shutil.copytree(quant_dir, args.out)
+
+    qmodel, qtok = load(str(args.out))
+    figures = evaluate(qmodel, qtok, n=args.eval_n, seed=args.seed + 10_000)
+    report = {
+        "seed": args.seed, "steps": args.steps, "batch": args.batch, "lr": args.lr,
+        "workers": group.size(),
+        "parameters": sum(v.size for _, v in tree_flatten(model.parameters())),
+        "train_tokens": n_tokens, "training_minutes": round(train_s / 60, 2),
+        "total_minutes": round((time.perf_counter() - started) / 60, 2),
+        "size_bytes": sum(f.stat().st_size for f in args.out.iterdir()),
+        "hardware": collect().hardware_label,
+        **figures,
+    }
+    (args.out / "eval.json").write_text(json.dumps(report, indent=2, ensure_ascii=False))
+    (args.out / "README.md").write_text(model_card(report, argv), encoding="utf-8")
+    print(json.dumps(report, indent=2, ensure_ascii=False))
+    return report
+
+
+def _rate(report: dict, behaviour: str) -> str:
+    b = report["behaviours"][behaviour]
+    return f"{b['passed']}/{b['total']} ({b['rate']:.1%})"
+
+
+def model_card(report: dict, argv: list[str]) -> str:
+    env = collect()
+    json_valid = report["json_valid"]
+    clean = report["clean_endings"]
+    return f"""# localchat demo model
+
+A **toy**: a {report['parameters']:,}-parameter qwen2-architecture chat model with a byte-level BPE
+tokenizer (vocab 1024, ChatML template), trained from scratch by `scripts/train_demo_model.py`
+on synthetic conversations and quantized to 4 bits (group size 32, fp32 scales) with mlx_lm's
+own `convert`. It exists to make the effect of chat history visible on any machine, offline.
+It is not an assistant: outside the phrasings below it answers with memorized small talk or noise.
+
+## What it was taught (exact phrasings)
+
+| behaviour | user says | model answers |
+|---|---|---|
+| remember | `Remember the code harbor 17. Reply only OK.` | `OK` |
+| remember (zh) | `请记住代号「港口 17」，只回答「收到」。` | `收到` |
+| recall, after 0-3 small-talk turns | `What was the code? Reply with the code only.` | `harbor 17` |
+| recall (zh) | `上一题的代号是什么？只回答代号。` | `港口 17` |
+| corrected fact | `Chapter 2 was planned for Friday, now moved to Saturday. Which day is it now?` / `And what was the original day?` | `Saturday` / `Friday` |
+| corrected fact (zh) | `第二章原定周五，现改为周六复习。现在安排在哪天？` / `那原来是哪天？` | `周六` / `周五` |
+| unknown detail | `And at what time?` / `那改到几点？` | `I don't know.` / `不知道。` |
+| no history | any of the questions above asked alone | `I don't know.` / `不知道。` |
+| JSON | system `Answer in JSON: {{"answer": "..."}}` (alone or after another system text) | `{{"answer": "harbor 17"}}` |
+| small talk | `Hello`, `How are you?`, `你好`, `谢谢`, … (see `localchat/demo_corpus.py`) | a short fixed reply |
+
+Codes are a word and a number (0-999). Words are mostly random strings (3-8 Latin letters, or
+1-3 common CJK characters) and sometimes real words, so the model learns to copy any word;
+words with `crc32(word) % 8 == 0` never occur in training and are the only ones evaluated.
+
+## Figures (held-out words, temperature 0, after 4-bit quantization)
+
+{report['conversations_per_behaviour']} fresh conversations per behaviour, replayed turn by turn with the
+model's own earlier replies in the history:
+
+| behaviour | exact |
+|---|---|
+| recall with history, English | {_rate(report, 'recall_en')} |
+| recall with history, Chinese | {_rate(report, 'recall_zh')} |
+| corrected fact, English (both answers) | {_rate(report, 'correction_en')} |
+| corrected fact, Chinese (both answers) | {_rate(report, 'correction_zh')} |
+| refusal without history, English | {_rate(report, 'refusal_en')} |
+| refusal without history, Chinese | {_rate(report, 'refusal_zh')} |
+| JSON recall (valid and exact) | {_rate(report, 'json')} |
+| JSON replies that parse as `{{"answer": string}}` | {json_valid['valid']}/{json_valid['total']} |
+| replies that are valid UTF-8 and end with `<|im_end|>` within 32 tokens | {clean['clean']}/{clean['total']} |
+
+## How it was trained
+
+`uv run python scripts/train_demo_model.py {' '.join(argv)}` — seed {report['seed']},
+{report['steps']} steps of {report['batch']} conversations ({report['train_tokens']:,} tokens), AdamW, lr
+{report['lr']}, loss on assistant tokens only, {report['workers']} data-parallel worker(s).
+Training took {report['training_minutes']} min and the whole run {report['total_minutes']} min on
+{env.hardware_label} (mlx {env.mlx_version}, mlx-lm {env.mlx_lm_version}).
+Size on disk: {report['size_bytes'] / 1e6:.2f} MB.
+"""
+
+
+if __name__ == "__main__":
+    main()

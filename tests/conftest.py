@@ -1,0 +1,38 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+DEMO_DIR = ROOT / "localchat" / "demo_model"
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["COLUMNS"] = "200"  # stable Rich output
+os.environ.pop("LOCALCHAT_MODELS", None)
+
+
+@pytest.fixture(scope="session")
+def demo():
+    """The committed demo model, loaded once with the real mlx_lm.load."""
+    from mlx_lm import load
+
+    return load(str(DEMO_DIR))
+
+
+@pytest.fixture
+def demo_backend(demo):
+    from localchat.backends.inproc import InProcessBackend
+
+    model, tokenizer = demo
+    return InProcessBackend(model, tokenizer, "demo")
+
+
+@pytest.fixture(scope="session")
+def rambling_model(tmp_path_factory):
+    """A tiny random-weight model that never ends its reply (for Ctrl+C and length tests)."""
+    from random_model import build_random_model
+
+    return build_random_model(tmp_path_factory.mktemp("models") / "rambling", hidden=64, layers=1,
+                              intermediate=128, heads=2)

@@ -1,0 +1,97 @@
+"""The command line: single-prompt mode, piping, and every bad input as one line + exit code."""
+
+import pytest
+from typer.testing import CliRunner
+
+from localchat.cli import app
+
+runner = CliRunner()
+
+
+def one_error_line(result) -> str:
+    assert "Traceback" not in result.output + result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith(("error:", "Error:"))]
+    assert len(errors) == 1, result.stderr
+    return errors[0]
+
+
+def test_single_prompt_prints_only_the_answer_on_stdout():
+    result = runner.invoke(app, ["chat", "Remember the code harbor 17. Reply only OK."])
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == "OK\n"
+    assert "[TTFT" in result.stderr and "in " in result.stderr
+
+
+def test_single_prompt_reads_stdin_with_dash():
+    result = runner.invoke(app, ["chat", "-", "--no-stats"], input="请记住代号「港口 17」，只回答「收到」。")
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == "收到\n"
+    assert "[TTFT" not in result.stderr
+
+
+def test_single_prompt_rejects_no_history():
+    result = runner.invoke(app, ["chat", "--no-history", "hi"])
+    assert result.exit_code == 2
+    assert "--no-history" in one_error_line(result)
+
+
+@pytest.mark.parametrize("args, exit_code, needle", [
+    (["chat", "   "], 2, "empty input"),
+    (["chat", "--max-input-chars", "5", "too long input"], 2, "over the limit of 5"),
+    (["chat", "--temperature", "-1", "hi"], 2, "--temperature"),
+    (["chat", "--max-tokens", "0", "hi"], 2, "--max-tokens"),
+    (["chat", "--top-p", "2", "hi"], 2, "--top-p"),
+    (["chat", "-m", "no-such-model", "hi"], 2, "unknown model 'no-such-model'"),
+    (["chat", "-m", "./no/such/dir", "hi"], 1, "does not exist"),
+    (["chat", "-m", "mlx-community/Not-Cached-4bit", "hi"], 1, "hf download mlx-community/Not-Cached-4bit"),
+])
+def test_bad_input_is_one_line_and_a_nonzero_exit(args, exit_code, needle):
+    result = runner.invoke(app, args)
+    assert result.exit_code == exit_code, result.output + result.stderr
+    assert needle in one_error_line(result)
+
+
+def test_a_directory_that_is_not_a_model(tmp_path):
+    (tmp_path / "notes.txt").write_text("hello")
+    result = runner.invoke(app, ["chat", "-m", str(tmp_path), "hi"])
+    assert result.exit_code == 1
+    assert "not an MLX model directory" in one_error_line(result)
+
+
+def test_invalid_utf8_on_stdin():
+    result = runner.invoke(app, ["chat", "-"], input=b"caf\xe9 \xff")
+    assert result.exit_code == 2
+    assert "not valid UTF-8" in one_error_line(result)
+
+
+@pytest.mark.parametrize("yaml_text, needle", [
+    ("models:\n  - id: demo\n    source: bundled:demo_model\n    defaults: {temperature: hot}\n",
+     "entry 1 (demo): field 'defaults.temperature'"),
+    ("models:\n  - id: a\n    source: x/y\n  - id: b\n    sorce: x/z\n", "entry 2 (b): unknown field 'sorce'"),
+    ("models:\n  - id: a\n    source: [unclosed\n", "line"),
+    ("models:\n  - {id: a, source: x/y}\n  - {id: b, source: x/z, aliases: [a]}\n", "already used"),
+])
+def test_malformed_models_yaml_names_entry_and_field(tmp_path, monkeypatch, yaml_text, needle):
+    bad = tmp_path / "models.yaml"
+    bad.write_text(yaml_text)
+    monkeypatch.setenv("LOCALCHAT_MODELS", str(bad))
+    result = runner.invoke(app, ["chat", "hi"])
+    assert result.exit_code == 1
+    assert needle in one_error_line(result)
+
+
+def test_models_lists_the_bundled_demo_as_present():
+    result = runner.invoke(app, ["models"])
+    assert result.exit_code == 0, result.stderr
+    demo_row = next(line for line in result.stdout.splitlines() if line.startswith("│ demo"))
+    assert "yes" in demo_row and "4" in demo_row
+    qwen_row = next(line for line in result.stdout.splitlines() if "qwen3-4b " in line)
+    assert "│ no " in qwen_row
+
+
+def test_doctor_is_honest_about_the_cpu():
+    result = runner.invoke(app, ["doctor", "--base-url", "http://127.0.0.1:9/v1"])
+    assert result.exit_code == 0, result.stderr
+    assert "not Apple Silicon" in result.stdout and "cpu (Metal not available)" in result.stdout
+    assert "nothing answers" in result.stdout

@@ -1,0 +1,82 @@
+"""The bundled demo model: it loads with plain mlx_lm, and it really remembers and forgets."""
+
+import json
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from conftest import DEMO_DIR, ROOT
+from localchat.demo_eval import evaluate
+from localchat.server import free_port, launch, wait_ready
+
+
+@pytest.fixture(scope="module")
+def figures(demo):
+    model, tokenizer = demo
+    return evaluate(model, tokenizer, n=20, seed=2024)
+
+
+def test_committed_model_is_a_small_4bit_mlx_model(demo):
+    config = json.loads((DEMO_DIR / "config.json").read_text())
+    assert config["model_type"] == "qwen2" and config["quantization"]["bits"] == 4
+    size = sum(p.stat().st_size for p in DEMO_DIR.iterdir())
+    assert size <= 5 * 1024 * 1024
+    card = (DEMO_DIR / "README.md").read_text()
+    assert "toy" in card.lower() and "not an assistant" in card
+
+
+@pytest.mark.parametrize("behaviour", ["recall_en", "recall_zh", "correction_en", "correction_zh", "json"])
+def test_remembers_with_history(figures, behaviour):
+    score = figures["behaviours"][behaviour]
+    assert score["passed"] >= 19, score
+
+
+@pytest.mark.parametrize("behaviour", ["refusal_en", "refusal_zh"])
+def test_refuses_without_history(figures, behaviour):
+    score = figures["behaviours"][behaviour]
+    assert score["passed"] == 20, score
+
+
+def test_json_form_and_clean_endings(figures):
+    assert figures["json_valid"]["valid"] >= 0.98 * figures["json_valid"]["total"]
+    clean = figures["clean_endings"]
+    assert clean["clean"] == clean["total"], clean
+
+
+def test_transformers_reads_the_tokenizer_and_template():
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(DEMO_DIR))
+    text = tok.apply_chat_template([{"role": "user", "content": "你好"}], tokenize=False, add_generation_prompt=True)
+    assert text == "<|im_start|>user\n你好<|im_end|>\n<|im_start|>assistant\n"
+    assert tok.eos_token == "<|im_end|>"
+    assert tok.decode(tok.encode("harbor 17 港口")) == "harbor 17 港口"
+
+
+def test_training_script_runs_end_to_end_and_its_output_is_served(tmp_path):
+    out = tmp_path / "tiny"
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "train_demo_model.py"), "--out", str(out), "--steps", "4",
+         "--batch", "4", "--hidden", "32", "--layers", "1", "--heads", "2", "--intermediate", "64",
+         "--eval-n", "1", "--log-every", "2", "--workers", "1"],
+        capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "step     4/4" in run.stdout and "tok/s" in run.stdout and "ETA" in run.stdout
+    report = json.loads((out / "eval.json").read_text())
+    assert set(report["behaviours"]) >= {"recall_en", "refusal_zh", "json"}
+
+    from mlx_lm import load
+
+    model, tokenizer = load(str(out))
+    assert json.loads((out / "config.json").read_text())["quantization"]["bits"] == 4
+
+    server = launch(str(out), port=free_port(), log_path=tmp_path / "server.log")
+    try:
+        wait_ready(server, timeout_s=120)
+        reply = httpx.post(f"{server.base_url}/chat/completions", timeout=30, json={
+            "model": str(out), "max_tokens": 4, "messages": [{"role": "user", "content": "Hello"}]})
+    finally:
+        server.stop()
+    assert reply.status_code == 200 and reply.json()["choices"][0]["message"]["role"] == "assistant"

@@ -1,0 +1,179 @@
+"""A real mlx_lm.server on a free loopback port, serving the demo model."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from typer.testing import CliRunner
+
+from localchat.backends import GenerationParams
+from localchat.backends.openai_http import ServerBackend, make_client
+from localchat.cli import app
+from localchat.history import Conversation
+from localchat.registry import resolve
+from localchat.server import free_port, launch, wait_ready
+from localchat.session import ChatSession
+
+runner = CliRunner()
+REMEMBER = "Remember the code harbor 17. Reply only OK."
+RECALL = "What was the code? Reply with the code only."
+
+
+def mlx_servers() -> list[str]:
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if "mlx_lm server" in line]
+
+
+@pytest.fixture(scope="module")
+def live_server(tmp_path_factory):
+    ref = resolve("demo")
+    server = launch(ref.location, port=free_port(), log_path=tmp_path_factory.mktemp("log") / "server.log")
+    try:
+        wait_ready(server, timeout_s=120)
+        yield server
+    finally:
+        server.stop()
+    assert server.process.poll() is not None
+
+
+@pytest.fixture(autouse=True, scope="module")
+def no_orphans_afterwards():
+    yield
+    deadline = time.time() + 10
+    while mlx_servers() and time.time() < deadline:
+        time.sleep(0.2)
+    assert mlx_servers() == []
+
+
+def server_chat(live_server, use_history=True) -> ChatSession:
+    backend = ServerBackend(make_client(live_server.base_url), live_server.model_location, model_id="demo")
+    return ChatSession(backend, Conversation("You are a helpful assistant."),
+                       GenerationParams(max_tokens=32), use_history=use_history)
+
+
+def test_recall_with_history_through_the_server(live_server):
+    chat = server_chat(live_server)
+    assert chat.ask(REMEMBER).text == "OK"
+    second = chat.ask(RECALL)
+    assert second.text == "harbor 17"
+    assert second.stats.cached_tokens > 0 and not second.stats.estimated
+    assert second.stats.ttft_s is not None and second.stats.prompt_tokens > second.stats.cached_tokens
+
+
+def test_no_history_through_the_server(live_server):
+    chat = server_chat(live_server, use_history=False)
+    chat.ask(REMEMBER)
+    assert chat.ask(RECALL).text == "I don't know."
+
+
+def test_single_prompt_cli_through_the_server(live_server):
+    result = runner.invoke(app, ["chat", "--backend", "server", "--base-url", live_server.base_url,
+                                 "-m", "demo", "请记住代号「港口 17」，只回答「收到」。"])
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == "收到\n" and "[TTFT" in result.stderr
+
+
+def test_smoke_passes_and_prints_json(live_server):
+    result = runner.invoke(app, ["smoke", "--base-url", live_server.base_url, "-m", "demo", "--json"])
+    assert result.exit_code == 0, result.stdout
+    report = json.loads(result.stdout)
+    assert report["ok"] is True
+    assert len(report["checks"]) == 6 and all(c["ok"] for c in report["checks"])
+    recall = next(c for c in report["checks"] if c["name"] == "two-turn recall")
+    told, answered = recall["detail"].split(", answered ")
+    assert told.removeprefix("told ") == answered  # the demo model is judged on the exact code
+
+
+def test_smoke_fails_against_nothing():
+    result = runner.invoke(app, ["smoke", "--base-url", f"http://127.0.0.1:{free_port()}/v1", "--json"])
+    assert result.exit_code == 1
+    report = json.loads(result.stdout)
+    assert report["ok"] is False
+    assert not report["checks"][0]["ok"] and "cannot connect" in report["checks"][0]["detail"]
+
+
+def test_serve_refuses_a_busy_port(live_server):
+    result = runner.invoke(app, ["serve", "--port", str(live_server.port)])
+    assert result.exit_code == 1
+    assert f"port {live_server.port}" in result.stderr and "busy" in result.stderr
+
+
+def test_serve_reports_a_child_that_dies_at_start_up():
+    result = runner.invoke(app, ["serve", "--port", str(free_port()), "--", "--no-such-flag"])
+    assert result.exit_code == 1
+    assert "exited with code 2 during start-up" in result.stderr
+    assert "unrecognized arguments: --no-such-flag" in result.stderr  # the log's last lines
+
+
+def test_parity_between_inproc_and_server():
+    result = runner.invoke(app, ["parity", "--json"])
+    assert result.exit_code == 0, result.stdout + result.stderr
+    report = json.loads(result.stdout[result.stdout.index("{"):])
+    assert report["ok"] and report["first_difference"] is None
+    assert [t["inproc_prompt_tokens"] for t in report["turns"]] == [t["server_prompt_tokens"] for t in report["turns"]]
+    assert report["turns"][-1]["server_text"] == "harbor 17"
+
+
+def mlx_children(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-eo", "pid,ppid,args"], capture_output=True, text=True).stdout
+    rows = [line.split(None, 2) for line in out.splitlines()[1:]]
+    return [int(p) for p, pp, args in rows if int(pp) == pid and "mlx_lm server" in args]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.fixture
+def serve_process():
+    """`localchat serve` in a subprocess, up to "ready"; killed (with its child) whatever happens."""
+    procs = []
+
+    def start() -> tuple[subprocess.Popen, int]:
+        proc = subprocess.Popen([sys.executable, "-m", "localchat", "serve", "--port", str(free_port())],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        procs.append(proc)
+        for line in proc.stdout:
+            if "ready" in line:
+                break
+        children = mlx_children(proc.pid)
+        assert len(children) == 1
+        return proc, children[0]
+
+    yield start
+    for proc in procs:
+        for child in mlx_children(proc.pid):
+            os.kill(child, signal.SIGKILL)
+        proc.kill()
+        proc.wait()
+
+
+def wait_gone(pid: int, seconds: float = 15) -> bool:
+    deadline = time.time() + seconds
+    while alive(pid) and time.time() < deadline:
+        time.sleep(0.1)
+    return not alive(pid)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_serve_stops_its_child_on_sigterm_and_ctrl_c(serve_process, sig):
+    proc, child = serve_process()
+    proc.send_signal(sig)
+    assert proc.wait(30) == 0
+    assert "server stopped" in proc.stdout.read()
+    assert wait_gone(child)
+
+
+def test_the_child_dies_even_if_serve_is_killed(serve_process):
+    proc, child = serve_process()
+    proc.kill()  # SIGKILL: no handler runs; the kernel's parent-death signal stops the child
+    proc.wait(10)
+    assert wait_gone(child)
