@@ -86,16 +86,11 @@ def open_server(ref: ModelRef | None, opts: ChatOptions, ui: ChatUI) -> Backend:
     """An HTTP backend. A model the registry knows is sent as the location the server loads and
     lends its local tokenizer (for estimates); any other name (e.g. vLLM's served model name) is
     sent as it is; no name means the server's own model."""
-    from localchat.backends.openai_http import SERVER_DEFAULT_MODEL, ServerBackend, make_client
+    from localchat.backends.openai_http import backend_for
 
     loadable = ref is not None and (ref.kind != "hub" or hub_snapshot(ref.location) is not None)
-    backend = ServerBackend(
-        make_client(opts.base_url, opts.api_key),
-        ref.location if ref else (opts.model or SERVER_DEFAULT_MODEL),
-        model_id=ref.id if ref else (opts.model or "the server's model"),
-        load_tokenizer=partial(load_local_tokenizer, ref) if loadable else None,
-        chat_template_kwargs=ref.chat_template_kwargs if ref else None,
-    )
+    backend = backend_for(opts.base_url, ref, name=opts.model, api_key=opts.api_key,
+                          load_tokenizer=partial(load_local_tokenizer, ref) if loadable else None)
     ui.info(f"talking to {backend.url} (model: {backend.model_id})")
     return backend
 

@@ -142,6 +142,52 @@ def parity(
     raise typer.Exit(0 if report.ok else 1)
 
 
+class BenchBackend(str, Enum):
+    inproc = "inproc"
+    server = "server"
+    both = "both"
+
+
+class HistoryArms(str, Enum):
+    on = "on"
+    off = "off"
+    both = "both"
+
+
+class OutputFormat(str, Enum):
+    table = "table"
+    md = "md"
+    json = "json"
+    csv = "csv"
+
+
+@app.command()
+def bench(
+    model: Annotated[Optional[str], typer.Option("--model", "-m", envvar="LOCALCHAT_MODEL", help="Model [default: demo].")] = None,
+    backend: Annotated[BenchBackend, typer.Option(help="Which backend(s) to run.")] = BenchBackend.inproc,
+    history: Annotated[HistoryArms, typer.Option(help="History on, off, or both (side by side).")] = HistoryArms.both,
+    script: Annotated[Optional[list[Path]], typer.Option("--script", help="A bench script (YAML); repeatable [default: scripts/bench/*.yaml].")] = None,
+    repeat: Annotated[int, typer.Option(min=1, help="Measured repeats (each draws new codes).")] = 1,
+    warmup: Annotated[int, typer.Option(min=0, help="Unmeasured repeats first.")] = 0,
+    temperature: Annotated[float, typer.Option(min=0.0, help="Fixed for the whole run, and recorded.")] = 0.0,
+    seed: Annotated[int, typer.Option(help="Seeds the scripts' draws and sampling.")] = 0,
+    max_tokens: Annotated[int, typer.Option(min=1, help="Longest reply, in tokens.")] = 64,
+    no_cache_reuse: Annotated[bool, typer.Option("--no-cache-reuse", help="Add an in-process history-on arm without KV reuse.")] = False,
+    base_url: Annotated[Optional[str], typer.Option(envvar="LOCALCHAT_BASE_URL", help="Use this server for the server arm [default: launch one].")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Write results.json, turns.csv and summary.md here.")] = None,
+    format: Annotated[OutputFormat, typer.Option("--format", help="What to print.")] = OutputFormat.table,
+    plot: Annotated[Optional[Path], typer.Option(help="Write a PNG of TTFT and prompt tokens per turn (needs --extra plot).")] = None,
+) -> None:
+    """History on vs off at a fixed temperature: what history costs (tokens, TTFT) and buys (answers)."""
+    from localchat.benchreport import BenchOptions, run_bench_cmd
+
+    opts = BenchOptions(model, backend.value, history.value, tuple(script or ()), repeat, warmup, temperature,
+                        seed, max_tokens, no_cache_reuse, base_url, out, format.value, plot)
+    with user_errors():
+        code = run_bench_cmd(opts, Console(highlight=False))
+    raise typer.Exit(code)
+
+
 @app.command()
 def models() -> None:
     """List models.yaml entries: present locally?, size on disk, quantization bits."""

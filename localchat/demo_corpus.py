@@ -23,6 +23,10 @@ REMEMBER = {
     "en": ("Remember the code {code}. Reply only OK.", "OK"),
     "zh": ("请记住代号「{code}」，只回答「收到」。", "收到"),
 }
+ECHO = {
+    "en": "Repeat after me: {code}",
+    "zh": "跟我说：「{code}」",
+}
 RECALL = {
     "en": "What was the code? Reply with the code only.",
     "zh": "上一题的代号是什么？只回答代号。",
@@ -168,6 +172,17 @@ def recall_dialogue(rng: random.Random, lang: str, split: Split, *, as_json: boo
     return Dialogue(kind, system, tuple(exchanges), scored=(len(exchanges) - 1,))
 
 
+def echo_dialogue(rng: random.Random, lang: str, split: Split, *, as_json: bool = False,
+                  system: str | None = None) -> Dialogue:
+    """Repeat a code at once: a dense, short-range copying signal that teaches the model to copy
+    any word, which recall across turns then reuses."""
+    exchanges = _small_talk(rng, lang, rng.choice([0, 0, 1]), as_json)
+    for _ in range(rng.randint(1, 2)):
+        code = random_code(rng, lang if rng.random() < 0.85 else rng.choice(["en", "zh"]), split)
+        exchanges.append(Exchange(ECHO[lang].format(code=code), _reply(code, as_json)))
+    return Dialogue(f"echo_{lang}", system, tuple(exchanges), scored=(len(exchanges) - 1,))
+
+
 def correction_dialogue(rng: random.Random, lang: str, *, as_json: bool = False,
                         system: str | None = None) -> Dialogue:
     """Seed 001's exercise: a date moved in one turn, the original asked for in the next."""
@@ -207,17 +222,22 @@ def _json_system(rng: random.Random) -> str:
     return JSON_SYSTEM if base is None or rng.random() < 0.5 else f"{base}\n\n{JSON_SYSTEM}"
 
 
-def training_dialogue(rng: random.Random) -> Dialogue:
-    """One conversation of the training mixture."""
+def training_dialogue(rng: random.Random, copy_focus: bool = False) -> Dialogue:
+    """One conversation of the training mixture; ``copy_focus`` (the curriculum's first stage)
+    makes most of them short echo conversations, so the model learns to copy before it learns
+    to look back across turns."""
     lang = rng.choice(["en", "zh"])
-    as_json = rng.random() < 0.2
+    as_json = rng.random() < 0.15
     system = _json_system(rng) if as_json else rng.choice(PLAIN_SYSTEMS)
+    if copy_focus and rng.random() < 0.6:
+        return echo_dialogue(rng, lang, "train", as_json=as_json, system=system)
     makers: list[tuple[float, Callable[[], Dialogue]]] = [
-        (0.40, lambda: recall_dialogue(rng, lang, "train", as_json=as_json, system=system)),
-        (0.20, lambda: correction_dialogue(rng, lang, as_json=as_json, system=system)),
-        (0.25, lambda: refusal_dialogue(rng, lang, as_json=as_json, system=system,
+        (0.42, lambda: recall_dialogue(rng, lang, "train", as_json=as_json, system=system)),
+        (0.15, lambda: echo_dialogue(rng, lang, "train", as_json=as_json, system=system)),
+        (0.15, lambda: correction_dialogue(rng, lang, as_json=as_json, system=system)),
+        (0.20, lambda: refusal_dialogue(rng, lang, as_json=as_json, system=system,
                                         small_talk=rng.choice([0, 0, 1, 2]))),
-        (0.15, lambda: small_talk_dialogue(rng, lang, as_json=as_json, system=system)),
+        (0.08, lambda: small_talk_dialogue(rng, lang, as_json=as_json, system=system)),
     ]
     pick = rng.random()
     for weight, make in makers:

@@ -14,9 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from localchat.errors import LocalchatError, UsageError
+from localchat.yamlfile import read_yaml
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 BUNDLED_PREFIX = "bundled:"
@@ -100,14 +99,7 @@ def _parse_entry(raw: Any, index: int, path: Path) -> ModelEntry:
 
 def load_registry(path: Path | None = None) -> list[ModelEntry]:
     path = path or models_file()
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise LocalchatError(f"cannot read {path}: {exc.strerror or exc}") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = f"line {mark.line + 1}" if mark else "syntax"
-        raise _fail(path, line, str(getattr(exc, "problem", None) or exc)) from None
+    data = read_yaml(path)
     if not isinstance(data, dict) or not isinstance(data.get("models"), list):
         raise _fail(path, "top level", "expected a mapping with a 'models' list")
     entries = [_parse_entry(raw, i, path) for i, raw in enumerate(data["models"], 1)]

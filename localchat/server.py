@@ -8,6 +8,7 @@ SIGTERM, then SIGKILL after a grace period) and, on Linux, dies with us even if 
 from __future__ import annotations
 
 import ctypes
+import os
 import signal
 import socket
 import subprocess
@@ -106,6 +107,7 @@ def launch(model_location: str, *, host: str = "127.0.0.1", port: int = 8080, lo
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   env=os.environ | {"HF_HUB_OFFLINE": "1"},  # the server never downloads
                                    start_new_session=True,
                                    preexec_fn=_die_with_parent if sys.platform == "linux" else None)
     return RunningServer(process, host, port, model_location, log_path)

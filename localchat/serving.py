@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -14,7 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from localchat.backends import GenerationParams
-from localchat.backends.openai_http import ServerBackend, make_client
+from localchat.backends.openai_http import backend_for
 from localchat.errors import LocalchatError
 from localchat.history import Conversation
 from localchat.registry import DEFAULT_MODEL, ModelRef, local_dir, resolve
@@ -37,16 +36,10 @@ def ensure_hf_cache_dir() -> None:
     Path(constants.HF_HUB_CACHE).mkdir(parents=True, exist_ok=True)
 
 
-def server_backend(server: RunningServer, ref: ModelRef) -> ServerBackend:
-    return ServerBackend(make_client(server.base_url), server.model_location, model_id=ref.id,
-                         chat_template_kwargs=ref.chat_template_kwargs)
-
-
 def start_ready(ref: ModelRef, host: str, port: int, log: Path | None, extra: tuple[str, ...],
                 console: Console) -> RunningServer:
     """Launch mlx_lm.server for ``ref`` and wait (spinner) until a completion succeeds."""
     local_dir(ref)  # fail early, in one line, when the model is not on this machine
-    os.environ["HF_HUB_OFFLINE"] = "1"  # inherited by the child: it never downloads either
     ensure_hf_cache_dir()
     server = launch(ref.location, host=host, port=port, log_path=log or default_log(port), extra_args=extra)
     try:
@@ -83,7 +76,7 @@ def run_serve(model: str | None, host: str, port: int, log: Path | None, smoke: 
         console.print(f"[green]ready[/green] {server.base_url} · model {ref.id} ({ref.location}) · "
                       f"loaded in {server.load_s:.1f}s · log {server.log_path}")
         if smoke:
-            report = run_smoke(server_backend(server, ref), judge_recall=ref.id == DEMO_ID)
+            report = run_smoke(backend_for(server.base_url, ref), judge_recall=ref.id == DEMO_ID)
             show_smoke(console, report, as_json=False)
             return 0 if report.ok else 1
         console.print(f"chat with: localchat chat --backend server --base-url {server.base_url} -m {ref.id}")
@@ -101,10 +94,7 @@ def run_serve(model: str | None, host: str, port: int, log: Path | None, smoke: 
 def run_smoke_cmd(base_url: str, model: str | None, api_key: str | None, as_json: bool,
                   console: Console) -> int:
     ref = resolve(model) if model else None
-    backend = ServerBackend(make_client(base_url, api_key),
-                            ref.location if ref else "default_model",
-                            model_id=ref.id if ref else "the server's model",
-                            chat_template_kwargs=ref.chat_template_kwargs if ref else None)
+    backend = backend_for(base_url, ref, api_key=api_key)
     try:
         report = run_smoke(backend, judge_recall=ref is not None and ref.id == DEMO_ID)
     finally:
@@ -162,7 +152,7 @@ def run_parity(model: str | None, console: Console) -> ParityReport:
     port = free_port()
     server = start_ready(ref, "127.0.0.1", port, None, (), console)
     try:
-        backend = server_backend(server, ref)
+        backend = backend_for(server.base_url, ref)
         server_results = _conversation(backend, ref)
         backend.close()
     finally:

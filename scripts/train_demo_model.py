@@ -10,6 +10,7 @@ quantize to 4 bits with mlx_lm's own convert, then score held-out conversations.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -119,7 +120,8 @@ def model_config(args, vocab_size: int, eos_id: int) -> dict:
     }
 
 
-def train(args, tok, rows, config, group) -> nn.Module:
+def train(args, tok, stages, config, group) -> nn.Module:
+    """``stages``: the curriculum's row lists, trained in order (each shuffled within itself)."""
     mx.random.seed(args.seed)  # the same initial weights on every worker
     model = qwen2.Model(qwen2.ModelArgs.from_dict(config))
     n_params = sum(v.size for _, v in tree_flatten(model.parameters()))
@@ -144,8 +146,9 @@ def train(args, tok, rows, config, group) -> nn.Module:
         optimizer.update(model, grads)
         return mx.distributed.all_sum(loss, group=group) / group.size()
 
-    batches = make_batches(rows, args.batch, tok.pad_token_id, random.Random(args.seed),
-                           group.rank(), group.size())
+    rng = random.Random(args.seed)
+    batches = itertools.chain.from_iterable(
+        make_batches(rows, args.batch, tok.pad_token_id, rng, group.rank(), group.size()) for rows in stages)
     t0, seen, running = time.perf_counter(), 0, None
     for i, (x, y, m) in zip(range(1, args.steps + 1), batches):
         loss = step(x, y, m)
@@ -157,7 +160,20 @@ def train(args, tok, rows, config, group) -> nn.Module:
             eta = elapsed / i * (args.steps - i)
             log(group, f"step {i:5d}/{args.steps}  loss {running:.4f}  {seen / elapsed:,.0f} tok/s"
                        f"  elapsed {elapsed / 60:.1f} min  ETA {eta / 60:.1f} min")
+        if args.probe_every and i % args.probe_every == 0 and group.rank() == 0:
+            log(group, probe(model, tok, args.seed))
     return model
+
+
+def probe(model, tok, seed: int) -> str:
+    """A quick look at held-out recall and refusal (float weights, 10 conversations each)."""
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+    figures = evaluate(model, TokenizerWrapper(tok), n=10, seed=seed + 777,
+                       behaviours=("recall_en", "recall_zh", "refusal_en", "refusal_zh"))
+    rates = " ".join(f"{b} {s['passed']}/{s['total']}" for b, s in figures["behaviours"].items())
+    misses = [f for s in figures["behaviours"].values() for f in s["failures"][:1]]
+    return f"        probe: {rates}" + (f"  e.g. {misses[0]}" if misses else "")
 
 
 def log(group, message: str) -> None:
@@ -166,11 +182,24 @@ def log(group, message: str) -> None:
 
 
 def relaunch_with_workers(argv: list[str], workers: int) -> int:
-    """Data-parallel training on this machine's cores: MLX's ring backend over loopback."""
-    launcher = Path(sys.executable).with_name("mlx.launch")
-    command = [str(launcher), "--backend", "ring", "-n", str(workers), "--python", sys.executable,
-               str(Path(__file__).resolve()), *argv]
-    return subprocess.run(command).returncode
+    """Data-parallel training on this machine's cores: one process per worker, joined by MLX's
+    ring backend over loopback (started directly: mlx.launch's output relay busy-waits a core)."""
+    from localchat.server import free_port
+
+    ports = [free_port() for _ in range(workers)]
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as hostfile:
+        json.dump([[f"127.0.0.1:{port}"] for port in ports], hostfile)
+    command = [sys.executable, str(Path(__file__).resolve()), *argv]
+    procs = [subprocess.Popen(command, env=os.environ | {"MLX_RANK": str(rank), "MLX_HOSTFILE": hostfile.name},
+                              stdout=None if rank == 0 else subprocess.DEVNULL)
+             for rank in range(workers)]
+    try:
+        codes = [p.wait() for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+        os.unlink(hostfile.name)
+    return max(codes, key=abs)
 
 
 def save_float_model(model: nn.Module, tok, config: dict, path: Path) -> None:
@@ -197,6 +226,9 @@ def parse_args(argv=None):
     p.add_argument("--group-size", type=int, default=32, help="4-bit quantization group size")
     p.add_argument("--eval-n", type=int, default=200, help="held-out conversations per behaviour")
     p.add_argument("--log-every", type=int, default=50)
+    p.add_argument("--copy-stage", type=float, default=0.25,
+                   help="fraction of steps in the first, echo-heavy curriculum stage")
+    p.add_argument("--probe-every", type=int, default=250, help="steps between held-out recall probes (0: none)")
     p.add_argument("--workers", type=int, default=2,
                    help="data-parallel processes (MLX ring backend on loopback); 1 = this process only")
     return p.parse_args(argv)
@@ -210,14 +242,19 @@ def main(argv=None) -> dict | None:
     group = mx.distributed.init()
     started = time.perf_counter()
     rng = random.Random(args.seed)
-    dialogues = [training_dialogue(rng) for _ in range(args.steps * args.batch)]
+    copy_steps = int(args.steps * args.copy_stage)
+    dialogues = [training_dialogue(rng, copy_focus=i < copy_steps * args.batch)
+                 for i in range(args.steps * args.batch)]
     texts = [render(d.messages()) for d in dialogues]
     tok = build_tokenizer(texts[:20000], args.vocab)
-    rows = [r for r in (encode_with_mask(tok, d.messages()) for d in dialogues) if len(r[0]) <= 320]
+    encoded = [encode_with_mask(tok, d.messages()) for d in dialogues]
+    stages = [[r for r in part if len(r[0]) <= 320]
+              for part in (encoded[:copy_steps * args.batch], encoded[copy_steps * args.batch:])]
+    rows = stages[0] + stages[1]
     n_tokens = sum(len(ids) for ids, _ in rows)
     log(group, f"corpus: {len(rows):,} conversations, {n_tokens:,} tokens, vocab {len(tok)}")
     config = model_config(args, len(tok), tok.convert_tokens_to_ids("<|im_end|>"))
-    model = train(args, tok, rows, config, group)
+    model = train(args, tok, stages, config, group)
     train_s = time.perf_counter() - started
     if group.rank() != 0:
         return None

@@ -82,6 +82,14 @@ class InProcessBackend:
             messages, add_generation_prompt=True, **self.chat_template_kwargs)
         return list(ids)
 
+    def _encode_or_explain(self, messages: list[Message]) -> list[int]:
+        from jinja2 import TemplateError
+
+        try:
+            return self.encode(messages)
+        except TemplateError as exc:  # e.g. a template that refuses a system message
+            raise LocalchatError(f"{self.model_id}'s chat template rejected these messages: {exc}") from None
+
     def count_tokens(self, messages: list[Message]) -> int:
         return len(self.encode(messages))
 
@@ -90,7 +98,7 @@ class InProcessBackend:
         from mlx_lm import stream_generate
         from mlx_lm.sample_utils import make_sampler
 
-        prompt_ids = self.encode(messages)
+        prompt_ids = self._encode_or_explain(messages)
         if not self.cache_reuse:
             self._cache = PromptCache(self.model)
         cached, missed = self._cache.reuse(prompt_ids)
@@ -106,6 +114,8 @@ class InProcessBackend:
                                         prompt_cache=self._cache.cache):
                 generated.append(last.token)
                 yield TextChunk(last.text)
+        except (RuntimeError, ValueError, MemoryError) as exc:  # MLX failures, e.g. out of memory
+            raise LocalchatError(f"generation failed: {type(exc).__name__}: {exc}".splitlines()[0]) from None
         finally:
             self._cache.record(prompt_ids + generated)
         yield Finished(

@@ -18,6 +18,7 @@ from localchat.backends import Event, Finished, GenerationParams, TextChunk
 from localchat.backends.sse import StreamError, error_message, iter_chunks
 from localchat.errors import LocalchatError
 from localchat.history import Message
+from localchat.registry import ModelRef
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8080/v1"
 DEFAULT_TIMEOUT = httpx.Timeout(connect=5.0, read=300.0, write=30.0, pool=5.0)
@@ -33,6 +34,19 @@ def make_client(base_url: str, api_key: str | None = None,
     """One pooled client for the whole session (connections are reused across turns)."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     return httpx.Client(base_url=base_url.rstrip("/") + "/", headers=headers, timeout=timeout)
+
+
+def backend_for(base_url: str, ref: ModelRef | None, *, name: str | None = None, api_key: str | None = None,
+                load_tokenizer: Callable[[], Any] | None = None) -> ServerBackend:
+    """A backend for a registry model (sent as the location the server loads), or for a bare
+    ``name`` only the server knows, or for the server's own model when both are None."""
+    return ServerBackend(
+        make_client(base_url, api_key),
+        ref.location if ref else (name or SERVER_DEFAULT_MODEL),
+        model_id=ref.id if ref else (name or "the server's model"),
+        load_tokenizer=load_tokenizer,
+        chat_template_kwargs=ref.chat_template_kwargs if ref else None,
+    )
 
 
 def describe_http_error(exc: httpx.HTTPError, url: str) -> str:

@@ -1,0 +1,34 @@
+"""Reading the project's YAML files (models.yaml, bench scripts) with errors that name the line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from localchat.errors import LocalchatError
+
+
+def describe_yaml_error(exc: yaml.YAMLError) -> str:
+    """``line 4: expected ',' or ']' (in the flow sequence started at line 3)``."""
+    problem = str(getattr(exc, "problem", None) or exc).strip()
+    mark = getattr(exc, "problem_mark", None)
+    where = f"line {mark.line + 1}: " if mark else ""
+    context, start = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+    if context and start and (not mark or start.line != mark.line):
+        problem += f" ({context.removeprefix('while parsing ')} started at line {start.line + 1})"
+    return where + problem
+
+
+def read_yaml(path: Path, error: type[LocalchatError] = LocalchatError) -> Any:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise error(f"{path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise error(f"cannot read {path}: {exc}") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise error(f"{path}: {describe_yaml_error(exc)}") from None
