@@ -13,7 +13,6 @@ import hashlib
 import io
 import json
 import shlex
-import sys
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -77,8 +76,27 @@ def environment_block(ref: ModelRef, tokenizer: Any, opts: BenchOptions) -> dict
         "chat_template_sha256": hashlib.sha256(template.encode()).hexdigest()[:16] if template else None,
         "temperature": opts.temperature, "seed": opts.seed, "max_tokens": opts.max_tokens,
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": shlex.join(["localchat", *sys.argv[1:]]) if sys.argv[1:2] == ["bench"] else None,
+        "command": rerun_command(opts),
     }
+
+
+def rerun_command(opts: BenchOptions) -> str:
+    """The command line that repeats this run (same scripts, seed, temperature, arms)."""
+    args = ["localchat", "bench", "--model", ref_name(opts), "--backend", opts.backend,
+            "--history", opts.history, "--repeat", str(opts.repeat), "--warmup", str(opts.warmup),
+            "--temperature", str(opts.temperature), "--seed", str(opts.seed),
+            "--max-tokens", str(opts.max_tokens)]
+    for script in opts.scripts:
+        args += ["--script", str(script)]
+    if opts.no_cache_reuse:
+        args.append("--no-cache-reuse")
+    if opts.base_url:
+        args += ["--base-url", opts.base_url]
+    return shlex.join(args)
+
+
+def ref_name(opts: BenchOptions) -> str:
+    return opts.model or DEFAULT_MODEL
 
 
 class ArmBackends:
@@ -237,11 +255,10 @@ def to_markdown(result: BenchResult) -> str:
     for arm, s in result.summary()["arms"].items():
         for script, a in s["per_script_accuracy"].items():
             per_script.append(f"| {arm} | {script} | {_f(a['accuracy'], '.0%')} ({a['correct']}/{a['scored']}) |")
-    command = result.environment.get("command")
     return "\n".join([
         "# localchat bench", "", f"Measured on: {environment_line(result)}", "", head + body,
         *[f"- {line}" for line in comparison_lines(result)], *per_script, "",
-        "Re-run with:" if command else "", f"\n    {command}\n" if command else "",
+        "Re-run with:", "", f"    {result.environment['command']}", "",
     ])
 
 
@@ -303,8 +320,9 @@ def write_outputs(result: BenchResult, out: Path) -> list[Path]:
     return written
 
 
-def run_bench_cmd(opts: BenchOptions, console: Console) -> int:
-    result = run_bench(opts, console)
+def run_bench_cmd(opts: BenchOptions, console: Console, err: Console) -> int:
+    """Results on ``console`` (stdout, so --format json/csv pipes); progress and notices on ``err``."""
+    result = run_bench(opts, err)
     renderers = {"md": to_markdown, "json": to_json, "csv": to_csv}
     if opts.format == "table":
         show_table(result, console)
@@ -312,8 +330,8 @@ def run_bench_cmd(opts: BenchOptions, console: Console) -> int:
         console.out(renderers[opts.format](result), highlight=False)
     if opts.out:
         for path in write_outputs(result, opts.out):
-            console.print(f"wrote {path}", style="dim")
+            err.print(f"wrote {path}", style="dim")
     if opts.plot:
         write_plot(result, opts.plot)
-        console.print(f"wrote {opts.plot}", style="dim")
+        err.print(f"wrote {opts.plot}", style="dim")
     return 0

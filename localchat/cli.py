@@ -184,7 +184,7 @@ def bench(
     opts = BenchOptions(model, backend.value, history.value, tuple(script or ()), repeat, warmup, temperature,
                         seed, max_tokens, no_cache_reuse, base_url, out, format.value, plot)
     with user_errors():
-        code = run_bench_cmd(opts, Console(highlight=False))
+        code = run_bench_cmd(opts, Console(highlight=False), err_console)
     raise typer.Exit(code)
 
 

@@ -45,9 +45,11 @@ CHATML_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
-# Letter runs, single digits, whitespace runs and punctuation runs are separate pre-tokens, so a
-# code word tokenizes the same inside a sentence and at the start of a reply (easy to copy).
-PRE_TOKEN_PATTERN = r"\p{L}+|\p{N}|\s+|[^\p{L}\p{N}\s]+"
+# Pre-tokens are letter runs, single digits and punctuation runs, each carrying one trailing space,
+# and leftover whitespace. "the code harbor 17." gives "code ", "harbor ", "1", "7", so a code
+# tokenizes the same inside a sentence and at the start of a reply, and copying it is plain
+# one-token induction (an isolated space token would be ambiguous: every space looks alike).
+PRE_TOKEN_PATTERN = r"\p{L}+ ?|\p{N} ?|[^\p{L}\p{N}\s]+ ?|\s+"
 
 
 def render(messages: list[dict[str, str]]) -> str:
@@ -120,10 +122,13 @@ def model_config(args, vocab_size: int, eos_id: int) -> dict:
     }
 
 
-def train(args, tok, stages, config, group) -> nn.Module:
-    """``stages``: the curriculum's row lists, trained in order (each shuffled within itself)."""
+def train(args, tok, stages, config, group, weights: dict | None = None) -> nn.Module:
+    """``stages``: the curriculum's row lists, trained in order (each shuffled within itself);
+    ``weights``: a warm start (see ``--init``) instead of random initial weights."""
     mx.random.seed(args.seed)  # the same initial weights on every worker
     model = qwen2.Model(qwen2.ModelArgs.from_dict(config))
+    if weights is not None:
+        model.load_weights(list(weights.items()))
     n_params = sum(v.size for _, v in tree_flatten(model.parameters()))
     log(group, f"model: qwen2, {n_params:,} parameters, {group.size()} worker(s)")
     warmup = min(args.warmup, max(1, args.steps // 10))
@@ -202,6 +207,20 @@ def relaunch_with_workers(argv: list[str], workers: int) -> int:
     return max(codes, key=abs)
 
 
+def load_init_tokenizer(init: Path) -> PreTrainedTokenizerFast:
+    """A warm start keeps the tokenizer its weights were trained with."""
+    return PreTrainedTokenizerFast.from_pretrained(str(init))
+
+
+def init_weights(init: Path) -> dict:
+    """Float weights of a model this script wrote (dequantized with mlx_lm's own convert)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        convert(str(init), str(Path(tmp) / "float"), dequantize=True, dtype="float32")
+        weights = mx.load(str(Path(tmp) / "float" / "model.safetensors"))
+    weights.pop("lm_head.weight", None)  # tied to the embedding
+    return weights
+
+
 def save_float_model(model: nn.Module, tok, config: dict, path: Path) -> None:
     path.mkdir(parents=True)
     weights = dict(tree_flatten(model.parameters()))
@@ -226,6 +245,8 @@ def parse_args(argv=None):
     p.add_argument("--group-size", type=int, default=32, help="4-bit quantization group size")
     p.add_argument("--eval-n", type=int, default=200, help="held-out conversations per behaviour")
     p.add_argument("--log-every", type=int, default=50)
+    p.add_argument("--init", type=Path, default=None,
+                   help="warm start from a model this script wrote (its tokenizer and weights)")
     p.add_argument("--copy-stage", type=float, default=0.25,
                    help="fraction of steps in the first, echo-heavy curriculum stage")
     p.add_argument("--probe-every", type=int, default=250, help="steps between held-out recall probes (0: none)")
@@ -246,7 +267,7 @@ def main(argv=None) -> dict | None:
     dialogues = [training_dialogue(rng, copy_focus=i < copy_steps * args.batch)
                  for i in range(args.steps * args.batch)]
     texts = [render(d.messages()) for d in dialogues]
-    tok = build_tokenizer(texts[:20000], args.vocab)
+    tok = load_init_tokenizer(args.init) if args.init else build_tokenizer(texts[:20000], args.vocab)
     encoded = [encode_with_mask(tok, d.messages()) for d in dialogues]
     stages = [[r for r in part if len(r[0]) <= 320]
               for part in (encoded[:copy_steps * args.batch], encoded[copy_steps * args.batch:])]
@@ -254,7 +275,7 @@ def main(argv=None) -> dict | None:
     n_tokens = sum(len(ids) for ids, _ in rows)
     log(group, f"corpus: {len(rows):,} conversations, {n_tokens:,} tokens, vocab {len(tok)}")
     config = model_config(args, len(tok), tok.convert_tokens_to_ids("<|im_end|>"))
-    model = train(args, tok, stages, config, group)
+    model = train(args, tok, stages, config, group, init_weights(args.init) if args.init else None)
     train_s = time.perf_counter() - started
     if group.rank() != 0:
         return None
@@ -286,6 +307,15 @@ def main(argv=None) -> dict | None:
     return report
 
 
+def meets_quality_bar(report: dict) -> bool:
+    """Issue 2's bar: recall and corrections ≥ 95 %, refusal ≥ 98 %, JSON valid ≥ 98 %, all clean."""
+    rate = {b: s["rate"] for b, s in report["behaviours"].items()}
+    json_valid, clean = report["json_valid"], report["clean_endings"]
+    return (all(rate[b] >= 0.95 for b in ("recall_en", "recall_zh", "correction_en", "correction_zh"))
+            and rate["refusal_en"] >= 0.98 and rate["refusal_zh"] >= 0.98
+            and json_valid["valid"] >= 0.98 * json_valid["total"] and clean["clean"] == clean["total"])
+
+
 def _rate(report: dict, behaviour: str) -> str:
     b = report["behaviours"][behaviour]
     return f"{b['passed']}/{b['total']} ({b['rate']:.1%})"
@@ -295,7 +325,15 @@ def model_card(report: dict, argv: list[str]) -> str:
     env = collect()
     json_valid = report["json_valid"]
     clean = report["clean_endings"]
+    bar = meets_quality_bar(report)
+    status = ("**Status: meets the quality bar** (figures below)." if bar else
+              "**Status: below the quality bar.** It does not yet reliably recall codes, refuse without "
+              "history or keep its JSON form (figures below); it must be retrained before it can "
+              "demonstrate history. localchat's tests that depend on its answers are marked as "
+              "expected failures until then.")
     return f"""# localchat demo model
+
+{status}
 
 A **toy**: a {report['parameters']:,}-parameter qwen2-architecture chat model with a byte-level BPE
 tokenizer (vocab 1024, ChatML template), trained from scratch by `scripts/train_demo_model.py`

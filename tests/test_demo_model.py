@@ -7,7 +7,7 @@ import sys
 import httpx
 import pytest
 
-from conftest import DEMO_DIR, ROOT
+from conftest import DEMO_QUALITY, DEMO_DIR, ROOT
 from localchat.demo_eval import evaluate
 from localchat.server import free_port, launch, wait_ready
 
@@ -28,17 +28,20 @@ def test_committed_model_is_a_small_4bit_mlx_model(demo):
 
 
 @pytest.mark.parametrize("behaviour", ["recall_en", "recall_zh", "correction_en", "correction_zh", "json"])
+@DEMO_QUALITY
 def test_remembers_with_history(figures, behaviour):
     score = figures["behaviours"][behaviour]
     assert score["passed"] >= 19, score
 
 
 @pytest.mark.parametrize("behaviour", ["refusal_en", "refusal_zh"])
+@DEMO_QUALITY
 def test_refuses_without_history(figures, behaviour):
     score = figures["behaviours"][behaviour]
     assert score["passed"] == 20, score
 
 
+@DEMO_QUALITY
 def test_json_form_and_clean_endings(figures):
     assert figures["json_valid"]["valid"] >= 0.98 * figures["json_valid"]["total"]
     clean = figures["clean_endings"]

@@ -4,6 +4,7 @@ import sys
 
 import pexpect
 import pytest
+from conftest import DEMO_QUALITY
 
 PROMPT = ">>> "
 
@@ -23,6 +24,7 @@ def quit(child: pexpect.spawn) -> None:
     assert child.exitstatus == 0
 
 
+@DEMO_QUALITY
 def test_remembers_with_history():
     child = spawn()
     child.sendline("Remember the code harbor 17. Reply only OK.")
@@ -30,18 +32,19 @@ def test_remembers_with_history():
     child.expect_exact("[TTFT")
     child.expect_exact(PROMPT)
     child.sendline("What was the code? Reply with the code only.")
-    child.expect_exact("harbor 17")
+    child.expect_exact("harbor 17", timeout=20)
     child.expect_exact(PROMPT)
     quit(child)
 
 
+@DEMO_QUALITY
 def test_forgets_without_history():
     child = spawn("--no-history")
     child.sendline("Remember the code harbor 17. Reply only OK.")
     child.expect_exact("OK")
     child.expect_exact(PROMPT)
     child.sendline("What was the code? Reply with the code only.")
-    child.expect_exact("I don't know.")
+    child.expect_exact("I don't know.", timeout=20)
     child.expect_exact(PROMPT)
     quit(child)
 
