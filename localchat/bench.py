@@ -151,13 +151,16 @@ def fit_growth(records: list[TurnRecord]) -> dict | None:
     s = mean_p - t * mean_n
     ss_tot = sum((p - mean_p) ** 2 for _, p in points)
     ss_res = sum((p - (s + t * n)) ** 2 for n, p in points)
-    conversations: dict[tuple, int] = {}
+    conversations: dict[tuple, list[int]] = {}
     for r in records:
-        key = (r.script, r.repeat, r.conversation)
-        conversations[key] = max(conversations.get(key, 0), r.turn)
-    modelled = sum(n * s + t * n * (n + 1) / 2 for n in conversations.values())
+        conversations.setdefault((r.script, r.repeat, r.conversation), []).append(r.prompt_tokens)
+    longest = max(conversations.values(), key=len)
+    n = len(longest)
+    # Over all points the fitted values sum to the measured ones (least squares with an intercept),
+    # so the model is checked on one conversation: the longest.
     return {"S": s, "T": t, "r2": 1 - ss_res / ss_tot if ss_tot else 1.0,
-            "measured_total": sum(p for _, p in points), "model_total": modelled}
+            "mean_abs_error_tokens": statistics.fmean(abs(p - (s + t * k)) for k, p in points),
+            "longest_turns": n, "measured_total": sum(longest), "model_total": n * s + t * n * (n + 1) / 2}
 
 
 def compare(on: dict, off: dict) -> dict:

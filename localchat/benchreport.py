@@ -220,8 +220,10 @@ def comparison_lines(result: BenchResult) -> list[str]:
                      f"prompt tokens ×{_f(c['prompt_token_ratio'], '.2f')}, TTFT ×{_f(c['ttft_ratio'], '.2f')}")
     for arm, g in summary["growth"].items():
         if g and "history-on" in arm:
-            lines.append(f"{arm}: prompt tokens at turn n ≈ {g['S']:.1f} + {g['T']:.1f}·n (R² {g['r2']:.3f}); "
-                         f"total input {g['measured_total']} measured vs {g['model_total']:.0f} by N·S + T·N(N+1)/2")
+            lines.append(f"{arm}: prompt tokens at turn n ≈ {g['S']:.1f} + {g['T']:.1f}·n (R² {g['r2']:.3f}, "
+                         f"±{g['mean_abs_error_tokens']:.1f} a turn); longest conversation ({g['longest_turns']} "
+                         f"turns): {g['measured_total']} input tokens measured vs {g['model_total']:.0f} "
+                         "by N·S + T·N(N+1)/2")
         elif g:
             lines.append(f"{arm}: prompt tokens per turn slope {g['T']:+.1f} (flat without history)")
     for backend, k in summary["kv_reuse"].items():

@@ -115,11 +115,14 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64, help="tokens generated per run")
     parser.add_argument("--turns", type=int, default=8)
     parser.add_argument("--quick", action="store_true", help="a small model (for a fast look)")
+    parser.add_argument("--variants", default="bf16,q4", help="models for the A/B part (comma-separated)")
+    parser.add_argument("--growth-variant", default="bf16",
+                        help="model for the growth part (the CPU wheel's 4-bit prefill is very slow)")
     args = parser.parse_args()
     size = "quick" if args.quick else "full"
     env = collect()
     print(f"hardware: {env.hardware_label} · mlx {env.mlx_version} · mlx-lm {env.mlx_lm_version}")
-    for variant in ("bf16", "q4"):
+    for variant in args.variants.split(","):
         path = model_dir(variant, size)
         r = ab_compare(path, args.pairs, args.tokens)
         print(f"\n[{size} {variant}] raw mlx_lm vs localchat, {args.pairs} alternating pairs, median")
@@ -128,10 +131,10 @@ def main() -> None:
         print(f"  TTFT          raw {r['raw_ttft'] * 1e3:7.1f}ms  localchat {r['ours_ttft'] * 1e3:7.1f}ms  "
               f"ratio {r['ours_ttft'] / r['raw_ttft']:.3f}, +{(r['ours_ttft'] - r['raw_ttft']) * 1e3:.1f} ms "
               "(target ≤ 1.05× + 5 ms)")
-    path = model_dir("q4", size)
+    path = model_dir(args.growth_variant, size)
     with_reuse = growth(path, args.turns, 16, reuse=True)
     without = growth(path, args.turns, 16, reuse=False)
-    print(f"\n[{size} q4] history growth: TTFT per turn (ms), +~200 prompt tokens a turn")
+    print(f"\n[{size} {args.growth_variant}] history growth: TTFT per turn (ms), +~200 prompt tokens a turn")
     print("  turn        " + " ".join(f"{i:>7}" for i in range(1, args.turns + 1)))
     print("  reuse       " + " ".join(f"{t * 1e3:7.1f}" for t in with_reuse))
     print("  no reuse    " + " ".join(f"{t * 1e3:7.1f}" for t in without))

@@ -59,6 +59,7 @@ def test_prompt_tokens_grow_superlinearly_with_history_and_stay_flat_without(inp
     growth = data["summary"]["growth"]["inproc history-on"]
     assert abs(growth_off["T"]) < 0.1 * growth["T"]
     assert growth["T"] > 5 and growth["r2"] > 0.9
+    assert growth["longest_turns"] == 14 and growth["measured_total"] == sum(on)
     assert abs(growth["model_total"] - growth["measured_total"]) / growth["measured_total"] < 0.1
 
 
