@@ -207,6 +207,14 @@ def relaunch_with_workers(argv: list[str], workers: int) -> int:
     return max(codes, key=abs)
 
 
+def embedding_bits_predicate(bits: int, group_size: int):
+    """mlx_lm ``quant_predicate`` giving the tied embedding (also the output layer) ``bits``;
+    None (mlx_lm's default: 4 bits everywhere) when ``bits`` is 4."""
+    if bits == 4:
+        return None
+    return lambda path, module: {"bits": bits, "group_size": group_size} if "embed_tokens" in path else True
+
+
 def load_init_tokenizer(init: Path) -> PreTrainedTokenizerFast:
     """A warm start keeps the tokenizer its weights were trained with."""
     return PreTrainedTokenizerFast.from_pretrained(str(init))
@@ -243,6 +251,8 @@ def parse_args(argv=None):
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--intermediate", type=int, default=384)
     p.add_argument("--group-size", type=int, default=32, help="4-bit quantization group size")
+    p.add_argument("--embedding-bits", type=int, default=4, choices=[4, 8],
+                   help="bits for the tied embedding/output matrix (8 limits quantization damage)")
     p.add_argument("--eval-n", type=int, default=200, help="held-out conversations per behaviour")
     p.add_argument("--log-every", type=int, default=50)
     p.add_argument("--init", type=Path, default=None,
@@ -284,7 +294,8 @@ def main(argv=None) -> dict | None:
         float_dir, quant_dir = Path(tmp) / "float", Path(tmp) / "q4"
         save_float_model(model, tok, config, float_dir)
         convert(str(float_dir), str(quant_dir), quantize=True, q_bits=4,
-                q_group_size=args.group_size, dtype="float32")
+                q_group_size=args.group_size, dtype="float32",
+                quant_predicate=embedding_bits_predicate(args.embedding_bits, args.group_size))
         if args.out.exists():
             shutil.rmtree(args.out)
         shutil.copytree(quant_dir, args.out)

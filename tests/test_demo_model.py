@@ -63,7 +63,7 @@ def test_training_script_runs_end_to_end_and_its_output_is_served(tmp_path):
     run = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "train_demo_model.py"), "--out", str(out), "--steps", "4",
          "--batch", "4", "--hidden", "32", "--layers", "1", "--heads", "2", "--intermediate", "64",
-         "--eval-n", "1", "--log-every", "2", "--workers", "1"],
+         "--eval-n", "1", "--log-every", "2", "--workers", "1", "--embedding-bits", "8"],
         capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "step     4/4" in run.stdout and "tok/s" in run.stdout and "ETA" in run.stdout
@@ -73,7 +73,9 @@ def test_training_script_runs_end_to_end_and_its_output_is_served(tmp_path):
     from mlx_lm import load
 
     model, tokenizer = load(str(out))
-    assert json.loads((out / "config.json").read_text())["quantization"]["bits"] == 4
+    quantization = json.loads((out / "config.json").read_text())["quantization"]
+    assert quantization["bits"] == 4 and quantization["model.embed_tokens"]["bits"] == 8
+    assert model.model.embed_tokens.bits == 8 and model.model.layers[0].mlp.up_proj.bits == 4
 
     server = launch(str(out), port=free_port(), log_path=tmp_path / "server.log")
     try:
