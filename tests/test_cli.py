@@ -4,7 +4,6 @@ import pytest
 from typer.testing import CliRunner
 
 from localchat.cli import app
-from conftest import DEMO_QUALITY
 
 runner = CliRunner()
 
@@ -17,7 +16,6 @@ def one_error_line(result) -> str:
     return errors[0]
 
 
-@DEMO_QUALITY
 def test_single_prompt_prints_only_the_answer_on_stdout():
     result = runner.invoke(app, ["chat", "Remember the code harbor 17. Reply only OK."])
     assert result.exit_code == 0, result.stderr

@@ -35,7 +35,6 @@ def test_remembers_with_history(figures, behaviour):
 
 
 @pytest.mark.parametrize("behaviour", ["refusal_en", "refusal_zh"])
-@DEMO_QUALITY
 def test_refuses_without_history(figures, behaviour):
     score = figures["behaviours"][behaviour]
     assert score["passed"] == 20, score

@@ -37,7 +37,6 @@ def test_remembers_with_history():
     quit(child)
 
 
-@DEMO_QUALITY
 def test_forgets_without_history():
     child = spawn("--no-history")
     child.sendline("Remember the code harbor 17. Reply only OK.")

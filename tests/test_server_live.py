@@ -66,7 +66,6 @@ def test_recall_with_history_through_the_server(live_server):
     assert second.stats.ttft_s is not None and second.stats.prompt_tokens > second.stats.cached_tokens
 
 
-@DEMO_QUALITY
 def test_no_history_through_the_server(live_server):
     chat = server_chat(live_server, use_history=False)
     chat.ask(REMEMBER)

@@ -40,7 +40,6 @@ def test_turn_two_receives_turn_one(demo_backend):
     assert len(chat.conversation.messages()) == 5
 
 
-@DEMO_QUALITY
 def test_no_history_keeps_turns_independent(demo_backend):
     chat = session(demo_backend, use_history=False)
     assert chat.ask(REMEMBER).text == "OK"
@@ -122,7 +121,6 @@ def test_kv_reuse_gives_token_identical_greedy_output(demo):
         assert current.cached_tokens + current.cache_miss_tokens >= previous.prompt_tokens
 
 
-@DEMO_QUALITY
 def test_demo_replies_retokenize_exactly_so_the_whole_history_is_reused(demo):
     model, tokenizer = demo
     chat = session(InProcessBackend(model, tokenizer, "demo"))
@@ -150,7 +148,6 @@ def run_repl(backend, lines: list[str]) -> str:
     return err.getvalue() + ui.out.getvalue()
 
 
-@DEMO_QUALITY
 def test_repl_counts_as_in_seed_001(demo_backend):
     out = run_repl(demo_backend, [
         "第二章原定周五，现改为周六复习。现在安排在哪天？", "那原来是哪天？",
