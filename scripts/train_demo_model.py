@@ -318,13 +318,18 @@ def main(argv=None) -> dict | None:
     return report
 
 
-def meets_quality_bar(report: dict) -> bool:
+def missed_criteria(report: dict) -> list[str]:
     """Issue 2's bar: recall and corrections ≥ 95 %, refusal ≥ 98 %, JSON valid ≥ 98 %, all clean."""
     rate = {b: s["rate"] for b, s in report["behaviours"].items()}
     json_valid, clean = report["json_valid"], report["clean_endings"]
-    return (all(rate[b] >= 0.95 for b in ("recall_en", "recall_zh", "correction_en", "correction_zh"))
-            and rate["refusal_en"] >= 0.98 and rate["refusal_zh"] >= 0.98
-            and json_valid["valid"] >= 0.98 * json_valid["total"] and clean["clean"] == clean["total"])
+    checks = {
+        "recall with history": rate["recall_en"] >= 0.95 and rate["recall_zh"] >= 0.95,
+        "corrected facts": rate["correction_en"] >= 0.95 and rate["correction_zh"] >= 0.95,
+        "refusal without history": rate["refusal_en"] >= 0.98 and rate["refusal_zh"] >= 0.98,
+        "JSON form": json_valid["valid"] >= 0.98 * json_valid["total"],
+        "clean endings": clean["clean"] == clean["total"],
+    }
+    return [name for name, ok in checks.items() if not ok]
 
 
 def _rate(report: dict, behaviour: str) -> str:
@@ -336,12 +341,10 @@ def model_card(report: dict, argv: list[str]) -> str:
     env = collect()
     json_valid = report["json_valid"]
     clean = report["clean_endings"]
-    bar = meets_quality_bar(report)
-    status = ("**Status: meets the quality bar** (figures below)." if bar else
-              "**Status: below the quality bar.** It does not yet reliably recall codes, refuse without "
-              "history or keep its JSON form (figures below); it must be retrained before it can "
-              "demonstrate history. localchat's tests that depend on its answers are marked as "
-              "expected failures until then.")
+    missed = missed_criteria(report)
+    status = ("**Status: meets the quality bar** (figures below)." if not missed else
+              f"**Status: below the quality bar** on: {', '.join(missed)} (figures below). localchat's "
+              "tests that depend on those answers are marked as expected failures until it is retrained.")
     return f"""# localchat demo model
 
 {status}
