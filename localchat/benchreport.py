@@ -23,7 +23,7 @@ from rich.table import Table
 
 from localchat.backends import GenerationParams
 from localchat.bench import Arm, BenchPlan, BenchResult, TurnRecord, run_arm
-from localchat.benchscript import builtin_scripts, load_script
+from localchat.benchscript import BenchScript, builtin_scripts, load_script, script_from_session
 from localchat.environment import collect
 from localchat.errors import LocalchatError, UsageError
 from localchat.registry import DEFAULT_MODEL, ModelRef, local_dir, quantization_bits, resolve
@@ -45,6 +45,7 @@ class BenchOptions:
     out: Path | None = None
     format: str = "table"
     plot: Path | None = None
+    replay: tuple[str, ...] = ()  # saved session names
 
 
 def arms_for(opts: BenchOptions) -> list[Arm]:
@@ -88,6 +89,8 @@ def rerun_command(opts: BenchOptions) -> str:
             "--max-tokens", str(opts.max_tokens)]
     for script in opts.scripts:
         args += ["--script", str(script)]
+    for name in opts.replay:
+        args += ["--replay", name]
     if opts.no_cache_reuse:
         args.append("--no-cache-reuse")
     if opts.base_url:
@@ -152,9 +155,21 @@ def _check_reachable(backend) -> None:
         raise LocalchatError(describe_http_error(exc, backend.url)) from None
 
 
+def bench_scripts(opts: BenchOptions) -> list[BenchScript]:
+    """--script files and --replay sessions; the built-in scripts when neither is given."""
+    from localchat.sessions import default_store
+
+    replays = []
+    for name in opts.replay:
+        saved = default_store().load(name)
+        replays.append(script_from_session(saved.name, saved.system, [t.user for t in saved.turns]))
+    paths = opts.scripts or (() if replays else tuple(builtin_scripts()))
+    return [load_script(p) for p in paths] + replays
+
+
 def run_bench(opts: BenchOptions, console: Console) -> BenchResult:
     check_plot_available(opts.plot)
-    scripts = [load_script(p) for p in (opts.scripts or tuple(builtin_scripts()))]
+    scripts = bench_scripts(opts)
     if not scripts:
         raise UsageError("no bench scripts: pass --script FILE")
     ref = resolve(opts.model or DEFAULT_MODEL)

@@ -170,5 +170,14 @@ def plan(script: BenchScript, seed: int, repeat: int, conversation: int) -> list
             for t in script.conversations[conversation]]
 
 
+def script_from_session(name: str, system: str | None, user_turns: list[str]) -> BenchScript:
+    """A saved session replayed as a script: the same user turns, in one conversation, unscored
+    (what it costs and how answers differ between arms, on the user's own conversation)."""
+    if not user_turns:
+        raise UsageError(f"saved session '{name}' has no turns to replay")
+    return BenchScript(f"replay-{name}", f"session:{name}", system, {},
+                       (tuple(ScriptTurn(text) for text in user_turns),))
+
+
 def builtin_scripts() -> list[Path]:
     return sorted(SCRIPTS_DIR.glob("*.yaml"))

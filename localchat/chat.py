@@ -5,18 +5,23 @@ from __future__ import annotations
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from localchat.backends import Backend, GenerationParams
 from localchat.backends.openai_http import DEFAULT_BASE_URL
 from localchat.errors import UsageError
 from localchat.history import DEFAULT_MAX_INPUT_CHARS, Conversation, validate_input
+from localchat.home import records_dir
+from localchat.jsonmode import AnswerSchema, default_schema, load_schema, with_instruction
+from localchat.records import TurnRecorder, new_session_id
 from localchat.registry import DEFAULT_MODEL, ModelRef, hub_snapshot, local_dir, quantization_bits, resolve
 from localchat.render import ChatUI
 from localchat.repl import Repl
 from localchat.session import INTERRUPTED, ChatSession, TrimPolicy
+from localchat.sessions import SavedSession, SessionSaver, default_store
 
 DEFAULT_MAX_TOKENS = 512
 
@@ -39,6 +44,10 @@ class ChatOptions:
     backend: str = "inproc"  # "inproc" | "server"
     base_url: str = DEFAULT_BASE_URL
     api_key: str | None = None
+    json_answer: bool = False
+    json_schema: Path | None = None
+    record: Path | None = None
+    resume: str | None = None
 
 
 def read_prompt(prompt: str, max_chars: int) -> str:
@@ -74,6 +83,31 @@ def generation_params(ref: ModelRef | None, opts: ChatOptions) -> GenerationPara
 def system_message(ref: ModelRef | None, opts: ChatOptions) -> str | None:
     system = opts.system if opts.system is not None else _default(ref, "system", None)
     return system or None
+
+
+def answer_schema(opts: ChatOptions) -> AnswerSchema | None:
+    if opts.json_answer and opts.json_schema:
+        raise UsageError("--json and --json-schema are alternatives: --json means the schema {\"answer\": string}")
+    if opts.json_schema:
+        return load_schema(opts.json_schema)
+    return default_schema() if opts.json_answer else None
+
+
+def resumed(opts: ChatOptions) -> SavedSession | None:
+    """The saved session to continue; its system message comes with it."""
+    if opts.resume is None:
+        return None
+    if opts.system is not None:
+        raise UsageError("--resume restores the saved system message: leave out --system")
+    return default_store().load(opts.resume)
+
+
+def conversation_for(ref: ModelRef | None, opts: ChatOptions, schema: AnswerSchema | None,
+                     saved: SavedSession | None) -> Conversation:
+    system = saved.system if saved else system_message(ref, opts)
+    if schema and schema.instruction not in (system or ""):
+        system = with_instruction(system, schema)
+    return Conversation(system, list(saved.turns) if saved else [])
 
 
 def load_local_tokenizer(ref: ModelRef) -> Any:
@@ -116,22 +150,39 @@ def run_chat(opts: ChatOptions, prompt: str | None, ui: ChatUI) -> int:
     if prompt is not None and opts.no_history:
         raise UsageError("--no-history is for the REPL: a single prompt has no history to leave out")
     text = read_prompt(prompt, opts.max_input_chars) if prompt is not None else None
+    schema = answer_schema(opts)
+    saved = resumed(opts)
+    if saved and opts.model is None:
+        opts = replace(opts, model=saved.model)
+    recorder = TurnRecorder(path) if (path := records_dir(opts.record)) else None
     if opts.backend == "server":
         ref = _known_model(opts.model)
         backend = open_server(ref, opts, ui)
     else:
         ref = resolve(opts.model or DEFAULT_MODEL)
         backend = open_inproc(ref, opts, ui)
+    params = generation_params(ref, opts)
+    if schema and opts.backend == "server":
+        params = replace(params, response_format=schema.response_format())
     session = ChatSession(
         backend=backend,
-        conversation=Conversation(system_message(ref, opts)),
-        params=generation_params(ref, opts),
+        conversation=conversation_for(ref, opts, schema, saved),
+        params=params,
         use_history=not opts.no_history,
         trim=TrimPolicy(opts.max_turns, opts.max_context_tokens, opts.max_input_chars),
+        schema=schema,
+        recorder=recorder,
     )
+    if saved:
+        ui.info(f"resumed '{saved.name}': {len(saved.turns)} turn(s); the KV cache is rebuilt on the "
+                "first turn (its whole prompt is prefilled)")
+    if recorder:
+        ui.info(f"recording turns in {recorder.directory} as {recorder.session_id}-NNNN-*.json")
     try:
         if text is None:
-            Repl(session, ui).run()
+            saver = SessionSaver(default_store(), saved.uid if saved else new_session_id(),
+                                 opts.model or (ref.id if ref else None), name=saved.name if saved else None)
+            Repl(session, ui, saver=saver).run()
             return 0
         return answer_once(session, text, ui)
     finally:
@@ -143,4 +194,6 @@ def answer_once(session: ChatSession, text: str, ui: ChatUI) -> int:
     ui.end_turn(result, session.params.max_tokens)
     if result.stats.finish_reason == INTERRUPTED:
         return 130
+    if result.invalid:
+        return 1
     return 0 if result.stats.finish_reason in ("stop", "length") else 1

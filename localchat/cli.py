@@ -81,6 +81,10 @@ def chat(
     stats: Annotated[bool, typer.Option("--stats/--no-stats", help="Show the figures line after each reply.")] = True,
     no_cache_reuse: Annotated[bool, typer.Option("--no-cache-reuse", help="Re-prefill the whole prompt every turn (for benchmarks).")] = False,
     allow_download: Annotated[bool, typer.Option("--allow-download", help="Let a missing Hugging Face model download.")] = False,
+    json_answer: Annotated[bool, typer.Option("--json", help='Answers must be JSON {"answer": string}; invalid ones are not kept.')] = False,
+    json_schema: Annotated[Optional[Path], typer.Option(help="Answers must be JSON valid against this JSON Schema file.")] = None,
+    record: Annotated[Optional[Path], typer.Option(help="Write each turn's request (before the call) and response as JSON files here [config: records_dir].")] = None,
+    resume: Annotated[Optional[str], typer.Option(help="Continue a conversation saved with /save NAME.")] = None,
 ) -> None:
     """Chat with a model: one PROMPT, or the REPL."""
     from localchat.chat import ChatOptions, run_chat
@@ -88,9 +92,10 @@ def chat(
 
     opts = ChatOptions(model, system, temperature, top_p, max_tokens, seed, no_history, max_turns,
                        max_context_tokens, max_input_chars, stats, not no_cache_reuse, allow_download,
-                       backend.value, base_url, api_key)
+                       backend.value, base_url, api_key, json_answer, json_schema, record, resume)
     with user_errors():
-        code = run_chat(opts, prompt, ChatUI(err=err_console, show_stats=stats))
+        ui = ChatUI(err=err_console, show_stats=stats, json_mode=json_answer or json_schema is not None)
+        code = run_chat(opts, prompt, ui)
     raise typer.Exit(code)
 
 
@@ -177,15 +182,65 @@ def bench(
     out: Annotated[Optional[Path], typer.Option(help="Write results.json, turns.csv and summary.md here.")] = None,
     format: Annotated[OutputFormat, typer.Option("--format", help="What to print.")] = OutputFormat.table,
     plot: Annotated[Optional[Path], typer.Option(help="Write a PNG of TTFT and prompt tokens per turn (needs --extra plot).")] = None,
+    replay: Annotated[Optional[list[str]], typer.Option("--replay", help="Replay a saved session's user turns as a script; repeatable.")] = None,
 ) -> None:
     """History on vs off at a fixed temperature: what history costs (tokens, TTFT) and buys (answers)."""
     from localchat.benchreport import BenchOptions, run_bench_cmd
 
     opts = BenchOptions(model, backend.value, history.value, tuple(script or ()), repeat, warmup, temperature,
-                        seed, max_tokens, no_cache_reuse, base_url, out, format.value, plot)
+                        seed, max_tokens, no_cache_reuse, base_url, out, format.value, plot, tuple(replay or ()))
     with user_errors():
         code = run_bench_cmd(opts, Console(highlight=False), err_console)
     raise typer.Exit(code)
+
+
+sessions_app = typer.Typer(help="Saved conversations (/save NAME in the REPL, chat --resume NAME).",
+                           no_args_is_help=True, rich_markup_mode=None)
+app.add_typer(sessions_app, name="sessions")
+
+
+class ExportFormat(str, Enum):
+    md = "md"
+    json = "json"
+
+
+@sessions_app.command("list")
+def sessions_list() -> None:
+    """Saved sessions, newest first."""
+    from localchat.sessionscli import show_list
+
+    with user_errors():
+        show_list(Console())
+
+
+@sessions_app.command("show")
+def sessions_show(name: str) -> None:
+    """The saved messages of NAME, with each turn's figures."""
+    from localchat.sessionscli import show_session
+
+    with user_errors():
+        show_session(Console(highlight=False), name)
+
+
+@sessions_app.command("rm")
+def sessions_rm(name: str) -> None:
+    """Delete the saved session NAME."""
+    from localchat.sessionscli import remove_session
+
+    with user_errors():
+        remove_session(err_console, name)
+
+
+@sessions_app.command("export")
+def sessions_export(
+    name: str,
+    format: Annotated[ExportFormat, typer.Option("--format", help="Markdown or JSON, on stdout.")] = ExportFormat.md,
+) -> None:
+    """Print NAME as Markdown or JSON."""
+    from localchat.sessionscli import export_session
+
+    with user_errors():
+        export_session(name, format.value)
 
 
 @app.command()

@@ -183,6 +183,15 @@ def echo_dialogue(rng: random.Random, lang: str, split: Split, *, as_json: bool 
     return Dialogue(f"echo_{lang}", system, tuple(exchanges), scored=(len(exchanges) - 1,))
 
 
+def drill_dialogue(rng: random.Random, lang: str, split: Split) -> Dialogue:
+    """Repeat several codes at once: a long, order-sensitive copy that makes the model build
+    copying circuits (induction) early; recall and echo then reuse them."""
+    codes = [random_code(rng, lang if rng.random() < 0.7 else rng.choice(["en", "zh"]), split)
+             for _ in range(rng.randint(2, 5))]
+    text = ("、" if lang == "zh" else ", ").join(codes)
+    return Dialogue(f"drill_{lang}", None, (Exchange(ECHO[lang].format(code=text), text),), scored=(0,))
+
+
 def correction_dialogue(rng: random.Random, lang: str, *, as_json: bool = False,
                         system: str | None = None) -> Dialogue:
     """Seed 001's exercise: a date moved in one turn, the original asked for in the next."""
@@ -229,8 +238,8 @@ def training_dialogue(rng: random.Random, copy_focus: bool = False) -> Dialogue:
     lang = rng.choice(["en", "zh"])
     as_json = rng.random() < 0.15
     system = _json_system(rng) if as_json else rng.choice(PLAIN_SYSTEMS)
-    if copy_focus and rng.random() < 0.6:
-        return echo_dialogue(rng, lang, "train", as_json=as_json, system=system)
+    if copy_focus and rng.random() < 0.7:
+        return drill_dialogue(rng, lang, "train")
     makers: list[tuple[float, Callable[[], Dialogue]]] = [
         (0.42, lambda: recall_dialogue(rng, lang, "train", as_json=as_json, system=system)),
         (0.15, lambda: echo_dialogue(rng, lang, "train", as_json=as_json, system=system)),
@@ -245,6 +254,20 @@ def training_dialogue(rng: random.Random, copy_focus: bool = False) -> Dialogue:
         if pick <= 0:
             return make()
     return makers[-1][1]()
+
+
+def tokenizer_texts() -> list[str]:
+    """The fixed phrasings the tokenizer learns its merges from. Code words are left out on purpose:
+    merges learned from random strings would be rare tokens, and an unseen word would then be
+    spelled with tokens the model barely knows; without them it is spelled with letters and
+    characters the model has seen thousands of times."""
+    texts = [*REMEMBER["en"], *REMEMBER["zh"], *ECHO.values(), *RECALL.values(), *REFUSAL.values(),
+             *CORRECTION["en"], *CORRECTION["zh"], *NOTE_PREFIX.values(), *UNKNOWN_TIME.values(),
+             JSON_SYSTEM, *(s for s in PLAIN_SYSTEMS if s), ZH_NUMERALS,
+             *(" ".join(words) for words in REAL_WORDS.values()), *(" ".join(d) for d in DAYS.values()),
+             *(text for pairs in SMALL_TALK.values() for pair in pairs for text in pair),
+             _hanzi(), " ".join(string.ascii_letters), " ".join(string.digits)]
+    return texts * 4
 
 
 EVAL_BEHAVIOURS = ("recall_en", "recall_zh", "correction_en", "correction_zh",

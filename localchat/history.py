@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from localchat.errors import UsageError
 
@@ -38,6 +39,7 @@ def validate_input(text: str, max_chars: int = DEFAULT_MAX_INPUT_CHARS) -> str:
 class Turn:
     user: str
     assistant: str
+    stats: dict[str, Any] | None = field(default=None, compare=False)  # the turn's figures, for saving
 
     def messages(self) -> list[Message]:
         return [{"role": "user", "content": self.user}, {"role": "assistant", "content": self.assistant}]
@@ -65,10 +67,10 @@ class Conversation:
         kept = self.turns[drop:] if use_history else []
         return build_messages(prompt, self.system, [m for t in kept for m in t.messages()])
 
-    def commit(self, prompt: str, reply: str, drop: int = 0) -> None:
+    def commit(self, prompt: str, reply: str, drop: int = 0, stats: dict[str, Any] | None = None) -> None:
         """Accept a turn; the turns trimmed from its request leave the history only now."""
         del self.turns[:drop]
-        self.turns.append(Turn(prompt, reply))
+        self.turns.append(Turn(prompt, reply, stats))
 
     def reset(self) -> None:
         self.turns.clear()

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from localchat.history import Message
+from localchat.jsonmode import pretty
 from localchat.session import ERROR, INTERRUPTED, TurnResult
 from localchat.stats import TurnStats
 
@@ -20,6 +21,7 @@ HELP = """Commands (typed alone on a line; nothing here is sent to the model):
   /preview TEXT    the exact messages and token count the next request would send
   /reset           forget every turn, keep the system message
   /stats           figures for this session
+  /save [NAME]     save the conversation (resume: localchat chat --resume NAME)
   /help            this text
   /quit            leave (Ctrl+D too)
 A line with only \"\"\" starts and ends multi-line input. Ctrl+C stops a reply (discarded)."""
@@ -49,18 +51,24 @@ def stats_line(stats: TurnStats) -> str:
 
 
 class ChatUI:
-    def __init__(self, out: TextIO | None = None, err: Console | None = None, show_stats: bool = True):
+    def __init__(self, out: TextIO | None = None, err: Console | None = None, show_stats: bool = True,
+                 json_mode: bool = False):
         self.out = out or sys.stdout
         self.err = err or Console(stderr=True, highlight=False, soft_wrap=True)
         self.show_stats = show_stats
+        self.json_mode = json_mode  # stdout gets validated JSON only, pretty-printed, once complete
 
     def text(self, chunk: str) -> None:
-        """Streamed reply text, flushed as it comes."""
+        """Streamed reply text, flushed as it comes (held back in JSON mode)."""
+        if self.json_mode:
+            return
         self.out.write(chunk)
         self.out.flush()
 
     def end_turn(self, result: TurnResult, max_tokens: int) -> None:
-        if result.text:
+        if self.json_mode:
+            self._json_reply(result)
+        elif result.text:
             self.out.write("\n")
             self.out.flush()
         reason = result.stats.finish_reason
@@ -73,6 +81,8 @@ class ChatUI:
         elif reason == "length":
             self.notice(f"reply cut at --max-tokens {max_tokens}: not added to history "
                         "(raise --max-tokens)")
+        elif result.invalid:
+            self.error(f"invalid JSON reply, not added to history: {result.invalid}")
         elif not result.accepted:
             self.notice("empty reply: not added to history")
         if result.dropped_turns:
@@ -80,6 +90,13 @@ class ChatUI:
                         "--max-turns / --max-context-tokens limit")
         if self.show_stats:
             self.err.print(stats_line(result.stats), style="dim", markup=False)
+
+    def _json_reply(self, result: TurnResult) -> None:
+        if result.accepted:
+            self.out.write(pretty(result.answer) + "\n")
+            self.out.flush()
+        elif result.text:
+            self.err.print(f"reply: {result.text}", markup=False, highlight=False)
 
     def notice(self, message: str) -> None:
         self.err.print(f"[yellow]{escape(message)}[/yellow]")

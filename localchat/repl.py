@@ -7,6 +7,7 @@ from collections.abc import Callable
 from localchat.errors import UsageError
 from localchat.render import ChatUI
 from localchat.session import ChatSession
+from localchat.sessions import SessionSaver, StoreError
 
 MULTILINE = '"""'
 
@@ -30,13 +31,16 @@ def _enable_line_editing() -> None:
 
 
 class Repl:
-    def __init__(self, session: ChatSession, ui: ChatUI, read_line: Callable[[str], str] = input):
+    def __init__(self, session: ChatSession, ui: ChatUI, read_line: Callable[[str], str] = input,
+                 saver: SessionSaver | None = None):
         self.session = session
         self.ui = ui
         self.read_line = read_line
+        self.saver = saver
         self.commands: dict[str, Callable[[str], bool]] = {
             "/history": self._history, "/preview": self._preview, "/reset": self._reset,
-            "/stats": self._stats, "/help": self._help, "/quit": self._quit, "/exit": self._quit,
+            "/stats": self._stats, "/save": self._save, "/help": self._help, "/quit": self._quit,
+            "/exit": self._quit,
         }
 
     def run(self) -> None:
@@ -99,6 +103,20 @@ class Repl:
     def _stats(self, _: str) -> bool:
         ledger = self.session.ledger
         self.ui.ledger(ledger.summary(), ledger.turns[-1] if ledger.turns else None)
+        return True
+
+    def _save(self, arg: str) -> bool:
+        if self.saver is None:
+            self.ui.error("saving is not available here")
+            return True
+        try:
+            name, replaced = self.saver.save(self.session, arg or None)
+        except (UsageError, StoreError) as exc:
+            self.ui.error(str(exc))
+            return True
+        turns = len(self.session.conversation.turns)
+        self.ui.info(f"{'updated' if replaced else 'saved'} '{name}' ({turns} turn(s)); "
+                     f"continue later with: localchat chat --resume {name}")
         return True
 
     def _help(self, _: str) -> bool:

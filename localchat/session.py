@@ -1,18 +1,23 @@
-"""One chat turn, end to end: input → history builder → backend → clock → commit.
+"""One chat turn, end to end: input → history builder → backend → clock → checks → commit.
 
 The session never prints; callers pass ``on_text`` to see the reply as it streams and get a
 ``TurnResult`` back. A turn is committed only when its reply ended with ``finish_reason ==
-"stop"`` and non-empty text; errors, truncation and Ctrl+C leave the history unchanged.
+"stop"``, has non-empty text and, in JSON mode, validates against the schema; errors,
+truncation and Ctrl+C leave the history unchanged. With a recorder, the request record is
+written before the call and the response record before the commit.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
 
 from localchat.backends import Backend, Finished, GenerationParams, TextChunk
 from localchat.errors import LocalchatError
 from localchat.history import DEFAULT_MAX_INPUT_CHARS, Conversation, Message, validate_input
+from localchat.jsonmode import AnswerSchema
+from localchat.records import TurnRecorder
 from localchat.stats import Ledger, TurnClock, TurnStats
 
 INTERRUPTED = "interrupted"
@@ -28,10 +33,16 @@ class TurnResult:
     committed: bool
     dropped_turns: int = 0
     error: str | None = None
+    answer: Any = None  # JSON mode: the parsed, valid reply
+    invalid: str | None = None  # JSON mode: why the reply failed validation
+
+    @property
+    def finished_cleanly(self) -> bool:
+        return self.stats.finish_reason == "stop" and bool(self.text.strip())
 
     @property
     def accepted(self) -> bool:
-        return self.stats.finish_reason == "stop" and bool(self.text.strip())
+        return self.finished_cleanly and self.invalid is None
 
 
 @dataclass
@@ -49,6 +60,8 @@ class ChatSession:
     use_history: bool = True
     trim: TrimPolicy = field(default_factory=TrimPolicy)
     ledger: Ledger = field(default_factory=Ledger)
+    schema: AnswerSchema | None = None
+    recorder: TurnRecorder | None = None
 
     def preview(self, prompt: str) -> list[Message]:
         """The exact request the next turn would send (trimming included); changes nothing."""
@@ -60,6 +73,7 @@ class ChatSession:
         clock = TurnClock()
         dropped = self._plan_trim(prompt)
         messages = self.conversation.preview(prompt, self.use_history, dropped)
+        record_id = self.recorder.request(self._request_record(messages)) if self.recorder else None
         done, error, reason = None, None, None
         events = self.backend.stream(messages, self.params)
         try:
@@ -78,11 +92,39 @@ class ChatSession:
             events.close()
         stats = clock.finish(done, reason)
         self.ledger.add(stats)
-        result = TurnResult(prompt, messages, clock.text, stats, False, dropped, error)
-        if result.accepted and self.use_history:
-            self.conversation.commit(prompt, result.text, dropped)
-            result = TurnResult(prompt, messages, clock.text, stats, True, dropped, error)
+        result = self._checked(TurnResult(prompt, messages, clock.text, stats, False, dropped, error))
+        result = replace(result, committed=result.accepted and self.use_history)
+        if self.recorder and record_id:
+            self.recorder.response(record_id, self._response_record(result))
+        if result.committed:
+            self.conversation.commit(prompt, result.text, dropped, asdict(stats))
         return result
+
+    def _checked(self, result: TurnResult) -> TurnResult:
+        if self.schema is None or not result.finished_cleanly:
+            return result
+        answer, invalid = self.schema.check(result.text)
+        return replace(result, answer=answer, invalid=invalid)
+
+    def _request_record(self, messages: list[Message]) -> dict[str, Any]:
+        """Exactly what is sent, and with which settings; credentials never appear here."""
+        return {
+            "mode": "history" if self.use_history else "no-history",
+            "json_schema": self.schema.schema if self.schema else None,
+            "backend": self.backend.name,
+            "url": getattr(self.backend, "url", None),
+            "model": self.backend.model_id,
+            "params": asdict(self.params),
+            "messages": messages,
+        }
+
+    @staticmethod
+    def _response_record(result: TurnResult) -> dict[str, Any]:
+        return {
+            "text": result.text, "finish_reason": result.stats.finish_reason,
+            "committed": result.committed, "error": result.error, "invalid": result.invalid,
+            "dropped_turns": result.dropped_turns, "stats": asdict(result.stats),
+        }
 
     def _plan_trim(self, prompt: str) -> int:
         return self.conversation.plan_trim(

@@ -56,6 +56,18 @@ def server_chat(live_server, use_history=True) -> ChatSession:
                        GenerationParams(max_tokens=32), use_history=use_history)
 
 
+def test_json_mode_through_the_server_sends_response_format(live_server, tmp_path):
+    """mlx_lm.server accepts response_format (and ignores it); the instruction does the work and
+    the reply is validated here all the same."""
+    result = runner.invoke(app, ["chat", "--backend", "server", "--base-url", live_server.base_url, "-m", "demo",
+                                 "--json", "--record", str(tmp_path), REMEMBER])
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout) == {"answer": "OK"}
+    request = json.loads(next(tmp_path.glob("*-request.json")).read_text())
+    assert request["params"]["response_format"]["json_schema"]["schema"]["required"] == ["answer"]
+    assert request["messages"][0]["content"].endswith('Answer in JSON: {"answer": "..."}')
+
+
 @DEMO_QUALITY
 def test_recall_with_history_through_the_server(live_server):
     chat = server_chat(live_server)

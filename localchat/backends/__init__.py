@@ -20,6 +20,7 @@ class GenerationParams:
     top_p: float = 1.0
     max_tokens: int = 256
     seed: int | None = None
+    response_format: dict | None = None  # OpenAI structured output; sent only over HTTP
 
 
 @dataclass(frozen=True)

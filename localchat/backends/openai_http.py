@@ -98,6 +98,8 @@ class ServerBackend:
             body["stream_options"] = {"include_usage": True}
         if params.seed is not None:
             body["seed"] = params.seed
+        if params.response_format is not None:
+            body["response_format"] = params.response_format
         if self.chat_template_kwargs:
             body["chat_template_kwargs"] = self.chat_template_kwargs
         return body

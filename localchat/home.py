@@ -1,0 +1,46 @@
+"""Where localchat keeps the user's things: the data directory and its optional config file.
+
+``LOCALCHAT_HOME`` overrides the platform's user data directory (platformdirs), so tests and
+users with several setups can keep them apart. ``config.yaml`` there may set ``records_dir``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from localchat.errors import UsageError
+from localchat.yamlfile import read_yaml
+
+CONFIG_KEYS = {"records_dir"}
+
+
+def home_dir() -> Path:
+    if override := os.environ.get("LOCALCHAT_HOME"):
+        return Path(override).expanduser()
+    from platformdirs import user_data_dir
+
+    return Path(user_data_dir("localchat", appauthor=False))
+
+
+def load_config() -> dict[str, Any]:
+    """The config file's settings ({} when there is none); unknown keys are usage errors."""
+    path = home_dir() / "config.yaml"
+    if not path.is_file():
+        return {}
+    data = read_yaml(path, UsageError) or {}
+    if not isinstance(data, dict):
+        raise UsageError(f"{path}: expected a mapping such as 'records_dir: ~/chat-records'")
+    unknown = set(data) - CONFIG_KEYS
+    if unknown:
+        raise UsageError(f"{path}: unknown setting '{sorted(unknown)[0]}' (known: {', '.join(sorted(CONFIG_KEYS))})")
+    return data
+
+
+def records_dir(option: Path | None) -> Path | None:
+    """``--record DIR`` wins over the config's ``records_dir``."""
+    if option is not None:
+        return option
+    configured = load_config().get("records_dir")
+    return Path(str(configured)).expanduser() if configured else None

@@ -1,0 +1,90 @@
+"""Turn records: what exactly went to the model, and what came back.
+
+For every model call, ``<session>-<turn>-request.json`` is written BEFORE the call and
+``<session>-<turn>-response.json`` after it. Files are written atomically (temporary file, then
+rename) with owner-only permissions, since they hold the user's words. If a record cannot be
+written the chat stops (seed 001's failure table): no request record means no call is made; no
+response record means the model is not called again just to produce one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from localchat.errors import LocalchatError
+
+FILE_MODE = 0o600
+DIR_MODE = 0o700
+
+
+class RecordError(LocalchatError):
+    """A record could not be written; the chat must stop."""
+
+
+def new_session_id() -> str:
+    """Sortable by time, unique across concurrent sessions: ``20261130-181502-3f9a``."""
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
+
+
+def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
+    """Write ``payload`` to ``path`` so that the file is either absent or complete, mode 0600."""
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    data = json.dumps(payload, ensure_ascii=False, indent=2).encode("utf-8") + b"\n"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+@dataclass
+class TurnRecorder:
+    """Writes one request/response pair per model call into ``directory``."""
+
+    directory: Path
+    session_id: str = field(default_factory=new_session_id)
+    turn: int = 0
+
+    def request(self, payload: dict[str, Any]) -> str:
+        """Record the request of the next turn; returns its id. Raises RecordError (no call)."""
+        self.turn += 1
+        record_id = f"{self.session_id}-{self.turn:04d}"
+        try:
+            self._ensure_directory()
+            write_json_atomic(self.directory / f"{record_id}-request.json",
+                              {"id": record_id, "session": self.session_id, "turn": self.turn,
+                               "time": _now(), **payload})
+        except OSError as exc:
+            raise RecordError(f"cannot write the request record in {self.directory}: "
+                              f"{exc.strerror or exc}; the model was not called") from None
+        return record_id
+
+    def response(self, record_id: str, payload: dict[str, Any]) -> None:
+        try:
+            write_json_atomic(self.directory / f"{record_id}-response.json",
+                              {"id": record_id, "time": _now(), **payload})
+        except OSError as exc:
+            raise RecordError(f"cannot write the response record {record_id} in {self.directory}: "
+                              f"{exc.strerror or exc}; the reply was shown but not kept, and the "
+                              "model is not called again") from None
+
+    def _ensure_directory(self) -> None:
+        """Created owner-only; an existing directory keeps the permissions its owner chose."""
+        if not self.directory.is_dir():
+            self.directory.mkdir(mode=DIR_MODE, parents=True)
+            os.chmod(self.directory, DIR_MODE)  # mkdir's mode is filtered by the umask
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")

@@ -1,0 +1,110 @@
+"""JSON answer mode on the real demo model: valid replies are kept and pretty-printed, invalid
+ones are shown with the reason and never enter history."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from localchat.backends import GenerationParams
+from localchat.cli import app
+from localchat.history import Conversation
+from localchat.jsonmode import AnswerSchema, default_schema, load_schema, with_instruction
+from localchat.session import ChatSession
+from conftest import DEMO_QUALITY
+
+runner = CliRunner()
+REMEMBER = "Remember the code harbor 17. Reply only OK."
+RECALL = "What was the code? Reply with the code only."
+
+
+def json_session(backend, schema: AnswerSchema) -> ChatSession:
+    return ChatSession(backend, Conversation(with_instruction("You are a helpful assistant.", schema)),
+                       GenerationParams(max_tokens=32), schema=schema)
+
+
+@pytest.mark.parametrize("text, ok", [
+    ('{"answer": "harbor 17"}', True),
+    ('```json\n{"answer": "harbor 17"}\n```', True),
+    ('{"answer": 17}', False),
+    ('{"answer": "x", "extra": 1}', False),
+    ("harbor 17", False),
+])
+def test_default_schema_checks_replies(text, ok):
+    value, error = default_schema().check(text)
+    assert (error is None) == ok, error
+    assert (value == {"answer": "harbor 17"}) == (ok and "harbor" in text)
+
+
+def test_valid_reply_is_committed_with_its_parsed_value(demo_backend):
+    chat = json_session(demo_backend, default_schema())
+    result = chat.ask(REMEMBER)
+    assert result.invalid is None and result.answer == {"answer": "OK"}
+    assert result.committed and chat.conversation.turns[0].assistant == result.text
+
+
+def test_reply_failing_the_schema_is_not_committed(demo_backend, tmp_path):
+    schema_file = tmp_path / "code.json"
+    schema_file.write_text(json.dumps({"type": "object", "required": ["code"],
+                                       "properties": {"code": {"type": "string"}}}))
+    schema = load_schema(schema_file)
+    chat = json_session(demo_backend, schema)
+    chat.conversation.system = with_instruction("You are a helpful assistant.", default_schema())
+    result = chat.ask(REMEMBER)  # the demo answers {"answer": "OK"}: JSON, but no "code"
+    assert result.stats.finish_reason == "stop"
+    assert result.invalid is not None and "'code' is a required property" in result.invalid
+    assert not result.committed and chat.conversation.turns == []
+
+
+def test_reply_that_is_not_json_is_not_committed(demo_backend):
+    chat = json_session(demo_backend, default_schema())
+    chat.conversation.system = "You are a helpful assistant."  # no instruction: the demo answers "OK"
+    result = chat.ask(REMEMBER)
+    assert result.text == "OK" and result.invalid.startswith("not JSON")
+    assert chat.conversation.turns == []
+
+
+def test_single_prompt_json_pipes_only_json():
+    result = runner.invoke(app, ["chat", "--json", REMEMBER])
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout) == {"answer": "OK"}
+    assert "[TTFT" in result.stderr
+
+
+def test_single_prompt_invalid_json_exits_1_with_nothing_on_stdout(tmp_path):
+    schema_file = tmp_path / "n.json"
+    schema_file.write_text('{"type": "object", "required": ["n"], "properties": {"n": {"type": "integer"}}}')
+    result = runner.invoke(app, ["chat", "--json-schema", str(schema_file), "--system", 'Answer in JSON: {"answer": "..."}',
+                                 REMEMBER])
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    assert "invalid JSON reply, not added to history" in result.stderr
+
+
+@pytest.mark.parametrize("content, needle", [
+    ("{not json", "is not valid JSON"),
+    ('{"type": "nonsense"}', "is not a valid JSON Schema"),
+    ("[1, 2]", "must hold a JSON object"),
+])
+def test_bad_schema_file_is_a_usage_error(tmp_path, content, needle):
+    schema_file = tmp_path / "s.json"
+    schema_file.write_text(content)
+    result = runner.invoke(app, ["chat", "--json-schema", str(schema_file), "hi"])
+    assert result.exit_code == 2 and needle in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_json_and_json_schema_together_is_a_usage_error(tmp_path):
+    schema_file = tmp_path / "s.json"
+    schema_file.write_text('{"type": "object"}')
+    result = runner.invoke(app, ["chat", "--json", "--json-schema", str(schema_file), "hi"])
+    assert result.exit_code == 2 and "alternatives" in result.stderr
+
+
+@DEMO_QUALITY
+def test_recall_with_history_in_json_mode(demo_backend):
+    chat = json_session(demo_backend, default_schema())
+    assert chat.ask(REMEMBER).answer == {"answer": "OK"}
+    assert chat.ask("Hello").committed
+    recall = chat.ask(RECALL)
+    assert recall.answer == {"answer": "harbor 17"} and recall.committed
