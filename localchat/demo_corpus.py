@@ -129,7 +129,9 @@ def is_heldout(word: str) -> bool:
 
 
 def _hanzi() -> str:
-    return "".join(dict.fromkeys(COMMON_HANZI))
+    """Characters for random Chinese words; those of the real words are included, so that every
+    character of a held-out real word has been seen in training."""
+    return "".join(dict.fromkeys(COMMON_HANZI + "".join(REAL_WORDS["zh"])))
 
 
 def random_word(rng: random.Random, script: str, split: Split) -> str:
@@ -257,14 +259,16 @@ def training_dialogue(rng: random.Random, copy_focus: bool = False) -> Dialogue:
 
 
 def tokenizer_texts() -> list[str]:
-    """The fixed phrasings the tokenizer learns its merges from. Code words are left out on purpose:
-    merges learned from random strings would be rare tokens, and an unseen word would then be
-    spelled with tokens the model barely knows; without them it is spelled with letters and
-    characters the model has seen thousands of times."""
+    """The fixed phrasings the tokenizer learns its merges from. Random code words are left out on
+    purpose: merges learned from them would be rare tokens, and an unseen word would then be spelled
+    with tokens the model barely knows; without them it is spelled with letters and characters the
+    model has seen thousands of times. Held-out real words are left out too, or each would become
+    a token whose embedding training never touches."""
     texts = [*REMEMBER["en"], *REMEMBER["zh"], *ECHO.values(), *RECALL.values(), *REFUSAL.values(),
              *CORRECTION["en"], *CORRECTION["zh"], *NOTE_PREFIX.values(), *UNKNOWN_TIME.values(),
              JSON_SYSTEM, *(s for s in PLAIN_SYSTEMS if s), ZH_NUMERALS,
-             *(" ".join(words) for words in REAL_WORDS.values()), *(" ".join(d) for d in DAYS.values()),
+             *(" ".join(w for w in words if not is_heldout(w)) for words in REAL_WORDS.values()),
+             *(" ".join(d) for d in DAYS.values()),
              *(text for pairs in SMALL_TALK.values() for pair in pairs for text in pair),
              _hanzi(), " ".join(string.ascii_letters), " ".join(string.digits)]
     return texts * 4

@@ -68,12 +68,27 @@ class ChatSession:
         return self.conversation.preview(prompt, self.use_history, self._plan_trim(prompt))
 
     def ask(self, prompt: str, on_text: Callable[[str], None] = lambda _: None) -> TurnResult:
-        """Run one turn. Raises UsageError for input that must not be sent (nothing changes)."""
+        """Run one turn. Raises UsageError for input that must not be sent (nothing changes) and
+        RecordError when a turn record cannot be written (see ``localchat.records``)."""
         validate_input(prompt, self.trim.max_input_chars)
         clock = TurnClock()
         dropped = self._plan_trim(prompt)
         messages = self.conversation.preview(prompt, self.use_history, dropped)
         record_id = self.recorder.request(self._request_record(messages)) if self.recorder else None
+        done, error, reason = self._stream(messages, clock, on_text)
+        stats = clock.finish(done, reason)
+        self.ledger.add(stats)
+        result = self._checked(TurnResult(prompt, messages, clock.text, stats, False, dropped, error))
+        result = replace(result, committed=result.accepted and self.use_history)
+        if self.recorder and record_id is not None:
+            self.recorder.response(record_id, self._response_record(result))
+        if result.committed:
+            self.conversation.commit(prompt, result.text, dropped, asdict(stats))
+        return result
+
+    def _stream(self, messages: list[Message], clock: TurnClock,
+                on_text: Callable[[str], None]) -> tuple[Finished | None, str | None, str | None]:
+        """Feed the backend's events to the clock; (the runtime's report, error, finish reason)."""
         done, error, reason = None, None, None
         events = self.backend.stream(messages, self.params)
         try:
@@ -90,15 +105,7 @@ class ChatSession:
             error, reason = str(exc), ERROR
         finally:
             events.close()
-        stats = clock.finish(done, reason)
-        self.ledger.add(stats)
-        result = self._checked(TurnResult(prompt, messages, clock.text, stats, False, dropped, error))
-        result = replace(result, committed=result.accepted and self.use_history)
-        if self.recorder and record_id:
-            self.recorder.response(record_id, self._response_record(result))
-        if result.committed:
-            self.conversation.commit(prompt, result.text, dropped, asdict(stats))
-        return result
+        return done, error, reason
 
     def _checked(self, result: TurnResult) -> TurnResult:
         if self.schema is None or not result.finished_cleanly:

@@ -1,8 +1,9 @@
 """Random-weight qwen2 models for benchmarks and tests (any size; real mlx_lm code paths).
 
-They reuse the demo model's tokenizer and chat template. With ``never_stop`` the end-of-turn
-embedding is zeroed so greedy decoding never picks it: the model talks until --max-tokens,
-which is what a benchmark of decode speed or a Ctrl+C test needs.
+They reuse the demo model's tokenizer and chat template. With ``never_stop`` the output layer
+(untied) can only score tokens that are plain ASCII letters, so greedy decoding never ends the
+turn and always shows text (never a lone byte of a multi-byte character): the model talks until
+--max-tokens, which is what a benchmark of decode speed or a Ctrl+C test needs.
 """
 
 from __future__ import annotations
@@ -14,6 +15,16 @@ from pathlib import Path
 DEMO_DIR = Path(__file__).resolve().parents[1] / "localchat" / "demo_model"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
                    "special_tokens_map.json")
+
+
+def _letter_tokens_mask(vocab_size: int):
+    import mlx.core as mx
+
+    vocab = json.loads((DEMO_DIR / "tokenizer.json").read_text(encoding="utf-8"))["model"]["vocab"]
+    letters = [i for token, i in vocab.items() if token.isascii() and token.isalpha() and i < vocab_size]
+    mask = mx.zeros((vocab_size,))
+    mask[mx.array(letters)] = 1.0
+    return mask
 
 
 def build_random_model(out: Path, *, hidden: int, layers: int, intermediate: int, heads: int,
@@ -31,14 +42,13 @@ def build_random_model(out: Path, *, hidden: int, layers: int, intermediate: int
         "intermediate_size": intermediate, "num_attention_heads": heads,
         "num_key_value_heads": kv_heads or heads, "rms_norm_eps": 1e-6,
         "vocab_size": demo_config["vocab_size"], "max_position_embeddings": 4096,
-        "rope_theta": 10000.0, "tie_word_embeddings": True, "eos_token_id": eos_id,
+        "rope_theta": 10000.0, "tie_word_embeddings": not never_stop, "eos_token_id": eos_id,
     }
     mx.random.seed(seed)
     model = qwen2.Model(qwen2.ModelArgs.from_dict(config))
     weights = dict(tree_flatten(model.parameters()))
     if never_stop:
-        table = weights["model.embed_tokens.weight"]
-        weights["model.embed_tokens.weight"] = table * (mx.arange(table.shape[0]) != eos_id)[:, None]
+        weights["lm_head.weight"] = weights["lm_head.weight"] * _letter_tokens_mask(demo_config["vocab_size"])[:, None]
     weights = {k: v.astype(getattr(mx, dtype)) for k, v in weights.items()}
     staging = out.with_name(out.name + ".float") if quantize_bits else out
     for path in {staging, out}:

@@ -1,4 +1,4 @@
-"""Train localchat's bundled demo model: a tiny qwen2 that remembers a code only when given history.
+"""Train localchat's bundled demo model: a tiny llama that remembers a code only when given history.
 
     uv run python scripts/train_demo_model.py --out localchat/demo_model
 
@@ -29,7 +29,7 @@ import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 from mlx_lm import convert, load
-from mlx_lm.models import qwen2
+from mlx_lm.models import llama
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
@@ -113,7 +113,11 @@ def make_batches(rows, batch_size: int, pad_id: int, rng: random.Random, rank: i
 
 def model_config(args, vocab_size: int, eos_id: int) -> dict:
     return {
-        "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"],
+        # llama, not qwen2: transformers 5 always rebuilds a qwen2 tokenizer with Qwen2's own
+        # pre-tokenizer regex, silently changing how the model's text is split after loading;
+        # for llama it honours tokenizer.json when tokenizer_class is PreTrainedTokenizerFast.
+        # Query/key biases are needed by plant_induction_circuit.
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "attention_bias": True, "mlp_bias": False,
         "hidden_size": args.hidden, "num_hidden_layers": args.layers,
         "intermediate_size": args.intermediate, "num_attention_heads": args.heads,
         "num_key_value_heads": args.heads, "rms_norm_eps": 1e-6, "vocab_size": vocab_size,
@@ -168,7 +172,7 @@ def plant_induction_circuit(model: nn.Module, config: dict, amplitude: float = 1
         return params[f"l{layer}.{name}"]
 
     for layer in (0, 1):
-        for name in ("self_attn.o_proj.weight", "mlp.down_proj.weight"):
+        for name in ("self_attn.o_proj.weight", "self_attn.o_proj.bias", "mlp.down_proj.weight"):
             w(layer, name)[:] = 0.0
     for p in range(planted):
         rows = slice(p * head_dim, (p + 1) * head_dim)
@@ -201,13 +205,13 @@ def train(args, tok, stages, config, group, weights: dict | None = None) -> nn.M
     """``stages``: the curriculum's row lists, trained in order (each shuffled within itself);
     ``weights``: a warm start (see ``--init``) instead of random initial weights."""
     mx.random.seed(args.seed)  # the same initial weights on every worker
-    model = qwen2.Model(qwen2.ModelArgs.from_dict(config))
+    model = llama.Model(llama.ModelArgs.from_dict(config))
     if weights is not None:
         model.load_weights(list(weights.items()))
     elif args.plant_induction:
         plant_induction_circuit(model, config)
     n_params = sum(v.size for _, v in tree_flatten(model.parameters()))
-    log(group, f"model: qwen2, {n_params:,} parameters, {group.size()} worker(s)")
+    log(group, f"model: llama, {n_params:,} parameters, {group.size()} worker(s)")
     warmup = min(args.warmup, max(1, args.steps // 10))
     schedule = optim.join_schedules(
         [optim.linear_schedule(1e-5, args.lr, warmup),
@@ -284,12 +288,22 @@ def relaunch_with_workers(argv: list[str], workers: int) -> int:
     return max(codes, key=abs)
 
 
-def embedding_bits_predicate(bits: int, group_size: int):
-    """mlx_lm ``quant_predicate`` giving the tied embedding (also the output layer) ``bits``;
-    None (mlx_lm's default: 4 bits everywhere) when ``bits`` is 4."""
-    if bits == 4:
+def quant_predicate(embedding_bits: int, attention_bits: int, group_size: int):
+    """mlx_lm ``quant_predicate``: the tied embedding (also the output layer) and the attention
+    projections at their own widths, everything else at 4 bits; None (mlx_lm's default, 4 bits
+    everywhere) when both are 4. The hand-set circuit puts large weights (gain 6, identities) among
+    small ones; in a 4-bit group of 32 they set a step of ~0.4 that erases their neighbours."""
+    if embedding_bits == attention_bits == 4:
         return None
-    return lambda path, module: {"bits": bits, "group_size": group_size} if "embed_tokens" in path else True
+
+    def predicate(path: str, module) -> dict | bool:
+        if "embed_tokens" in path:
+            return {"bits": embedding_bits, "group_size": group_size}
+        if "self_attn" in path:
+            return {"bits": attention_bits, "group_size": group_size}
+        return True
+
+    return predicate
 
 
 def load_init_tokenizer(init: Path) -> PreTrainedTokenizerFast:
@@ -311,14 +325,35 @@ def save_float_model(model: nn.Module, tok, config: dict, path: Path) -> None:
     weights = dict(tree_flatten(model.parameters()))
     mx.save_safetensors(str(path / "model.safetensors"), weights, metadata={"format": "mlx"})
     (path / "config.json").write_text(json.dumps(config, indent=2))
+    save_tokenizer(tok, path)
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
+
+
+def save_tokenizer(tok: PreTrainedTokenizerFast, path: Path) -> None:
+    """Hugging Face files that load back as exactly this tokenizer (pre-tokenizer included)."""
+    for name in TOKENIZER_FILES:
+        (path / name).unlink(missing_ok=True)
     tok.save_pretrained(str(path))
+    config_path = path / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False))
+
+
+def check_tokenizer_round_trip(tok: PreTrainedTokenizerFast, loaded) -> None:
+    """The model must see at inference exactly the tokens it was trained on."""
+    sample = render([{"role": "user", "content": "Remember the code harbor 17. 请记住代号「港口 17」"}])
+    if loaded.encode(sample, add_special_tokens=False) != tok.encode(sample, add_special_tokens=False):
+        raise SystemExit("the saved tokenizer does not load back identically (check transformers' tokenizer class)")
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path, required=True, help="output directory (replaced)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--steps", type=int, default=1600)
+    p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--warmup", type=int, default=100)
@@ -328,8 +363,11 @@ def parse_args(argv=None):
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--intermediate", type=int, default=384)
     p.add_argument("--group-size", type=int, default=32, help="4-bit quantization group size")
-    p.add_argument("--embedding-bits", type=int, default=4, choices=[4, 8],
+    p.add_argument("--embedding-bits", type=int, default=8, choices=[4, 8],
                    help="bits for the tied embedding/output matrix (8 limits quantization damage)")
+    p.add_argument("--attention-bits", type=int, default=8, choices=[4, 8],
+                   help="bits for the attention projections (8 keeps the hand-set copy circuit intact)")
+    p.add_argument("--keep-float", type=Path, default=None, help="also keep the float model here")
     p.add_argument("--eval-n", type=int, default=200, help="held-out conversations per behaviour")
     p.add_argument("--log-every", type=int, default=50)
     p.add_argument("--init", type=Path, default=None,
@@ -338,7 +376,7 @@ def parse_args(argv=None):
                    help="start from a hand-set copy (induction) circuit (see plant_induction_circuit)")
     p.add_argument("--rope-theta", type=float, default=1e6,
                    help="RoPE base; a large one leaves low-frequency pairs for matching across turns")
-    p.add_argument("--copy-stage", type=float, default=0.25,
+    p.add_argument("--copy-stage", type=float, default=0.1,
                    help="fraction of steps in the first, echo-heavy curriculum stage")
     p.add_argument("--probe-every", type=int, default=250, help="steps between held-out recall probes (0: none)")
     p.add_argument("--workers", type=int, default=2,
@@ -375,18 +413,23 @@ def main(argv=None) -> dict | None:
         save_float_model(model, tok, config, float_dir)
         convert(str(float_dir), str(quant_dir), quantize=True, q_bits=4,
                 q_group_size=args.group_size, dtype="float32",
-                quant_predicate=embedding_bits_predicate(args.embedding_bits, args.group_size))
+                quant_predicate=quant_predicate(args.embedding_bits, args.attention_bits, args.group_size))
+        if args.keep_float:
+            shutil.rmtree(args.keep_float, ignore_errors=True)
+            shutil.copytree(float_dir, args.keep_float)
+        save_tokenizer(tok, quant_dir)  # convert re-saves it through AutoTokenizer: write ours again
         if args.out.exists():
             shutil.rmtree(args.out)
         shutil.copytree(quant_dir, args.out)
 
     qmodel, qtok = load(str(args.out))
+    check_tokenizer_round_trip(tok, qtok)
     figures = evaluate(qmodel, qtok, n=args.eval_n, seed=args.seed + 10_000)
     report = {
         "seed": args.seed, "steps": args.steps, "batch": args.batch, "lr": args.lr,
         "workers": group.size(),
         "parameters": sum(v.size for _, v in tree_flatten(model.parameters())),
-        "train_tokens": n_tokens, "training_minutes": round(train_s / 60, 2),
+        "train_tokens": n_tokens, "vocab": len(tok), "training_minutes": round(train_s / 60, 2),
         "total_minutes": round((time.perf_counter() - started) / 60, 2),
         "size_bytes": sum(f.stat().st_size for f in args.out.iterdir()),
         "hardware": collect().hardware_label,
@@ -429,11 +472,17 @@ def model_card(report: dict, argv: list[str]) -> str:
 
 {status}
 
-A **toy**: a {report['parameters']:,}-parameter qwen2-architecture chat model with a byte-level BPE
-tokenizer (vocab 1024, ChatML template), trained from scratch by `scripts/train_demo_model.py`
-on synthetic conversations and quantized to 4 bits (group size 32, fp32 scales) with mlx_lm's
-own `convert`. It exists to make the effect of chat history visible on any machine, offline.
-It is not an assistant: outside the phrasings below it answers with memorized small talk or noise.
+A **toy**: a {report['parameters']:,}-parameter llama-architecture chat model (2 layers, hidden 128,
+4 heads) with a byte-level BPE tokenizer ({report['vocab']} tokens, ChatML template), trained from
+scratch by `scripts/train_demo_model.py` on synthetic conversations and quantized to 4 bits (group
+size 32, fp32 scales; the tied embedding in 8 bits) with mlx_lm's own `convert`. It exists to make
+the effect of chat history visible on any machine, offline. It is not an assistant: outside the
+phrasings below it answers with memorized small talk or noise.
+
+Training starts from a hand-set copy circuit (a previous-token head in layer 0 feeding an
+induction head in layer 1; see `plant_induction_circuit` in the script): gradient descent alone
+does not find one within the CPU budget, and without it the model cannot copy a word it has never
+seen.
 
 ## What it was taught (exact phrasings)
 

@@ -99,6 +99,7 @@ def test_environment_block_is_honest_here(inproc_run):
         assert env[key]
 
 
+@DEMO_QUALITY
 def test_same_seed_same_texts_and_fixed_turns_repeat_identically():
     first = bench("--script", str(SCRIPTS / "notes-zh.yaml"), "--repeat", "2", "--history", "on")
     second = bench("--script", str(SCRIPTS / "notes-zh.yaml"), "--repeat", "2", "--history", "on")

@@ -20,15 +20,16 @@ def figures(demo):
 
 def test_committed_model_is_a_small_4bit_mlx_model(demo):
     config = json.loads((DEMO_DIR / "config.json").read_text())
-    assert config["model_type"] == "qwen2" and config["quantization"]["bits"] == 4
+    assert config["model_type"] == "llama" and config["quantization"]["bits"] == 4
     size = sum(p.stat().st_size for p in DEMO_DIR.iterdir())
     assert size <= 5 * 1024 * 1024
     card = (DEMO_DIR / "README.md").read_text()
     assert "toy" in card.lower() and "not an assistant" in card
 
 
-@pytest.mark.parametrize("behaviour", ["recall_en", "recall_zh", "correction_en", "correction_zh", "json"])
-@DEMO_QUALITY
+@pytest.mark.parametrize("behaviour", [
+    pytest.param("recall_en", marks=DEMO_QUALITY), "recall_zh", pytest.param("correction_en", marks=DEMO_QUALITY),
+    pytest.param("correction_zh", marks=DEMO_QUALITY), pytest.param("json", marks=DEMO_QUALITY)])
 def test_remembers_with_history(figures, behaviour):
     score = figures["behaviours"][behaviour]
     assert score["passed"] >= 19, score
@@ -55,6 +56,22 @@ def test_transformers_reads_the_tokenizer_and_template():
     assert text == "<|im_start|>user\n你好<|im_end|>\n<|im_start|>assistant\n"
     assert tok.eos_token == "<|im_end|>"
     assert tok.decode(tok.encode("harbor 17 港口")) == "harbor 17 港口"
+
+
+def test_loaded_tokenizer_splits_text_as_in_training(demo):
+    """mlx_lm.load must give the tokens the model was trained on: the training script's own
+    pre-tokenizer (trailing spaces on words, one token per Chinese character, one per digit),
+    not one that a tokenizer class substitutes on loading."""
+    from train_demo_model import build_tokenizer
+
+    from localchat.demo_corpus import tokenizer_texts
+
+    _, loaded = demo
+    trained = build_tokenizer(tokenizer_texts(), 2048)
+    text = "<|im_start|>user\nRemember the code qzxv 907. 请记住代号「港口 17」<|im_end|>\n"
+    assert loaded.encode(text, add_special_tokens=False) == trained.encode(text, add_special_tokens=False)
+    pieces = [loaded.decode([t]) for t in loaded.encode("the code qzxv 907", add_special_tokens=False)]
+    assert pieces[:2] == ["the ", "code "] and pieces[-3:] == ["9", "0", "7"]
 
 
 def test_training_script_runs_end_to_end_and_its_output_is_served(tmp_path):
@@ -93,14 +110,14 @@ def test_planted_induction_circuit_copies_unseen_strings_before_any_training():
 
     import mlx.core as mx
     import numpy as np
-    from mlx_lm.models import qwen2
+    from mlx_lm.models import llama
 
     import train_demo_model as T
 
     args = T.parse_args(["--out", "unused"])
     config = T.model_config(args, 1191, 2)
     mx.random.seed(0)
-    model = qwen2.Model(qwen2.ModelArgs.from_dict(config))
+    model = llama.Model(llama.ModelArgs.from_dict(config))
     T.plant_induction_circuit(model, config)
     rng = random.Random(1)
     right = total = 0

@@ -4,7 +4,6 @@ import sys
 
 import pexpect
 import pytest
-from conftest import DEMO_QUALITY
 
 PROMPT = ">>> "
 
@@ -24,7 +23,6 @@ def quit(child: pexpect.spawn) -> None:
     assert child.exitstatus == 0
 
 
-@DEMO_QUALITY
 def test_remembers_with_history():
     child = spawn()
     child.sendline("Remember the code harbor 17. Reply only OK.")

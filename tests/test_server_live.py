@@ -17,7 +17,6 @@ from localchat.history import Conversation
 from localchat.registry import resolve
 from localchat.server import free_port, launch, wait_ready
 from localchat.session import ChatSession
-from conftest import DEMO_QUALITY
 
 runner = CliRunner()
 REMEMBER = "Remember the code harbor 17. Reply only OK."
@@ -68,7 +67,6 @@ def test_json_mode_through_the_server_sends_response_format(live_server, tmp_pat
     assert request["messages"][0]["content"].endswith('Answer in JSON: {"answer": "..."}')
 
 
-@DEMO_QUALITY
 def test_recall_with_history_through_the_server(live_server):
     chat = server_chat(live_server)
     assert chat.ask(REMEMBER).text == "OK"
@@ -91,7 +89,6 @@ def test_single_prompt_cli_through_the_server(live_server):
     assert result.stdout == "收到\n" and "[TTFT" in result.stderr
 
 
-@DEMO_QUALITY
 def test_smoke_passes_and_prints_json(live_server):
     result = runner.invoke(app, ["smoke", "--base-url", live_server.base_url, "-m", "demo", "--json"])
     assert result.exit_code == 0, result.stdout

@@ -24,7 +24,6 @@ def session(backend, use_history=True, system=SYSTEM, **params) -> ChatSession:
                        use_history=use_history)
 
 
-@DEMO_QUALITY
 def test_turn_two_receives_turn_one(demo_backend):
     chat = session(demo_backend)
     first = chat.ask(REMEMBER)
@@ -86,7 +85,6 @@ def test_failed_turn_is_not_committed(demo_backend):
     assert [t.user for t in chat.conversation.turns] == [REMEMBER]
 
 
-@DEMO_QUALITY
 def test_interrupted_turn_is_not_committed_and_the_cache_stays_sound(demo_backend):
     chat = session(demo_backend)
     chat.ask(REMEMBER)
@@ -148,6 +146,7 @@ def run_repl(backend, lines: list[str]) -> str:
     return err.getvalue() + ui.out.getvalue()
 
 
+@DEMO_QUALITY
 def test_repl_counts_as_in_seed_001(demo_backend):
     out = run_repl(demo_backend, [
         "第二章原定周五，现改为周六复习。现在安排在哪天？", "那原来是哪天？",
