@@ -474,8 +474,9 @@ def model_card(report: dict, argv: list[str]) -> str:
 
 A **toy**: a {report['parameters']:,}-parameter llama-architecture chat model (2 layers, hidden 128,
 4 heads) with a byte-level BPE tokenizer ({report['vocab']} tokens, ChatML template), trained from
-scratch by `scripts/train_demo_model.py` on synthetic conversations and quantized to 4 bits (group
-size 32, fp32 scales; the tied embedding in 8 bits) with mlx_lm's own `convert`. It exists to make
+scratch by `scripts/train_demo_model.py` on synthetic conversations and quantized with mlx_lm's own
+`convert` (group size 32, fp32 scales): MLPs at 4 bits, attention projections and the tied
+embedding at 8 bits. It exists to make
 the effect of chat history visible on any machine, offline. It is not an assistant: outside the
 phrasings below it answers with memorized small talk or noise.
 
