@@ -238,7 +238,7 @@ def training_dialogue(rng: random.Random, copy_focus: bool = False) -> Dialogue:
     makes most of them short echo conversations, so the model learns to copy before it learns
     to look back across turns."""
     lang = rng.choice(["en", "zh"])
-    as_json = rng.random() < 0.15
+    as_json = rng.random() < 0.25
     system = _json_system(rng) if as_json else rng.choice(PLAIN_SYSTEMS)
     if copy_focus and rng.random() < 0.7:
         return drill_dialogue(rng, lang, "train")
@@ -268,7 +268,7 @@ def tokenizer_texts() -> list[str]:
              *CORRECTION["en"], *CORRECTION["zh"], *NOTE_PREFIX.values(), *UNKNOWN_TIME.values(),
              JSON_SYSTEM, *(s for s in PLAIN_SYSTEMS if s), ZH_NUMERALS,
              *(" ".join(w for w in words if not is_heldout(w)) for words in REAL_WORDS.values()),
-             *(" ".join(d) for d in DAYS.values()),
+             *(" ".join(d) for d in DAYS.values()), *DAYS["en"],  # "Saturday" alone: one token
              *(text for pairs in SMALL_TALK.values() for pair in pairs for text in pair),
              _hanzi(), " ".join(string.ascii_letters), " ".join(string.digits)]
     return texts * 4

@@ -139,66 +139,94 @@ def plant_induction_circuit(model: nn.Module, config: dict, amplitude: float = 1
     position whose predecessor is the current token and copies what stands there. Gradient descent
     finds it only after far more tokens than a 2-core CPU trains in 45 minutes (measured here:
     plain copying of random letters still at chance after 250 steps, with or without help), so it
-    is set up by hand:
+    is set up by hand. The residual stream is split in halves: A (token identity: the embedding
+    lives there) and B (what came before), both cut into head-sized slices p.
 
-    - the residual stream is split in two halves: A (token identity: the embedding lives there)
-      and B (the previous token's identity);
-    - layer 0, heads 0..P-1: previous-token heads. Through RoPE, query/key *biases* on the
-      high-frequency dimension pairs give the content-free score a² Σ_j cos((Δ - 1) θ_j), which
-      peaks at distance Δ = 1; each head copies one slice of A into the same slice of B;
-    - layer 1, heads 0..P-1: induction heads. On the low-frequency pairs (θ_j · 1000 < 1, so RoPE
-      barely rotates them over a conversation) the query reads the current token's slice of A and
-      the key the same slice of B; each head copies its slice of A from the matched position.
-    The other heads, both MLPs' outputs and B's embedding columns start at zero so they add no
-    noise to the circuit; training grows them.
+    - Layer 0, heads p: previous-token heads. Through RoPE, query/key *biases* on the
+      high-frequency dimension pairs give the content-free score a² Σ_j cos((Δ - d) θ_j), which
+      peaks at distance Δ = d = 1; each copies A_p into B_p.
+    - Layer 0, heads P+p: the same at d = 2; they write the token two back into the dimensions
+      of B_p that matching never reads (the "store" dimensions, see ``_copy_dimensions``).
+    - Layer 1, heads p: induction heads. On the low-frequency pairs (θ_j · 1000 < 1, so RoPE
+      barely rotates them over a conversation) the query reads the current token from A_p and the
+      key each position's predecessor from B_p; each copies A_p from the matched position.
+    - Layer 1, heads P+p: the same one step back (the current token's predecessor against each
+      position's token two back). Both copy into A_p, so a position that matches the last *two*
+      tokens outvotes one that matches only the last: copying `ppbkb` or `rcrelu` is no longer
+      ambiguous after a repeated letter (untrained, teacher-forced whole-code copies of held-out
+      codes: English 41 → 78 %, Chinese 69 → 91 %).
+    Both MLPs' outputs and B's embedding columns start at zero so they add no noise to the
+    circuit; training grows them.
     """
     hidden, heads = config["hidden_size"], config["num_attention_heads"]
-    head_dim, half = hidden // heads, hidden // heads // 2
+    head_dim = hidden // heads
     planted = hidden // 2 // head_dim  # heads needed to carry half the stream
-    if hidden % (2 * head_dim) or config["num_hidden_layers"] < 2 or planted > heads:
-        raise SystemExit("--plant-induction needs ≥ 2 layers and hidden/2 a multiple of the head size")
+    if hidden % (2 * head_dim) or config["num_hidden_layers"] < 2 or 2 * planted > heads:
+        raise SystemExit("--plant-induction needs ≥ 2 layers, hidden/2 a multiple of the head size "
+                         "and at least hidden/head_size heads")
     theta = rope_frequencies(config)
-    high = [j for j in range(half) if theta[j] > 0.05]
-    low = [j for j in range(half) if theta[j] * 1000 < 1]
+    match, store = _copy_dimensions(theta, head_dim)
     b_start = hidden // 2
     embed = np.array(model.model.embed_tokens.weight)
     embed[:, b_start:] = 0.0
-    sigma = float(embed[:, :b_start].std())
+    scale = float(embed[:, :b_start].std()) * np.sqrt(0.5)  # B at the embedding's scale
     layers = model.model.layers
     params = {name: np.array(w) for name, w in tree_flatten(
         {f"l{i}": layer.parameters() for i, layer in enumerate(layers[:2])})}
 
     def w(layer: int, name: str) -> np.ndarray:
-        return params[f"l{layer}.{name}"]
+        return params[f"l{layer}.self_attn.{name}"]
 
     for layer in (0, 1):
-        for name in ("self_attn.o_proj.weight", "self_attn.o_proj.bias", "mlp.down_proj.weight"):
-            w(layer, name)[:] = 0.0
+        params[f"l{layer}.mlp.down_proj.weight"][:] = 0.0
+        w(layer, "o_proj.weight")[:] = 0.0
+        w(layer, "o_proj.bias")[:] = 0.0
     for p in range(planted):
-        rows = slice(p * head_dim, (p + 1) * head_dim)
-        a_slice = np.arange(p * head_dim, (p + 1) * head_dim)
-        for layer in (0, 1):
-            for name in ("q_proj", "k_proj", "v_proj"):
-                w(layer, f"self_attn.{name}.weight")[rows] = 0.0
-                w(layer, f"self_attn.{name}.bias")[rows] = 0.0
-            w(layer, "self_attn.v_proj.weight")[rows][np.arange(head_dim), a_slice] = 1.0
-        # layer 0: previous-token head, writing A's slice into B (at the embedding's scale)
-        q_bias, k_bias = w(0, "self_attn.q_proj.bias"), w(0, "self_attn.k_proj.bias")
-        for j in high:
-            q_bias[p * head_dim + j] = amplitude * np.cos(theta[j])
-            q_bias[p * head_dim + half + j] = -amplitude * np.sin(theta[j])
-            k_bias[p * head_dim + j] = amplitude
-        w(0, "self_attn.o_proj.weight")[b_start + a_slice, a_slice] = sigma * np.sqrt(0.5)
-        # layer 1: induction head, matching the current token (A) with each predecessor (B)
-        for j in low:
-            for d in (j, half + j):
-                w(1, "self_attn.q_proj.weight")[p * head_dim + d, p * head_dim + d] = gain
-                w(1, "self_attn.k_proj.weight")[p * head_dim + d, b_start + p * head_dim + d] = 1.0
-        w(1, "self_attn.o_proj.weight")[a_slice, a_slice] = 1.0
+        a = np.arange(p * head_dim, (p + 1) * head_dim)  # A_p
+        b = b_start + a  # B_p
+        for head in (p, planted + p):
+            q = head * head_dim + np.arange(head_dim)  # the head's own rows and columns
+            for layer in (0, 1):
+                for name in ("q_proj", "k_proj", "v_proj"):
+                    w(layer, f"{name}.weight")[q] = 0.0
+                    w(layer, f"{name}.bias")[q] = 0.0
+                w(layer, "v_proj.weight")[q, a] = 1.0
+            _attend_back(w(0, "q_proj.bias"), w(0, "k_proj.bias"), head * head_dim, theta,
+                         distance=1 if head == p else 2, amplitude=amplitude)
+            w(1, "o_proj.weight")[a, q] = 1.0
+        previous, two_back = p * head_dim, (planted + p) * head_dim
+        keep = np.setdiff1d(np.arange(head_dim), store)
+        w(0, "o_proj.weight")[b[keep], previous + keep] = scale
+        w(0, "o_proj.weight")[b[store], two_back + match] = scale
+        w(1, "q_proj.weight")[previous + match, a[match]] = gain
+        w(1, "k_proj.weight")[previous + match, b[match]] = 1.0
+        w(1, "q_proj.weight")[two_back + match, b[match]] = gain
+        w(1, "k_proj.weight")[two_back + match, b[store]] = 1.0
     model.model.embed_tokens.weight = mx.array(embed)
     for i, layer in enumerate(layers[:2]):
         layer.update(tree_unflatten([(name.split(".", 1)[1], mx.array(value))
                                      for name, value in params.items() if name.startswith(f"l{i}.")]))
+
+
+def _copy_dimensions(theta: np.ndarray, head_dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """Within a head: the dimensions that match tokens (both halves of the RoPE pairs that barely
+    rotate over a conversation, at most half the head) and as many others, which RoPE would
+    scramble for matching, to store the token two back."""
+    half = head_dim // 2
+    low = [j for j in range(half) if theta[j] * 1000 < 1][-(head_dim // 4):]
+    match = np.array(low + [half + j for j in low])
+    store = np.setdiff1d(np.arange(head_dim), match)[:len(match)]
+    return match, store
+
+
+def _attend_back(q_bias: np.ndarray, k_bias: np.ndarray, start: int, theta: np.ndarray,
+                 distance: int, amplitude: float) -> None:
+    """Content-free attention to the token ``distance`` back, through RoPE on constant biases."""
+    half = len(theta)
+    for j in np.flatnonzero(theta > 0.05):
+        q_bias[start + j] = amplitude * np.cos(distance * theta[j])
+        q_bias[start + half + j] = -amplitude * np.sin(distance * theta[j])
+        k_bias[start + j] = amplitude
 
 
 def train(args, tok, stages, config, group, weights: dict | None = None) -> nn.Module:
@@ -252,11 +280,11 @@ def train(args, tok, stages, config, group, weights: dict | None = None) -> nn.M
 
 
 def probe(model, tok, seed: int) -> str:
-    """A quick look at held-out recall and refusal (float weights, 10 conversations each)."""
+    """A quick look at held-out behaviours (float weights, 10 conversations each)."""
     from mlx_lm.tokenizer_utils import TokenizerWrapper
 
     figures = evaluate(model, TokenizerWrapper(tok), n=10, seed=seed + 777,
-                       behaviours=("recall_en", "recall_zh", "refusal_en", "refusal_zh"))
+                       behaviours=("recall_en", "recall_zh", "correction_en", "correction_zh", "refusal_en", "json"))
     rates = " ".join(f"{b} {s['passed']}/{s['total']}" for b, s in figures["behaviours"].items())
     misses = [f for s in figures["behaviours"].values() for f in s["failures"][:1]]
     return f"        probe: {rates}" + (f"  e.g. {misses[0]}" if misses else "")
@@ -353,7 +381,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path, required=True, help="output directory (replaced)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--steps", type=int, default=1600)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--warmup", type=int, default=100)
@@ -378,7 +406,7 @@ def parse_args(argv=None):
                    help="RoPE base; a large one leaves low-frequency pairs for matching across turns")
     p.add_argument("--copy-stage", type=float, default=0.1,
                    help="fraction of steps in the first, echo-heavy curriculum stage")
-    p.add_argument("--probe-every", type=int, default=250, help="steps between held-out recall probes (0: none)")
+    p.add_argument("--probe-every", type=int, default=800, help="steps between held-out recall probes (0: none)")
     p.add_argument("--workers", type=int, default=2,
                    help="data-parallel processes (MLX ring backend on loopback); 1 = this process only")
     return p.parse_args(argv)
@@ -480,10 +508,10 @@ embedding at 8 bits. It exists to make
 the effect of chat history visible on any machine, offline. It is not an assistant: outside the
 phrasings below it answers with memorized small talk or noise.
 
-Training starts from a hand-set copy circuit (a previous-token head in layer 0 feeding an
-induction head in layer 1; see `plant_induction_circuit` in the script): gradient descent alone
-does not find one within the CPU budget, and without it the model cannot copy a word it has never
-seen.
+Training starts from a hand-set copy circuit (heads in layer 0 that look one and two tokens
+back, feeding heads in layer 1 that find where the last two tokens occurred before and copy what
+followed; see `plant_induction_circuit` in the script): gradient descent alone does not find one
+within the CPU budget, and without it the model cannot copy a word it has never seen.
 
 ## What it was taught (exact phrasings)
 

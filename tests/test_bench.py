@@ -33,7 +33,6 @@ def arm_turns(data, arm, script=None):
     return [t for t in data["turns"] if t["arm"] == arm and (script is None or t["script"] == script)]
 
 
-@DEMO_QUALITY
 def test_history_buys_recall_and_its_absence_gives_the_refusal(inproc_run):
     data, _ = inproc_run
     on = [t for t in arm_turns(data, "inproc history-on") if t["scored"] and t["script"].startswith("recall")]
@@ -109,7 +108,6 @@ def test_same_seed_same_texts_and_fixed_turns_repeat_identically():
     assert by_repeat[0] == by_repeat[1] and by_repeat[0][:2] == ["周六", "周五"]
 
 
-@DEMO_QUALITY
 def test_server_backend_arm_recalls_with_history():
     data = bench("--backend", "server", *RECALL)
     on = [t for t in arm_turns(data, "server history-on") if t["scored"] and t["expected"] not in ("OK", "收到")]

@@ -28,8 +28,7 @@ def test_committed_model_is_a_small_4bit_mlx_model(demo):
 
 
 @pytest.mark.parametrize("behaviour", [
-    pytest.param("recall_en", marks=DEMO_QUALITY), "recall_zh", pytest.param("correction_en", marks=DEMO_QUALITY),
-    pytest.param("correction_zh", marks=DEMO_QUALITY), pytest.param("json", marks=DEMO_QUALITY)])
+    "recall_en", "recall_zh", "correction_en", pytest.param("correction_zh", marks=DEMO_QUALITY), "json"])
 def test_remembers_with_history(figures, behaviour):
     score = figures["behaviours"][behaviour]
     assert score["passed"] >= 19, score
@@ -41,7 +40,6 @@ def test_refuses_without_history(figures, behaviour):
     assert score["passed"] == 20, score
 
 
-@DEMO_QUALITY
 def test_json_form_and_clean_endings(figures):
     assert figures["json_valid"]["valid"] >= 0.98 * figures["json_valid"]["total"]
     clean = figures["clean_endings"]
@@ -103,29 +101,70 @@ def test_training_script_runs_end_to_end_and_its_output_is_served(tmp_path):
     assert reply.status_code == 200 and reply.json()["choices"][0]["message"]["role"] == "assistant"
 
 
-def test_planted_induction_circuit_copies_unseen_strings_before_any_training():
-    """The hand-set circuit alone (random weights elsewhere) continues a repeated random string,
-    across 200 tokens of filler; random weights would be right 1 time in 1,191."""
-    import random
-
+def _planted_model(two_back: bool = True):
+    """A model with random weights except the hand-set copy circuit (``two_back=False``: with
+    the layer-1 head that matches the token two back silenced)."""
     import mlx.core as mx
-    import numpy as np
     from mlx_lm.models import llama
 
     import train_demo_model as T
 
-    args = T.parse_args(["--out", "unused"])
-    config = T.model_config(args, 1191, 2)
+    config = T.model_config(T.parse_args(["--out", "unused"]), 1191, 2)
     mx.random.seed(0)
     model = llama.Model(llama.ModelArgs.from_dict(config))
     T.plant_induction_circuit(model, config)
-    rng = random.Random(1)
+    if not two_back:
+        o_proj = model.model.layers[1].self_attn.o_proj
+        weight = o_proj.weight
+        weight[:, config["hidden_size"] // 2:] = 0.0  # only the induction heads write
+        o_proj.weight = weight
+    return model
+
+
+def _copy_accuracy(model, words: list[list[int]], rng, only_ambiguous: bool = False) -> float:
+    """Teacher-forced: how often the model continues a word it saw once, 200 filler tokens back.
+    ``only_ambiguous``: score only the positions whose token recurs in the word with another
+    successor while the pair (previous token, token) does not."""
+    import mlx.core as mx
+    import numpy as np
+
+    def ambiguous(word: list[int], k: int) -> bool:
+        successors = {word[j + 1] for j in range(len(word) - 1) if word[j] == word[k]}
+        pairs = [j for j in range(1, len(word) - 1) if word[j - 1:j + 1] == word[k - 1:k + 1]]
+        return k > 0 and len(successors) > 1 and len(pairs) == 1
+
     right = total = 0
-    for _ in range(10):
-        word = [rng.randrange(3, 1191) for _ in range(8)]
+    for word in words:
         ids = [1, *word, 2, *(rng.randrange(3, 1191) for _ in range(200)), 1, *word]
         predicted = np.array(mx.argmax(model(mx.array([ids]))[0], axis=-1))
         start = len(ids) - len(word)
-        right += sum(int(predicted[i] == ids[i + 1]) for i in range(start, len(ids) - 1))
-        total += len(word) - 1
-    assert right / total >= 0.6, f"{right}/{total}"
+        for k in range(len(word) - 1):
+            if only_ambiguous and not ambiguous(word, k):
+                continue
+            right += int(predicted[start + k] == word[k + 1])
+            total += 1
+    return right / total
+
+
+def test_planted_induction_circuit_copies_unseen_strings_before_any_training():
+    """The hand-set circuit alone (random weights elsewhere) continues a random string;
+    random weights would be right 1 time in 1,191."""
+    import random
+
+    rng = random.Random(1)
+    words = [[rng.randrange(3, 1191) for _ in range(8)] for _ in range(10)]
+    accuracy = _copy_accuracy(_planted_model(), words, rng)
+    assert accuracy >= 0.8, accuracy
+
+
+def test_planted_two_back_heads_resolve_repeated_tokens():
+    """In `rcrelu` the token after `r` is `c` once and `e` once: only the token before it tells
+    them apart. Scored at such positions only, matching two tokens copies far better than one."""
+    import random
+
+    rng = random.Random(2)
+    alphabet = rng.sample(range(3, 1191), 6)
+    words = [[rng.choice(alphabet) for _ in range(8)] for _ in range(30)]
+    with_two_back = _copy_accuracy(_planted_model(), words, random.Random(3), only_ambiguous=True)
+    previous_only = _copy_accuracy(_planted_model(two_back=False), words, random.Random(3), only_ambiguous=True)
+    assert with_two_back >= previous_only + 0.25, (with_two_back, previous_only)

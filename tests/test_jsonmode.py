@@ -36,6 +36,7 @@ def test_default_schema_checks_replies(text, ok):
     assert (value == {"answer": "harbor 17"}) == (ok and "harbor" in text)
 
 
+@DEMO_QUALITY  # the model answers the code instead of OK in JSON mode
 def test_valid_reply_is_committed_with_its_parsed_value(demo_backend):
     chat = json_session(demo_backend, default_schema())
     result = chat.ask(REMEMBER)
@@ -64,6 +65,7 @@ def test_reply_that_is_not_json_is_not_committed(demo_backend):
     assert chat.conversation.turns == []
 
 
+@DEMO_QUALITY  # the model answers the code instead of OK in JSON mode
 def test_single_prompt_json_pipes_only_json():
     result = runner.invoke(app, ["chat", "--json", REMEMBER])
     assert result.exit_code == 0, result.stderr
