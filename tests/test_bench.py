@@ -6,7 +6,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from conftest import DEMO_QUALITY, ROOT
+from conftest import ROOT
 from localchat.cli import app
 
 runner = CliRunner()
@@ -98,14 +98,14 @@ def test_environment_block_is_honest_here(inproc_run):
         assert env[key]
 
 
-@DEMO_QUALITY
 def test_same_seed_same_texts_and_fixed_turns_repeat_identically():
+    """Reproducibility only; whether the answers are right is test_demo_model's business."""
     first = bench("--script", str(SCRIPTS / "notes-zh.yaml"), "--repeat", "2", "--history", "on")
     second = bench("--script", str(SCRIPTS / "notes-zh.yaml"), "--repeat", "2", "--history", "on")
     assert [t["answer"] for t in first["turns"]] == [t["answer"] for t in second["turns"]]
     fixed = [t for t in first["turns"] if t["conversation"] == 0]  # no variables in conversation 1
     by_repeat = {r: [t["answer"] for t in fixed if t["repeat"] == r] for r in (0, 1)}
-    assert by_repeat[0] == by_repeat[1] and by_repeat[0][:2] == ["周六", "周五"]
+    assert by_repeat[0] == by_repeat[1] and len(by_repeat[0]) == len(fixed) // 2 > 0
 
 
 def test_server_backend_arm_recalls_with_history():

@@ -36,11 +36,11 @@ def test_default_schema_checks_replies(text, ok):
     assert (value == {"answer": "harbor 17"}) == (ok and "harbor" in text)
 
 
-@DEMO_QUALITY  # the model answers the code instead of OK in JSON mode
 def test_valid_reply_is_committed_with_its_parsed_value(demo_backend):
     chat = json_session(demo_backend, default_schema())
-    result = chat.ask(REMEMBER)
-    assert result.invalid is None and result.answer == {"answer": "OK"}
+    result = chat.ask(REMEMBER)  # which answer is the model's business (test_recall_… checks it)
+    assert result.invalid is None and result.answer == json.loads(result.text)
+    assert set(result.answer) == {"answer"} and isinstance(result.answer["answer"], str)
     assert result.committed and chat.conversation.turns[0].assistant == result.text
 
 
@@ -65,11 +65,11 @@ def test_reply_that_is_not_json_is_not_committed(demo_backend):
     assert chat.conversation.turns == []
 
 
-@DEMO_QUALITY  # the model answers the code instead of OK in JSON mode
 def test_single_prompt_json_pipes_only_json():
     result = runner.invoke(app, ["chat", "--json", REMEMBER])
     assert result.exit_code == 0, result.stderr
-    assert json.loads(result.stdout) == {"answer": "OK"}
+    answer = json.loads(result.stdout)  # stdout holds the JSON and nothing else
+    assert set(answer) == {"answer"} and isinstance(answer["answer"], str)
     assert "[TTFT" in result.stderr
 
 

