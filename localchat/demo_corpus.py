@@ -233,15 +233,21 @@ def _json_system(rng: random.Random) -> str:
     return JSON_SYSTEM if base is None or rng.random() < 0.5 else f"{base}\n\n{JSON_SYSTEM}"
 
 
-def training_dialogue(rng: random.Random, copy_focus: bool = False) -> Dialogue:
-    """One conversation of the training mixture; ``copy_focus`` (the curriculum's first stage)
-    makes most of them short echo conversations, so the model learns to copy before it learns
-    to look back across turns."""
+Stage = Literal["copy", "main", "correction"]
+
+
+def training_dialogue(rng: random.Random, stage: Stage = "main") -> Dialogue:
+    """One conversation of the training mixture. The curriculum's first stage ("copy") makes most
+    of them short echo conversations, so the model learns to copy before it learns to look back
+    across turns; its last stage ("correction") makes half of them corrected-fact exercises, the
+    behaviour the model learns last (choosing between two copied days by the question asked)."""
     lang = rng.choice(["en", "zh"])
     as_json = rng.random() < 0.25
     system = _json_system(rng) if as_json else rng.choice(PLAIN_SYSTEMS)
-    if copy_focus and rng.random() < 0.7:
+    if stage == "copy" and rng.random() < 0.7:
         return drill_dialogue(rng, lang, "train")
+    if stage == "correction" and rng.random() < 0.5:
+        return correction_dialogue(rng, lang, as_json=as_json, system=system)
     makers: list[tuple[float, Callable[[], Dialogue]]] = [
         (0.42, lambda: recall_dialogue(rng, lang, "train", as_json=as_json, system=system)),
         (0.15, lambda: echo_dialogue(rng, lang, "train", as_json=as_json, system=system)),

@@ -104,6 +104,8 @@ def growth(path: Path, turns: int, max_tokens: int, reuse: bool) -> list[float]:
         prompt = f"Turn {turn}. " + FILLER * 6
         result = session.ask(prompt)
         ttfts.append(result.stats.ttft_s)
+        print(f"  {'reuse' if reuse else 'no reuse'} turn {turn}: TTFT {result.stats.ttft_s * 1e3:.1f} ms",
+              flush=True)  # a 57M no-reuse run takes over 20 min here: show it advancing
         if not result.committed:  # a random model's reply is cut by max_tokens: keep it anyway
             session.conversation.commit(prompt, result.text)
     return ttfts
@@ -115,14 +117,15 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64, help="tokens generated per run")
     parser.add_argument("--turns", type=int, default=8)
     parser.add_argument("--quick", action="store_true", help="a small model (for a fast look)")
-    parser.add_argument("--variants", default="bf16,q4", help="models for the A/B part (comma-separated)")
+    parser.add_argument("--variants", default="bf16,q4",
+                        help="models for the A/B part (comma-separated; empty: growth part only)")
     parser.add_argument("--growth-variant", default="bf16",
                         help="model for the growth part (the CPU wheel's 4-bit prefill is very slow)")
     args = parser.parse_args()
     size = "quick" if args.quick else "full"
     env = collect()
     print(f"hardware: {env.hardware_label} · mlx {env.mlx_version} · mlx-lm {env.mlx_lm_version}")
-    for variant in args.variants.split(","):
+    for variant in filter(None, args.variants.split(",")):
         path = model_dir(variant, size)
         r = ab_compare(path, args.pairs, args.tokens)
         print(f"\n[{size} {variant}] raw mlx_lm vs localchat, {args.pairs} alternating pairs, median")

@@ -34,7 +34,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, train
 from transformers import PreTrainedTokenizerFast
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from localchat.demo_corpus import tokenizer_texts, training_dialogue  # noqa: E402
+from localchat.demo_corpus import DAYS, tokenizer_texts, training_dialogue  # noqa: E402
 from localchat.demo_eval import evaluate  # noqa: E402
 from localchat.environment import collect  # noqa: E402
 
@@ -49,7 +49,10 @@ CHATML_TEMPLATE = (
 # three carrying one trailing space), and leftover whitespace. "the code harbor 17." gives "code ",
 # "harbor ", "1", "7", so a code tokenizes the same inside a sentence and at the start of a reply;
 # every CJK character is one token, never a run of look-alike UTF-8 bytes that copying confuses.
-PRE_TOKEN_PATTERN = r"\p{Han}|\p{L}+ ?|\p{N} ?|[^\p{L}\p{N}\s]+ ?|\s+"
+# The exception: each Chinese day name ("周五") is one token, like "Friday", because a two-token
+# day starts with "周" whatever the day, and copying its second token then follows the day the
+# model said last rather than the one the question asks for.
+PRE_TOKEN_PATTERN = "|".join(DAYS["zh"]) + r"|\p{Han}|\p{L}+ ?|\p{N} ?|[^\p{L}\p{N}\s]+ ?|\s+"
 
 
 def render(messages: list[dict[str, str]]) -> str:
@@ -156,7 +159,10 @@ def plant_induction_circuit(model: nn.Module, config: dict, amplitude: float = 1
       ambiguous after a repeated letter (untrained, teacher-forced whole-code copies of held-out
       codes: English 41 → 78 %, Chinese 69 → 91 %).
     Both MLPs' outputs and B's embedding columns start at zero so they add no noise to the
-    circuit; training grows them.
+    circuit; training grows them. So does the MLP output of any further layer, whose attention
+    starts random (it learns which copied day a question asks for). Measured, full runs: with a
+    wholly random third layer English recall never recovered (7/200, Chinese 197/200); with its
+    attention output zeroed too, corrected facts stayed at 14 % (English) and 77.5 % (Chinese).
     """
     hidden, heads = config["hidden_size"], config["num_attention_heads"]
     head_dim = hidden // heads
@@ -206,6 +212,8 @@ def plant_induction_circuit(model: nn.Module, config: dict, amplitude: float = 1
     for i, layer in enumerate(layers[:2]):
         layer.update(tree_unflatten([(name.split(".", 1)[1], mx.array(value))
                                      for name, value in params.items() if name.startswith(f"l{i}.")]))
+    for layer in layers[2:]:
+        layer.mlp.down_proj.weight = mx.zeros_like(layer.mlp.down_proj.weight)
 
 
 def _copy_dimensions(theta: np.ndarray, head_dim: int) -> tuple[np.ndarray, np.ndarray]:
@@ -381,13 +389,13 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path, required=True, help="output directory (replaced)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--steps", type=int, default=1600)
+    p.add_argument("--steps", type=int, default=1400)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--warmup", type=int, default=100)
     p.add_argument("--vocab", type=int, default=2048, help="upper bound; the fixed phrasings may need fewer")
     p.add_argument("--hidden", type=int, default=128)
-    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--layers", type=int, default=3)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--intermediate", type=int, default=384)
     p.add_argument("--group-size", type=int, default=32, help="4-bit quantization group size")
@@ -406,10 +414,20 @@ def parse_args(argv=None):
                    help="RoPE base; a large one leaves low-frequency pairs for matching across turns")
     p.add_argument("--copy-stage", type=float, default=0.1,
                    help="fraction of steps in the first, echo-heavy curriculum stage")
-    p.add_argument("--probe-every", type=int, default=800, help="steps between held-out recall probes (0: none)")
+    p.add_argument("--correction-stage", type=float, default=0.15,
+                   help="fraction of steps in the last, correction-heavy curriculum stage")
+    p.add_argument("--probe-every", type=int, default=700, help="steps between held-out recall probes (0: none)")
     p.add_argument("--workers", type=int, default=2,
                    help="data-parallel processes (MLX ring backend on loopback); 1 = this process only")
     return p.parse_args(argv)
+
+
+def curriculum(args) -> dict[str, int]:
+    """Steps per curriculum stage, in training order (see demo_corpus.training_dialogue)."""
+    copy_steps = int(args.steps * args.copy_stage)
+    correction_steps = int(args.steps * args.correction_stage)
+    return {"copy": copy_steps, "main": args.steps - copy_steps - correction_steps,
+            "correction": correction_steps}
 
 
 def main(argv=None) -> dict | None:
@@ -420,14 +438,15 @@ def main(argv=None) -> dict | None:
     group = mx.distributed.init()
     started = time.perf_counter()
     rng = random.Random(args.seed)
-    copy_steps = int(args.steps * args.copy_stage)
-    dialogues = [training_dialogue(rng, copy_focus=i < copy_steps * args.batch)
-                 for i in range(args.steps * args.batch)]
+    stage_steps = curriculum(args)
+    dialogues = [training_dialogue(rng, stage) for stage, steps in stage_steps.items()
+                 for _ in range(steps * args.batch)]
     tok = load_init_tokenizer(args.init) if args.init else build_tokenizer(tokenizer_texts(), args.vocab)
     encoded = [encode_with_mask(tok, d.messages()) for d in dialogues]
-    stages = [[r for r in part if len(r[0]) <= 320]
-              for part in (encoded[:copy_steps * args.batch], encoded[copy_steps * args.batch:])]
-    rows = stages[0] + stages[1]
+    bounds = list(itertools.accumulate(steps * args.batch for steps in stage_steps.values()))
+    stages = [[r for r in encoded[start:end] if len(r[0]) <= 320]
+              for start, end in zip([0, *bounds], bounds)]
+    rows = [r for stage in stages for r in stage]
     n_tokens = sum(len(ids) for ids, _ in rows)
     log(group, f"corpus: {len(rows):,} conversations, {n_tokens:,} tokens, vocab {len(tok)}")
     config = model_config(args, len(tok), tok.convert_tokens_to_ids("<|im_end|>"))
@@ -455,7 +474,8 @@ def main(argv=None) -> dict | None:
     figures = evaluate(qmodel, qtok, n=args.eval_n, seed=args.seed + 10_000)
     report = {
         "seed": args.seed, "steps": args.steps, "batch": args.batch, "lr": args.lr,
-        "workers": group.size(),
+        "workers": group.size(), "layers": args.layers, "hidden": args.hidden, "heads": args.heads,
+        "curriculum": curriculum(args),
         "parameters": sum(v.size for _, v in tree_flatten(model.parameters())),
         "train_tokens": n_tokens, "vocab": len(tok), "training_minutes": round(train_s / 60, 2),
         "total_minutes": round((time.perf_counter() - started) / 60, 2),
@@ -488,20 +508,23 @@ def _rate(report: dict, behaviour: str) -> str:
     return f"{b['passed']}/{b['total']} ({b['rate']:.1%})"
 
 
+def _stages(report: dict) -> str:
+    return ", ".join(f"{stage} {steps}" for stage, steps in report["curriculum"].items())
+
+
 def model_card(report: dict, argv: list[str]) -> str:
     env = collect()
     json_valid = report["json_valid"]
     clean = report["clean_endings"]
     missed = missed_criteria(report)
     status = ("**Status: meets the quality bar** (figures below)." if not missed else
-              f"**Status: below the quality bar** on: {', '.join(missed)} (figures below). localchat's "
-              "tests that depend on those answers are marked as expected failures until it is retrained.")
+              f"**Status: below the quality bar** on: {', '.join(missed)} (figures below).")
     return f"""# localchat demo model
 
 {status}
 
-A **toy**: a {report['parameters']:,}-parameter llama-architecture chat model (2 layers, hidden 128,
-4 heads) with a byte-level BPE tokenizer ({report['vocab']} tokens, ChatML template), trained from
+A **toy**: a {report['parameters']:,}-parameter llama-architecture chat model ({report['layers']} layers,
+hidden {report['hidden']}, {report['heads']} heads) with a byte-level BPE tokenizer ({report['vocab']} tokens, ChatML template), trained from
 scratch by `scripts/train_demo_model.py` on synthetic conversations and quantized with mlx_lm's own
 `convert` (group size 32, fp32 scales): MLPs at 4 bits, attention projections and the tied
 embedding at 8 bits. It exists to make
@@ -511,7 +534,9 @@ phrasings below it answers with memorized small talk or noise.
 Training starts from a hand-set copy circuit (heads in layer 0 that look one and two tokens
 back, feeding heads in layer 1 that find where the last two tokens occurred before and copy what
 followed; see `plant_induction_circuit` in the script): gradient descent alone does not find one
-within the CPU budget, and without it the model cannot copy a word it has never seen.
+within the CPU budget, and without it the model cannot copy a word it has never seen. A third
+layer (random attention, MLP output starting at zero) gives the model room to pick, by the question
+asked, which of two copied days to answer; with two layers it learned that in one language at best.
 
 ## What it was taught (exact phrasings)
 
@@ -553,7 +578,8 @@ model's own earlier replies in the history:
 
 `uv run python scripts/train_demo_model.py {' '.join(argv)}` — seed {report['seed']},
 {report['steps']} steps of {report['batch']} conversations ({report['train_tokens']:,} tokens), AdamW, lr
-{report['lr']}, loss on assistant tokens only, {report['workers']} data-parallel worker(s).
+{report['lr']}, loss on assistant tokens only, {report['workers']} data-parallel worker(s). Curriculum
+(steps per stage): {_stages(report)} — first mostly copy drills, last half corrected-fact exercises.
 Training took {report['training_minutes']} min and the whole run {report['total_minutes']} min on
 {env.hardware_label} (mlx {env.mlx_version}, mlx-lm {env.mlx_lm_version}).
 Size on disk: {report['size_bytes'] / 1e6:.2f} MB.

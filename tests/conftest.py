@@ -36,8 +36,3 @@ def rambling_model(tmp_path_factory):
 
     return build_random_model(tmp_path_factory.mktemp("models") / "rambling", hidden=64, layers=1,
                               intermediate=128, heads=2)
-
-# The committed demo model is below issue 2's quality bar (its model card has the figures): tests
-# of what it must answer are expected to fail until it is retrained. strict=True: once a retrained
-# model passes one of them, that test fails until its marker is removed.
-DEMO_QUALITY = pytest.mark.xfail(strict=True, reason="demo model below the quality bar (issue 2 open)")

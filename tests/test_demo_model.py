@@ -7,7 +7,7 @@ import sys
 import httpx
 import pytest
 
-from conftest import DEMO_QUALITY, DEMO_DIR, ROOT
+from conftest import DEMO_DIR, ROOT
 from localchat.demo_eval import evaluate
 from localchat.server import free_port, launch, wait_ready
 
@@ -28,7 +28,7 @@ def test_committed_model_is_a_small_4bit_mlx_model(demo):
 
 
 @pytest.mark.parametrize("behaviour", [
-    "recall_en", "recall_zh", "correction_en", pytest.param("correction_zh", marks=DEMO_QUALITY), "json"])
+    "recall_en", "recall_zh", "correction_en", "correction_zh", "json"])
 def test_remembers_with_history(figures, behaviour):
     score = figures["behaviours"][behaviour]
     assert score["passed"] >= 19, score
@@ -70,6 +70,25 @@ def test_loaded_tokenizer_splits_text_as_in_training(demo):
     assert loaded.encode(text, add_special_tokens=False) == trained.encode(text, add_special_tokens=False)
     pieces = [loaded.decode([t]) for t in loaded.encode("the code qzxv 907", add_special_tokens=False)]
     assert pieces[:2] == ["the ", "code "] and pieces[-3:] == ["9", "0", "7"]
+    days = "第二章原定周五，现改为周六复习。"
+    pieces = [loaded.decode([t]) for t in loaded.encode(days, add_special_tokens=False)]
+    assert pieces[4:7] == ["定", "周五", "，"] and "周六" in pieces  # a day name is one token
+    assert loaded.encode("周五", add_special_tokens=False) != loaded.encode("周六", add_special_tokens=False)
+
+
+def test_curriculum_ends_with_corrected_fact_exercises():
+    import random
+
+    import train_demo_model as T
+
+    from localchat.demo_corpus import training_dialogue
+
+    stages = T.curriculum(T.parse_args(["--out", "unused", "--steps", "1000"]))
+    assert list(stages) == ["copy", "main", "correction"] and sum(stages.values()) == 1000
+    rng = random.Random(0)
+    share = {stage: sum(training_dialogue(rng, stage).kind.startswith("correction") for _ in range(400)) / 400
+             for stage in stages}
+    assert share["correction"] > 0.5 > share["main"] > 0.05 and share["copy"] < share["main"]
 
 
 def test_training_script_runs_end_to_end_and_its_output_is_served(tmp_path):
@@ -109,7 +128,7 @@ def _planted_model(two_back: bool = True):
 
     import train_demo_model as T
 
-    config = T.model_config(T.parse_args(["--out", "unused"]), 1191, 2)
+    config = T.model_config(T.parse_args(["--out", "unused", "--layers", "2"]), 1191, 2)
     mx.random.seed(0)
     model = llama.Model(llama.ModelArgs.from_dict(config))
     T.plant_induction_circuit(model, config)

@@ -11,7 +11,6 @@ from localchat.cli import app
 from localchat.history import Conversation
 from localchat.jsonmode import AnswerSchema, default_schema, load_schema, with_instruction
 from localchat.session import ChatSession
-from conftest import DEMO_QUALITY
 
 runner = CliRunner()
 REMEMBER = "Remember the code harbor 17. Reply only OK."
@@ -103,7 +102,6 @@ def test_json_and_json_schema_together_is_a_usage_error(tmp_path):
     assert result.exit_code == 2 and "alternatives" in result.stderr
 
 
-@DEMO_QUALITY
 def test_recall_with_history_in_json_mode(demo_backend):
     chat = json_session(demo_backend, default_schema())
     assert chat.ask(REMEMBER).answer == {"answer": "OK"}

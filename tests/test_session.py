@@ -12,7 +12,6 @@ from localchat.history import Conversation
 from localchat.render import ChatUI
 from localchat.repl import Repl
 from localchat.session import ChatSession, TrimPolicy
-from conftest import DEMO_QUALITY
 
 SYSTEM = "You are a helpful assistant."
 REMEMBER = "Remember the code harbor 17. Reply only OK."
@@ -146,7 +145,6 @@ def run_repl(backend, lines: list[str]) -> str:
     return err.getvalue() + ui.out.getvalue()
 
 
-@DEMO_QUALITY
 def test_repl_counts_as_in_seed_001(demo_backend):
     out = run_repl(demo_backend, [
         "第二章原定周五，现改为周六复习。现在安排在哪天？", "那原来是哪天？",
