@@ -89,6 +89,16 @@ def ab_compare(path: Path, pairs: int, max_tokens: int) -> dict:
             "raw_tps": med(raw, 1), "ours_tps": med(ours, 1)}
 
 
+def grown_prompt(tokenizer, turn: int, tokens: int) -> str:
+    """A turn's question: as many filler words as make it ~``tokens`` tokens long (the demo
+    tokenizer, which these models reuse, spells ordinary prose in short pieces)."""
+    words = (FILLER * 20).split()
+    count = 1
+    while len(tokenizer.encode(f"Turn {turn}. " + " ".join(words[:count]))) < tokens:
+        count += 1
+    return f"Turn {turn}. " + " ".join(words[:count])
+
+
 def growth(path: Path, turns: int, max_tokens: int, reuse: bool) -> list[float]:
     """TTFT per turn of one conversation whose history grows by ~200 tokens a turn."""
     from mlx_lm import load
@@ -101,7 +111,7 @@ def growth(path: Path, turns: int, max_tokens: int, reuse: bool) -> list[float]:
     session.conversation.reset()
     ttfts = []
     for turn in range(1, turns + 1):
-        prompt = f"Turn {turn}. " + FILLER * 6
+        prompt = grown_prompt(tokenizer, turn, 200)
         result = session.ask(prompt)
         ttfts.append(result.stats.ttft_s)
         print(f"  {'reuse' if reuse else 'no reuse'} turn {turn}: TTFT {result.stats.ttft_s * 1e3:.1f} ms",
