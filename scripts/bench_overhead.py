@@ -115,7 +115,7 @@ def growth(path: Path, turns: int, max_tokens: int, reuse: bool) -> list[float]:
         result = session.ask(prompt)
         ttfts.append(result.stats.ttft_s)
         print(f"  {'reuse' if reuse else 'no reuse'} turn {turn}: TTFT {result.stats.ttft_s * 1e3:.1f} ms",
-              flush=True)  # a 57M no-reuse run takes over 20 min here: show it advancing
+              flush=True)  # the 57M no-reuse arm takes minutes on a CPU: show it advancing
         if not result.committed:  # a random model's reply is cut by max_tokens: keep it anyway
             session.conversation.commit(prompt, result.text)
     return ttfts
