@@ -70,10 +70,18 @@ def _is_answer_json(text: str) -> bool:
     return isinstance(value, dict) and set(value) == {"answer"} and isinstance(value["answer"], str)
 
 
-def passes(dialogue: Dialogue, replies: list[Reply]) -> bool:
-    if dialogue.system == JSON_SYSTEM and not all(_is_answer_json(r.text) for r in replies):
-        return False
-    return all(replies[i].text == dialogue.exchanges[i].assistant for i in dialogue.scored)
+def first_failure(dialogue: Dialogue, replies: list[Reply]) -> str | None:
+    """``'expected' <- 'got'`` for the first reply that fails the conversation, or None. It names
+    the scored reply that was wrong, not the last one (a correction exercise may end with an
+    unscored question)."""
+    if dialogue.system == JSON_SYSTEM:
+        for reply in replies:
+            if not _is_answer_json(reply.text):
+                return f"JSON {{\"answer\": string}} <- {reply.text!r}"
+    for i in dialogue.scored:
+        if replies[i].text != dialogue.exchanges[i].assistant:
+            return f"{dialogue.exchanges[i].assistant!r} <- {replies[i].text!r}"
+    return None
 
 
 def evaluate(model: Any, tokenizer: Any, n: int, seed: int,
@@ -88,10 +96,11 @@ def evaluate(model: Any, tokenizer: Any, n: int, seed: int,
             replies = replay(model, tokenizer, dialogue)
             score = scores[behaviour]
             score.total += 1
-            if passes(dialogue, replies):
+            failure = first_failure(dialogue, replies)
+            if failure is None:
                 score.passed += 1
             elif len(score.failures) < 5:
-                score.failures.append(f"{dialogue.exchanges[-1].assistant!r} <- {replies[-1].text!r}")
+                score.failures.append(failure)
             if behaviour == "json":
                 json_total += len(replies)
                 json_valid += sum(_is_answer_json(r.text) for r in replies)

@@ -8,7 +8,8 @@ import httpx
 import pytest
 
 from conftest import DEMO_DIR, ROOT
-from localchat.demo_eval import evaluate
+from localchat.demo_corpus import JSON_SYSTEM, Dialogue, Exchange
+from localchat.demo_eval import Reply, evaluate, first_failure
 from localchat.server import free_port, launch, wait_ready
 
 
@@ -187,3 +188,30 @@ def test_planted_two_back_heads_resolve_repeated_tokens():
     with_two_back = _copy_accuracy(_planted_model(), words, random.Random(3), only_ambiguous=True)
     previous_only = _copy_accuracy(_planted_model(two_back=False), words, random.Random(3), only_ambiguous=True)
     assert with_two_back >= previous_only + 0.25, (with_two_back, previous_only)
+
+
+def _replies(*texts):
+    return [Reply(text, "stop", 3) for text in texts]
+
+
+def test_a_failure_names_the_scored_reply_that_was_wrong():
+    """A correction exercise can end with an unscored question; the failure is the wrong day."""
+    dialogue = Dialogue("correction_en", None, (
+        Exchange("Moved from Friday to Saturday. Which day now?", "Saturday"),
+        Exchange("Hello!", "Hi!"),
+        Exchange("And originally?", "Friday"),
+        Exchange("At what time?", "I don't know."),
+    ), scored=(0, 2))
+    assert first_failure(dialogue, _replies("Saturday", "Hi!", "Friday", "nonsense")) is None
+    got = first_failure(dialogue, _replies("Saturday", "Hi!", "Monday", "I don't know."))
+    assert got == "'Friday' <- 'Monday'"
+
+
+def test_a_json_conversation_fails_on_any_reply_that_is_not_answer_json():
+    dialogue = Dialogue("json", JSON_SYSTEM, (
+        Exchange("Remember the code harbor 17. Reply only OK.", '{"answer": "OK"}'),
+        Exchange("What was the code? Reply with the code only.", '{"answer": "harbor 17"}'),
+    ), scored=(1,))
+    assert first_failure(dialogue, _replies('{"answer": "OK"}', '{"answer": "harbor 17"}')) is None
+    got = first_failure(dialogue, _replies("OK", '{"answer": "harbor 17"}'))
+    assert got is not None and got.startswith("JSON") and "'OK'" in got
