@@ -57,14 +57,20 @@ def raw_run(model, tokenizer, messages, max_tokens: int) -> tuple[float, float]:
 
     start = time.perf_counter()
     prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    first, last, n = time_stream(stream_generate(model, tokenizer, prompt, max_tokens=max_tokens))
+    return first - start, (n - 1) / (last - first)
+
+
+def time_stream(responses) -> tuple[float, float, int]:
+    """Clock times of the first and last visible text of an mlx_lm stream, and its token count."""
     first = last = None
     n = 0
-    for response in stream_generate(model, tokenizer, prompt, max_tokens=max_tokens):
+    for response in responses:
         if response.text:
             last = time.perf_counter()
             first = first or last
         n = response.generation_tokens
-    return first - start, (n - 1) / (last - first)
+    return first, last, n
 
 
 def localchat_run(backend, messages, max_tokens: int) -> tuple[float, float]:
@@ -100,21 +106,13 @@ def grown_prompt(tokenizer, turn: int, tokens: int) -> str:
     return f"Turn {turn}. " + " ".join(words[:count])
 
 
-def growth(path: Path, turns: int, max_tokens: int, reuse: bool) -> list[tuple[float, int]]:
-    """TTFT and prefilled tokens per turn of one conversation whose history grows by ~200 tokens
-    a turn, through localchat."""
-    from mlx_lm import load
-
-    model, tokenizer = load(str(path))
-    params = GenerationParams(max_tokens=max_tokens)
-    warm_up = InProcessBackend(model, tokenizer, path.name, cache_reuse=reuse)
-    ChatSession(warm_up, Conversation(SYSTEM), params).ask("warm-up")
-    # a backend of its own, so that turn 1 starts from an empty cache, as a new session does
-    backend = InProcessBackend(model, tokenizer, path.name, cache_reuse=reuse)
-    session = ChatSession(backend, Conversation(SYSTEM), params)
+def growth(model, tokenizer, prompts: list[str], max_tokens: int, reuse: bool) -> list[tuple[float, int]]:
+    """TTFT and prefilled tokens per turn of one conversation through localchat, from an empty
+    cache, as in a new session."""
+    backend = InProcessBackend(model, tokenizer, "bench", cache_reuse=reuse)
+    session = ChatSession(backend, Conversation(SYSTEM), GenerationParams(max_tokens=max_tokens))
     turns_seen = []
-    for turn in range(1, turns + 1):
-        prompt = grown_prompt(tokenizer, turn, 200)
+    for turn, prompt in enumerate(prompts, 1):
         result = session.ask(prompt)
         stats = result.stats
         turns_seen.append((stats.ttft_s, stats.prompt_tokens - stats.cached_tokens))
@@ -124,30 +122,24 @@ def growth(path: Path, turns: int, max_tokens: int, reuse: bool) -> list[tuple[f
     return turns_seen
 
 
-def runtime_growth(path: Path, turns: int, max_tokens: int) -> list[tuple[float, int]]:
+def runtime_growth(model, tokenizer, prompts: list[str], max_tokens: int) -> list[tuple[float, int]]:
     """The same conversation the way mlx_lm's own ``mlx_lm.chat`` runs it: one prompt cache, and
     each turn only the new message templated and prefilled. No history builder, no prefix
     matching: the runtime's floor for a growing conversation, against which localchat's reuse
     arm is read (what is left above 1× here is attention over the longer context)."""
-    from mlx_lm import load, stream_generate
+    from mlx_lm import stream_generate
     from mlx_lm.models.cache import make_prompt_cache
 
-    model, tokenizer = load(str(path))
-    for _ in stream_generate(model, tokenizer, "warm-up", max_tokens=max_tokens):
-        pass
     cache = make_prompt_cache(model)
     turns_seen = []
-    for turn in range(1, turns + 1):
+    for turn, text in enumerate(prompts, 1):
         start = time.perf_counter()
         messages = [{"role": "system", "content": SYSTEM}] if turn == 1 else []
-        messages.append({"role": "user", "content": grown_prompt(tokenizer, turn, 200)})
+        messages.append({"role": "user", "content": text})
         prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-        first = None
-        for response in stream_generate(model, tokenizer, prompt, max_tokens=max_tokens,
-                                        prompt_cache=cache):
-            if response.text and first is None:
-                first = time.perf_counter() - start
-        turns_seen.append((first, len(prompt)))
+        first, _, _ = time_stream(stream_generate(model, tokenizer, prompt, max_tokens=max_tokens,
+                                                  prompt_cache=cache))
+        turns_seen.append((first - start, len(prompt)))
         _progress("mlx_lm.chat", turn, *turns_seen[-1])
     return turns_seen
 
@@ -197,14 +189,20 @@ def main() -> None:
         print(f"  TTFT          raw {r['raw_ttft'] * 1e3:7.1f}ms  localchat {r['ours_ttft'] * 1e3:7.1f}ms  "
               f"ratio {r['ours_ttft'] / r['raw_ttft']:.3f}, +{(r['ours_ttft'] - r['raw_ttft']) * 1e3:.1f} ms "
               "(target ≤ 1.05× + 5 ms)")
-    path = model_dir(args.growth_variant, size)
+    from mlx_lm import load
+
+    model, tokenizer = load(str(model_dir(args.growth_variant, size)))
+    prompts = [grown_prompt(tokenizer, turn, 200) for turn in range(1, args.turns + 1)]
+    warm_up = ChatSession(InProcessBackend(model, tokenizer, "bench"), Conversation(SYSTEM),
+                          GenerationParams(max_tokens=16))
+    warm_up.ask(prompts[0])  # mlx and the template, at a real turn's shape; its cache is not reused
     reuse_runs, runtime_runs = [], []
     for _ in range(args.growth_repeats):  # alternate the two close arms, as in the A/B part
-        reuse_runs.append(growth(path, args.turns, 16, reuse=True))
-        runtime_runs.append(runtime_growth(path, args.turns, 16))
+        reuse_runs.append(growth(model, tokenizer, prompts, 16, reuse=True))
+        runtime_runs.append(runtime_growth(model, tokenizer, prompts, 16))
     arms = {"localchat reuse": per_turn_median(reuse_runs),
             "mlx_lm.chat": per_turn_median(runtime_runs),
-            "localchat no reuse": growth(path, args.turns, 16, reuse=False)}
+            "localchat no reuse": growth(model, tokenizer, prompts, 16, reuse=False)}
     print_growth(f"{size} {args.growth_variant}, reuse arms: median of {args.growth_repeats} runs", arms)
 
 
