@@ -152,6 +152,26 @@ def random_code(rng: random.Random, script: str, split: Split = "train") -> str:
     return f"{random_word(rng, script, split)} {rng.randint(0, NUMBER_MAX)}"
 
 
+def is_ambiguous(word: str) -> bool:
+    """True when a letter recurs with another follower (``augaut``, ``gxkkkk``, ``早可早``): a copy
+    that goes by the last one or two tokens has two ways on from there, and the wrong one can
+    cycle (``augaugaug…``) until the length limit."""
+    followers: dict[str, str] = {}
+    return any(followers.setdefault(letter, follower) != follower
+               for letter, follower in zip(word, word[1:] + " "))
+
+
+def ambiguous_code(rng: random.Random, script: str, split: Split = "heldout") -> str:
+    """A random code whose word is ambiguous to copy (see ``is_ambiguous``): the stress test."""
+    while True:
+        if script == "en":
+            word = "".join(rng.choices(string.ascii_lowercase, k=rng.randint(4, 8)))
+        else:
+            word = "".join(rng.choices(_hanzi(), k=rng.randint(2, 3)))
+        if is_ambiguous(word) and is_heldout(word) == (split == "heldout"):
+            return f"{word} {rng.randint(0, NUMBER_MAX)}"
+
+
 def _reply(text: str, as_json: bool) -> str:
     return json.dumps({"answer": text}, ensure_ascii=False) if as_json else text
 
@@ -161,10 +181,11 @@ def _small_talk(rng: random.Random, lang: str, n: int, as_json: bool) -> list[Ex
 
 
 def recall_dialogue(rng: random.Random, lang: str, split: Split, *, as_json: bool = False,
-                    system: str | None = None, gap: int | None = None) -> Dialogue:
-    """Remember a code, 0-3 small-talk turns, recall it."""
-    script = lang if rng.random() < 0.85 or split == "heldout" else rng.choice(["en", "zh"])
-    code = random_code(rng, script, split)
+                    system: str | None = None, gap: int | None = None, code: str | None = None) -> Dialogue:
+    """Remember a code (a random one unless given), 0-3 small-talk turns, recall it."""
+    if code is None:
+        script = lang if rng.random() < 0.85 or split == "heldout" else rng.choice(["en", "zh"])
+        code = random_code(rng, script, split)
     prompt, ack = REMEMBER[lang]
     gap = rng.randint(0, 3) if gap is None else gap
     exchanges = [Exchange(prompt.format(code=code), _reply(ack, as_json))]
@@ -282,6 +303,9 @@ def tokenizer_texts() -> list[str]:
 
 EVAL_BEHAVIOURS = ("recall_en", "recall_zh", "correction_en", "correction_zh",
                    "refusal_en", "refusal_zh", "json")
+# Not part of the quality bar: recall of words chosen to be ambiguous to copy (``is_ambiguous``),
+# where the rare replies that never end come from; the bar's sample holds few such words.
+STRESS_BEHAVIOURS = ("ambiguous_en", "ambiguous_zh")
 
 
 def heldout_dialogue(rng: random.Random, behaviour: str) -> Dialogue:
@@ -293,6 +317,8 @@ def heldout_dialogue(rng: random.Random, behaviour: str) -> Dialogue:
     kind, lang = behaviour.split("_")
     if kind == "recall":
         return recall_dialogue(rng, lang, "heldout", system=system)
+    if kind == "ambiguous":
+        return recall_dialogue(rng, lang, "heldout", system=system, code=ambiguous_code(rng, lang))
     if kind == "correction":
         return correction_dialogue(rng, lang, system=system)
     if kind == "refusal":

@@ -103,6 +103,9 @@ def test_training_script_runs_end_to_end_and_its_output_is_served(tmp_path):
     assert "step     4/4" in run.stdout and "tok/s" in run.stdout and "ETA" in run.stdout
     report = json.loads((out / "eval.json").read_text())
     assert set(report["behaviours"]) >= {"recall_en", "refusal_zh", "json"}
+    assert set(report["stress"]) == {"ambiguous_en", "ambiguous_zh"}
+    assert all(s["total"] == 1 and s["clean_endings"]["total"] >= 2 for s in report["stress"].values())
+    assert "## Stress test" in (out / "README.md").read_text()
 
     from mlx_lm import load
 
@@ -188,6 +191,24 @@ def test_planted_two_back_heads_resolve_repeated_tokens():
     with_two_back = _copy_accuracy(_planted_model(), words, random.Random(3), only_ambiguous=True)
     previous_only = _copy_accuracy(_planted_model(two_back=False), words, random.Random(3), only_ambiguous=True)
     assert with_two_back >= previous_only + 0.25, (with_two_back, previous_only)
+
+
+def test_stress_words_are_held_out_and_ambiguous_to_copy():
+    """The stress test's words recur a letter with another follower, where a copy by the last
+    one or two tokens can go two ways; plain words (no such letter) are not picked."""
+    import random
+
+    from localchat.demo_corpus import heldout_dialogue, is_ambiguous, is_heldout
+
+    assert is_ambiguous("augaut") and is_ambiguous("gxkkkk") and is_ambiguous("早可早")
+    assert not is_ambiguous("falcon") and not is_ambiguous("qzxv") and not is_ambiguous("港口")
+    rng = random.Random(5)
+    for behaviour, script_ok in (("ambiguous_en", str.isascii), ("ambiguous_zh", lambda w: not w.isascii())):
+        for _ in range(20):
+            dialogue = heldout_dialogue(rng, behaviour)
+            word, number = dialogue.exchanges[-1].assistant.split(" ")
+            assert is_ambiguous(word) and is_heldout(word) and script_ok(word) and number.isdigit()
+            assert word in dialogue.exchanges[0].user
 
 
 def _replies(*texts):
