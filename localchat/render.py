@@ -27,6 +27,11 @@ HELP = """Commands (typed alone on a line; nothing here is sent to the model):
 A line with only \"\"\" starts and ends multi-line input. Ctrl+C stops a reply (discarded)."""
 
 
+def count(n: int, noun: str) -> str:
+    """``1 message``, ``2 messages``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def _memory(gb: float | None) -> str | None:
     if gb is None:
         return None
@@ -48,6 +53,11 @@ def stats_line(stats: TurnStats) -> str:
         "estimated counts" if stats.estimated else None,
     ]
     return "[" + " · ".join(p for p in parts if p) + "]"
+
+
+def _failed_before_first_token(result: TurnResult) -> bool:
+    """Such a turn has no figures worth a line (the error or notice already says what happened)."""
+    return result.stats.finish_reason in (ERROR, INTERRUPTED) and result.stats.ttft_s is None
 
 
 class ChatUI:
@@ -88,7 +98,7 @@ class ChatUI:
         if result.dropped_turns:
             self.notice(f"dropped the {result.dropped_turns} oldest turn(s) to fit the "
                         "--max-turns / --max-context-tokens limit")
-        if self.show_stats:
+        if self.show_stats and not _failed_before_first_token(result):
             self.err.print(stats_line(result.stats), style="dim", markup=False)
 
     def _json_reply(self, result: TurnResult) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from localchat.errors import UsageError
-from localchat.render import ChatUI
+from localchat.render import ChatUI, count
 from localchat.session import ChatSession
 from localchat.sessions import SessionSaver, StoreError
 
@@ -78,7 +78,7 @@ class Repl:
 
     def _history(self, _: str) -> bool:
         messages = self.session.conversation.messages()
-        self.ui.messages(messages, f"history: {len(messages)} messages")
+        self.ui.messages(messages, f"history: {count(len(messages), 'message')}")
         return True
 
     def _preview(self, arg: str) -> bool:
@@ -91,8 +91,8 @@ class Repl:
             self.ui.error(str(exc))
             return True
         tokens = self.session.backend.count_tokens(messages)
-        counted = f", {tokens} tokens" if tokens is not None else ""
-        self.ui.messages(messages, f"preview: {len(messages)} messages{counted} (history unchanged)")
+        counted = f", {count(tokens, 'token')}" if tokens is not None else ""
+        self.ui.messages(messages, f"preview: {count(len(messages), 'message')}{counted} (history unchanged)")
         return True
 
     def _reset(self, _: str) -> bool:

@@ -52,6 +52,14 @@ def test_bad_input_is_one_line_and_a_nonzero_exit(args, exit_code, needle):
     assert needle in one_error_line(result)
 
 
+def test_server_down_is_one_error_line_without_a_figures_line():
+    """No token ever came: there is no TTFT or rate to show, only what went wrong."""
+    result = runner.invoke(app, ["chat", "--backend", "server", "--base-url", "http://127.0.0.1:9/v1", "hi"])
+    assert result.exit_code == 1 and result.stdout == ""
+    assert "is a server running?" in one_error_line(result)
+    assert "[TTFT" not in result.stderr
+
+
 def test_a_directory_that_is_not_a_model(tmp_path):
     (tmp_path / "notes.txt").write_text("hello")
     result = runner.invoke(app, ["chat", "-m", str(tmp_path), "hi"])

@@ -210,5 +210,6 @@ def test_the_repl_goes_on_after_a_failure_and_marks_partial_text():
     Repl(chat, ui, read_line=lambda _: next(feed)).run()
     out = err.getvalue()
     assert "partial reply above is incomplete" in out
+    assert out.count("[TTFT 0.") == 2  # a turn that failed after its first token still has figures
     assert "history: 5 messages" in out  # SYS + earlier turn + the second (good) turn
     assert [t.user for t in chat.conversation.turns] == ["earlier question", "second"]
