@@ -27,6 +27,18 @@ def _letter_tokens_mask(vocab_size: int):
     return mask
 
 
+def _copy_tokenizer(out: Path, max_length: int) -> None:
+    """The demo tokenizer, told this model's context length (the demo's 1024 would make
+    transformers warn on every long benchmark prompt)."""
+    for name in TOKENIZER_FILES:
+        if (DEMO_DIR / name).exists():
+            shutil.copy(DEMO_DIR / name, out / name)
+    config_path = out / "tokenizer_config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    config["model_max_length"] = max_length
+    config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False), encoding="utf-8")
+
+
 def build_random_model(out: Path, *, hidden: int, layers: int, intermediate: int, heads: int,
                        kv_heads: int | None = None, dtype: str = "float32", seed: int = 0,
                        never_stop: bool = True, quantize_bits: int | None = None) -> Path:
@@ -57,9 +69,7 @@ def build_random_model(out: Path, *, hidden: int, layers: int, intermediate: int
     staging.mkdir(parents=True)
     mx.save_safetensors(str(staging / "model.safetensors"), weights, metadata={"format": "mlx"})
     (staging / "config.json").write_text(json.dumps(config, indent=2))
-    for name in TOKENIZER_FILES:
-        if (DEMO_DIR / name).exists():
-            shutil.copy(DEMO_DIR / name, staging / name)
+    _copy_tokenizer(staging, config["max_position_embeddings"])
     if quantize_bits:
         from mlx_lm import convert
 

@@ -161,3 +161,12 @@ def test_plot_without_matplotlib_says_how_to_install(tmp_path, monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_matplotlib)
     result = runner.invoke(app, ["bench", *RECALL, "--plot", str(tmp_path / "p.png")])
     assert result.exit_code == 2 and "--extra plot" in result.stderr
+
+
+def test_benchmark_models_tell_their_tokenizer_their_context_length(rambling_model):
+    """Not the demo tokenizer's 1024: a long benchmark prompt must not be flagged as too long."""
+    from transformers import AutoTokenizer
+
+    context = json.loads((rambling_model / "config.json").read_text())["max_position_embeddings"]
+    tokenizer = AutoTokenizer.from_pretrained(str(rambling_model))
+    assert context > 1024 and tokenizer.model_max_length == context
