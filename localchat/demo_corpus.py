@@ -134,15 +134,17 @@ def _hanzi() -> str:
     return "".join(dict.fromkeys(COMMON_HANZI + "".join(REAL_WORDS["zh"])))
 
 
+def _random_string(rng: random.Random, script: str, shortest: int | None = None) -> str:
+    """Random lowercase Latin letters (3-8) or common CJK characters (1-3); ``shortest`` raises
+    the lower bound."""
+    alphabet, low, high = (string.ascii_lowercase, 3, 8) if script == "en" else (_hanzi(), 1, 3)
+    return "".join(rng.choices(alphabet, k=rng.randint(shortest or low, high)))
+
+
 def random_word(rng: random.Random, script: str, split: Split) -> str:
     """A code word: mostly random strings (so the model learns to copy anything), some real words."""
     while True:
-        if rng.random() < 0.25:
-            word = rng.choice(REAL_WORDS[script])
-        elif script == "en":
-            word = "".join(rng.choices(string.ascii_lowercase, k=rng.randint(3, 8)))
-        else:
-            word = "".join(rng.choices(_hanzi(), k=rng.randint(1, 3)))
+        word = rng.choice(REAL_WORDS[script]) if rng.random() < 0.25 else _random_string(rng, script)
         if is_heldout(word) == (split == "heldout"):
             return word
 
@@ -164,10 +166,7 @@ def is_ambiguous(word: str) -> bool:
 def ambiguous_code(rng: random.Random, script: str, split: Split = "heldout") -> str:
     """A random code whose word is ambiguous to copy (see ``is_ambiguous``): the stress test."""
     while True:
-        if script == "en":
-            word = "".join(rng.choices(string.ascii_lowercase, k=rng.randint(4, 8)))
-        else:
-            word = "".join(rng.choices(_hanzi(), k=rng.randint(2, 3)))
+        word = _random_string(rng, script, shortest=4 if script == "en" else 2)
         if is_ambiguous(word) and is_heldout(word) == (split == "heldout"):
             return f"{word} {rng.randint(0, NUMBER_MAX)}"
 
