@@ -12,6 +12,7 @@ import json
 import random
 import string
 import zlib
+from functools import cache
 from dataclasses import dataclass, field
 from typing import Callable, Literal
 
@@ -128,6 +129,7 @@ def is_heldout(word: str) -> bool:
     return zlib.crc32(word.encode("utf-8")) % 8 == 0
 
 
+@cache
 def _hanzi() -> str:
     """Characters for random Chinese words; those of the real words are included, so that every
     character of a held-out real word has been seen in training."""
