@@ -12,8 +12,8 @@ import json
 import random
 import string
 import zlib
-from functools import cache
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Callable, Literal
 
 Split = Literal["train", "heldout"]
