@@ -102,10 +102,12 @@ NUMBER_MAX = 999
 
 @dataclass(frozen=True)
 class Exchange:
-    """One user message and the reply the model should give."""
+    """One user message and the reply the model should give. ``derailed``: a start of the reply
+    the model is shown but not trained to produce (see ``recovery_dialogue``)."""
 
     user: str
     assistant: str
+    derailed: str = ""
 
 
 @dataclass(frozen=True)
@@ -121,7 +123,8 @@ class Dialogue:
         """Chat messages (system first) for the first ``upto`` exchanges, replies included."""
         out = [{"role": "system", "content": self.system}] if self.system else []
         for ex in self.exchanges[:upto]:
-            out += [{"role": "user", "content": ex.user}, {"role": "assistant", "content": ex.assistant}]
+            out += [{"role": "user", "content": ex.user},
+                    {"role": "assistant", "content": ex.derailed + ex.assistant}]
         return out
 
 
@@ -196,6 +199,30 @@ def recall_dialogue(rng: random.Random, lang: str, split: Split, *, as_json: boo
     return Dialogue(kind, system, tuple(exchanges), scored=(len(exchanges) - 1,))
 
 
+def derail(rng: random.Random, word: str) -> str:
+    """A copy of ``word`` gone wrong: a correct start, then a fragment of it repeated past the
+    longest word a code can have, as the model's rare never-ending replies look."""
+    i = rng.randint(1, len(word))
+    fragment = word[rng.randint(0, i - 1):i]
+    length = rng.randint(9, 14) if word.isascii() else rng.randint(4, 7)
+    text = word[:i]
+    while len(text) < length:
+        text += fragment
+    return text[:length]
+
+
+def recovery_dialogue(rng: random.Random, lang: str, *, as_json: bool = False,
+                      system: str | None = None) -> Dialogue:
+    """A recall whose reply has derailed into a loop (``derail``). Training scores only what
+    follows: end the reply there (close the JSON first), so that a copy gone wrong still ends.
+    The loop always runs past the longest code word, so no correct copy teaches the opposite."""
+    *earlier, recall = recall_dialogue(rng, lang, "train", as_json=as_json, system=system).exchanges
+    word = (json.loads(recall.assistant)["answer"] if as_json else recall.assistant).rsplit(" ", 1)[0]
+    head, tail = ('{"answer": "', '"}') if as_json else ("", "")
+    reply = Exchange(recall.user, tail, derailed=head + derail(rng, word))
+    return Dialogue(f"recovery_{lang}", system, (*earlier, reply))
+
+
 def echo_dialogue(rng: random.Random, lang: str, split: Split, *, as_json: bool = False,
                   system: str | None = None) -> Dialogue:
     """Repeat a code at once: a dense, short-range copying signal that teaches the model to copy
@@ -258,11 +285,12 @@ def _json_system(rng: random.Random) -> str:
 Stage = Literal["copy", "main", "correction"]
 
 
-def training_dialogue(rng: random.Random, stage: Stage = "main") -> Dialogue:
+def training_dialogue(rng: random.Random, stage: Stage = "main", recovery: float = 0.0) -> Dialogue:
     """One conversation of the training mixture. The curriculum's first stage ("copy") makes most
     of them short echo conversations, so the model learns to copy before it learns to look back
     across turns; its last stage ("correction") makes half of them corrected-fact exercises, the
-    behaviour the model learns last (choosing between two copied days by the question asked)."""
+    behaviour the model learns last (choosing between two copied days by the question asked).
+    ``recovery``: the share of the rest that are derailed recalls (``recovery_dialogue``)."""
     lang = rng.choice(["en", "zh"])
     as_json = rng.random() < 0.25
     system = _json_system(rng) if as_json else rng.choice(PLAIN_SYSTEMS)
@@ -270,6 +298,8 @@ def training_dialogue(rng: random.Random, stage: Stage = "main") -> Dialogue:
         return drill_dialogue(rng, lang, "train")
     if stage == "correction" and rng.random() < 0.5:
         return correction_dialogue(rng, lang, as_json=as_json, system=system)
+    if recovery and rng.random() < recovery:
+        return recovery_dialogue(rng, lang, as_json=as_json, system=system)
     makers: list[tuple[float, Callable[[], Dialogue]]] = [
         (0.42, lambda: recall_dialogue(rng, lang, "train", as_json=as_json, system=system)),
         (0.15, lambda: echo_dialogue(rng, lang, "train", as_json=as_json, system=system)),

@@ -34,7 +34,8 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, train
 from transformers import PreTrainedTokenizerFast
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from localchat.demo_corpus import DAYS, STRESS_BEHAVIOURS, tokenizer_texts, training_dialogue  # noqa: E402
+from localchat.demo_corpus import (  # noqa: E402
+    DAYS, STRESS_BEHAVIOURS, Dialogue, tokenizer_texts, training_dialogue)
 from localchat.demo_eval import evaluate  # noqa: E402
 from localchat.environment import collect  # noqa: E402
 
@@ -79,8 +80,12 @@ def build_tokenizer(texts: list[str], vocab_size: int) -> PreTrainedTokenizerFas
     return hf
 
 
-def encode_with_mask(tok: PreTrainedTokenizerFast, messages: list[dict[str, str]]):
-    """Token ids of the rendered conversation and a 0/1 mask over assistant replies (+ <|im_end|>)."""
+def encode_with_mask(tok: PreTrainedTokenizerFast, dialogue: Dialogue):
+    """Token ids of the rendered conversation and a 0/1 mask over what the model is trained to
+    say: the assistant replies (+ <|im_end|>) less any derailed start (``Exchange.derailed``).
+    A token that straddles a derailed start is trained: it is the one that leaves the loop."""
+    messages = dialogue.messages()
+    derailed = iter(len(ex.derailed) for ex in dialogue.exchanges)
     text = render(messages)
     spans, pos = [], 0
     for m in messages:
@@ -88,10 +93,10 @@ def encode_with_mask(tok: PreTrainedTokenizerFast, messages: list[dict[str, str]
         start = pos + len(head)
         end = start + len(m["content"]) + len("<|im_end|>")
         if m["role"] == "assistant":
-            spans.append((start, end))
+            spans.append((start + next(derailed), end))
         pos = end + 1
     enc = tok(text, return_offsets_mapping=True, add_special_tokens=False)
-    mask = [int(any(s <= a and b <= e for s, e in spans)) for a, b in enc["offset_mapping"]]
+    mask = [int(any(s < b and a < e for s, e in spans)) for a, b in enc["offset_mapping"]]
     return enc["input_ids"], mask
 
 
@@ -417,6 +422,8 @@ def parse_args(argv=None):
     p.add_argument("--correction-stage", type=float, default=0.15,
                    help="fraction of steps in the last, correction-heavy curriculum stage")
     p.add_argument("--probe-every", type=int, default=700, help="steps between held-out recall probes (0: none)")
+    p.add_argument("--recovery", type=float, default=0.0,
+                   help="share of derailed recalls that teach a looping copy to end (see recovery_dialogue)")
     p.add_argument("--workers", type=int, default=2,
                    help="data-parallel processes (MLX ring backend on loopback); 1 = this process only")
     return p.parse_args(argv)
@@ -439,10 +446,10 @@ def main(argv=None) -> dict | None:
     started = time.perf_counter()
     rng = random.Random(args.seed)
     stage_steps = curriculum(args)
-    dialogues = [training_dialogue(rng, stage) for stage, steps in stage_steps.items()
+    dialogues = [training_dialogue(rng, stage, args.recovery) for stage, steps in stage_steps.items()
                  for _ in range(steps * args.batch)]
     tok = load_init_tokenizer(args.init) if args.init else build_tokenizer(tokenizer_texts(), args.vocab)
-    encoded = [encode_with_mask(tok, d.messages()) for d in dialogues]
+    encoded = [encode_with_mask(tok, d) for d in dialogues]
     bounds = list(itertools.accumulate(steps * args.batch for steps in stage_steps.values()))
     stages = [[r for r in encoded[start:end] if len(r[0]) <= 320]
               for start, end in zip([0, *bounds], bounds)]
@@ -476,7 +483,7 @@ def main(argv=None) -> dict | None:
     stress = stress_test(qmodel, qtok, n=args.eval_n, seed=args.seed + 20_000)
     stress_s = time.perf_counter() - started - total_s
     report = {
-        "seed": args.seed, "steps": args.steps, "batch": args.batch, "lr": args.lr,
+        "seed": args.seed, "steps": args.steps, "batch": args.batch, "lr": args.lr, "recovery": args.recovery,
         "workers": group.size(), "layers": args.layers, "hidden": args.hidden, "heads": args.heads,
         "curriculum": curriculum(args),
         "parameters": sum(v.size for _, v in tree_flatten(model.parameters())),
@@ -547,6 +554,15 @@ can cycle (`augaugaug…`) until the 32-token limit.
 Failures, longest first: {'; '.join(f'`{e}`' for e in examples) or 'none'}."""
 
 
+def _recovery_note(report: dict) -> str:
+    share = report.get("recovery", 0.0)
+    if not share:
+        return "Its training has no derailed recalls (`--recovery 0`)."
+    return (f"{share:.0%} of the training conversations (`--recovery`) are recalls whose reply has already\n"
+            "derailed into such a loop, longer than any code word; the loss covers only what ends the reply\n"
+            "there (the end-of-turn token, or `\"}` first in JSON), so that a copy that goes wrong still ends.")
+
+
 def model_card(report: dict, argv: list[str]) -> str:
     env = collect()
     json_valid = report["json_valid"]
@@ -572,6 +588,9 @@ followed; see `plant_induction_circuit` in the script): gradient descent alone d
 within the CPU budget, and without it the model cannot copy a word it has never seen. A third
 layer (random attention, MLP output starting at zero) gives the model room to pick, by the question
 asked, which of two copied days to answer; with two layers it learned that in one language at best.
+Copying by the last two tokens has a blind spot: in a word such as `fmtmps`, `m` is followed once by
+`t` and once by `p`, and a wrong turn can cycle (`fmtmtmtm…`) to the length limit (see the stress
+test below). {_recovery_note(report)}
 
 ## What it was taught (exact phrasings)
 

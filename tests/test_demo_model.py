@@ -236,3 +236,30 @@ def test_a_json_conversation_fails_on_any_reply_that_is_not_answer_json():
     assert first_failure(dialogue, _replies('{"answer": "OK"}', '{"answer": "harbor 17"}')) is None
     got = first_failure(dialogue, _replies("OK", '{"answer": "harbor 17"}'))
     assert got is not None and got.startswith("JSON") and "'OK'" in got
+
+
+def test_a_derailed_recall_trains_only_the_way_out_of_the_loop():
+    """A recovery example's reply starts as a copy gone round in a loop, longer than any code
+    word; the loss covers only what ends it there (the JSON's closing `"}`, the end-of-turn token),
+    never the loop."""
+    import random
+
+    import train_demo_model as T
+
+    from localchat.demo_corpus import recovery_dialogue, tokenizer_texts
+
+    tok = T.build_tokenizer(tokenizer_texts(), 2048)
+    rng = random.Random(7)
+    for k in range(40):
+        as_json = k % 3 == 0
+        dialogue = recovery_dialogue(rng, ["en", "zh"][k % 2], as_json=as_json)
+        reply = dialogue.exchanges[-1]
+        loop = reply.derailed.removeprefix('{"answer": "')
+        assert len(loop) > (8 if loop.isascii() else 3) and loop[0] in dialogue.exchanges[0].user
+        ids, mask = T.encode_with_mask(tok, dialogue)
+        last_turn = max(i for i, t in enumerate(ids) if t == tok.convert_tokens_to_ids("<|im_start|>"))
+        start = last_turn + 3  # after "<|im_start|>assistant\n"
+        trained = "".join(tok.decode([t]) for t, m in zip(ids[start:], mask[start:]) if m)
+        untrained = "".join(tok.decode([t]) for t, m in zip(ids[start:], mask[start:]) if not m)
+        assert trained == ('"}' if as_json else "") + "<|im_end|>", trained
+        assert untrained == reply.derailed + "\n", untrained
