@@ -263,3 +263,46 @@ def test_a_derailed_recall_trains_only_the_way_out_of_the_loop():
         untrained = "".join(tok.decode([t]) for t, m in zip(ids[start:], mask[start:]) if not m)
         assert trained == ('"}' if as_json else "") + "<|im_end|>", trained
         assert untrained == reply.derailed + "\n", untrained
+
+
+def test_loss_on_trained_positions_has_the_gradients_of_the_plain_loss():
+    """`--fast-loss` skips the last MLP and the output layer where nothing is trained; it
+    must change nothing else: the same loss and the same gradients, up to float rounding, on
+    batches of several widths."""
+    import random
+
+    import mlx.core as mx
+    from mlx.utils import tree_map
+    from mlx_lm.models import llama
+
+    import train_demo_model as T
+
+    from localchat.demo_corpus import tokenizer_texts, training_dialogue
+
+    tok = T.build_tokenizer(tokenizer_texts(), 2048)
+    rng = random.Random(3)
+    rows = [T.encode_with_mask(tok, training_dialogue(rng, "main", recovery=0.2)) for _ in range(24)]
+    config = T.model_config(T.parse_args(["--out", "unused"]), len(tok), tok.convert_tokens_to_ids("<|im_end|>"))
+    mx.random.seed(0)
+    model = llama.Model(llama.ModelArgs.from_dict(config))
+    T.plant_induction_circuit(model, config)
+    # as after some training: no two norms alike, no weight exactly zero
+    model.update(tree_map(lambda p: p + 0.05 * mx.random.normal(p.shape), model.parameters()))
+    for batch in T.make_batches(rows, 8, tok.pad_token_id, rng):
+        _assert_same_loss_and_gradients(model, batch)
+
+
+def _assert_same_loss_and_gradients(model, batch):
+    import mlx.core as mx
+    import mlx.nn as nn
+    from mlx.utils import tree_flatten
+
+    import train_demo_model as T
+
+    assert 0 < batch.mask.sum().item() < batch.mask.size / 2  # most positions train nothing
+    plain, plain_grads = nn.value_and_grad(model, T.plain_loss)(model, batch.inputs, batch.targets, batch.mask)
+    fast, fast_grads = nn.value_and_grad(model, T.loss_on_trained_positions)(
+        model, batch.inputs, batch.targets, batch.trained, batch.trained_weights)
+    assert abs(plain.item() - fast.item()) < 1e-5
+    for (name, a), (_, b) in zip(tree_flatten(plain_grads), tree_flatten(fast_grads)):
+        assert mx.abs(a - b).max().item() <= 1e-5 * mx.abs(a).max().item(), name
