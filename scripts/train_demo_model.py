@@ -156,10 +156,11 @@ def loss_on_trained_positions(model: nn.Module, inputs: mx.array, targets: mx.ar
     Most positions are prompts and train nothing, yet a plain ``model(x)`` pays for their last
     MLP and their output logits (vocabulary-wide), about a third of the step. Here the last
     layer's attention runs over every position (later positions attend to them), its MLP and the
-    output layer only over trained ones; the norms still see every position, so that their
-    gradients are summed over the same layout. The gradients equal the plain loss's up to float
-    rounding (tests/test_demo_model.py), not to the bit, and training amplifies rounding: the
-    same seed then trains a different model, as good or bad as another seed's."""
+    output layer only over trained ones. The norms still see every position (the trained rows
+    scattered back), so their weight gradients are summed over the same layout as the plain
+    loss's. Even so the gradients equal the plain loss's only up to float rounding
+    (tests/test_demo_model.py), not to the bit, and training amplifies rounding: the same seed
+    then trains a different model, as good or bad as another seed's."""
     inner, last = model.model, model.model.layers[-1]
     h = inner.embed_tokens(inputs)
     for layer in inner.layers[:-1]:
@@ -479,7 +480,7 @@ def parse_args(argv=None):
     p.add_argument("--recovery", type=float, default=0.0,
                    help="share of derailed recalls that teach a looping copy to end (see recovery_dialogue)")
     p.add_argument("--fast-loss", action="store_true",
-                   help="last MLP and output layer only where trained: ~1.3x faster, but not the same model "
+                   help="last MLP and output layer only where trained: 1.2-1.6x faster per step, but not the same model "
                         "bit for bit as without it (see loss_on_trained_positions)")
     p.add_argument("--workers", type=int, default=2,
                    help="data-parallel processes (MLX ring backend on loopback); 1 = this process only")
