@@ -477,8 +477,9 @@ def parse_args(argv=None):
     p.add_argument("--correction-stage", type=float, default=0.15,
                    help="fraction of steps in the last, correction-heavy curriculum stage")
     p.add_argument("--probe-every", type=int, default=700, help="steps between held-out recall probes (0: none)")
-    p.add_argument("--recovery", type=float, default=0.0,
-                   help="share of derailed recalls that teach a looping copy to end (see recovery_dialogue)")
+    p.add_argument("--recovery", type=float, default=0.04,
+                   help="share of derailed recalls that teach a looping copy to end (see recovery_dialogue); "
+                        "0 trains the previous model's recipe")
     p.add_argument("--fast-loss", action="store_true",
                    help="last MLP and output layer only where trained: 1.2-1.6x faster per step, but not the same model "
                         "bit for bit as without it (see loss_on_trained_positions)")
