@@ -123,7 +123,7 @@ def make_batches(rows, batch_size: int, pad_id: int, rng: random.Random, rank: i
     rng.shuffle(chunks)
     for chunk in chunks:
         chunk = chunk[rank::size]
-        width = 16 * math.ceil(max(len(rows[j][0]) for j in chunk) / 16)
+        width = _padded_size(max(len(rows[j][0]) for j in chunk))
         x = np.full((len(chunk), width + 1), pad_id, dtype=np.int32)
         m = np.zeros((len(chunk), width + 1), dtype=np.float32)
         for r, j in enumerate(chunk):
@@ -133,10 +133,15 @@ def make_batches(rows, batch_size: int, pad_id: int, rng: random.Random, rank: i
         yield _batch(x, m, pad_id)
 
 
+def _padded_size(n: int) -> int:
+    """``n`` rounded up to a multiple of 16, so that mx.compile sees few shapes."""
+    return 16 * math.ceil(n / 16)
+
+
 def _batch(x: np.ndarray, m: np.ndarray, pad_id: int) -> Batch:
     inputs, mask = x[:, :-1], m[:, 1:]
     trained = np.flatnonzero(mask)
-    size = 16 * math.ceil(len(trained) / 16)  # few shapes for mx.compile
+    size = _padded_size(len(trained))
     positions, weights = np.zeros(size, dtype=np.int32), np.zeros(size, dtype=np.float32)
     positions[:len(trained)], weights[:len(trained)] = trained, mask.reshape(-1)[trained]
     return Batch(mx.array(inputs), mx.array(x[:, 1:]), mx.array(mask), mx.array(positions), mx.array(weights),
