@@ -19,7 +19,8 @@ from localchat.yamlfile import read_yaml
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 BUNDLED_PREFIX = "bundled:"
-DEFAULT_MODEL = "demo"
+DEMO_MODEL = "demo"  # the bundled toy: the one model smoke and bench judge on its answers
+DEFAULT_MODEL = DEMO_MODEL
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 ENTRY_FIELDS = {"id", "aliases", "source", "description", "defaults", "chat_template_kwargs"}
 DEFAULT_FIELDS = {"system": (str, type(None)), "temperature": (int, float), "max_tokens": (int,)}
@@ -53,11 +54,10 @@ class ModelRef:
 
 
 def models_file() -> Path:
-    """``LOCALCHAT_MODELS`` if set; else the checkout's ``models.yaml``; else the packaged copy."""
+    """``LOCALCHAT_MODELS`` if set; else the ``models.yaml`` shipped in the package."""
     if env := os.environ.get("LOCALCHAT_MODELS"):
         return Path(env)
-    checkout = PACKAGE_DIR.parent / "models.yaml"
-    return checkout if checkout.exists() else PACKAGE_DIR / "models.yaml"
+    return PACKAGE_DIR / "models.yaml"
 
 
 def _fail(path: Path, where: str, message: str) -> LocalchatError:
@@ -94,7 +94,8 @@ def _parse_entry(raw: Any, index: int, path: Path) -> ModelEntry:
     description = raw.get("description", "")
     if not isinstance(description, str):
         raise _fail(path, where, "field 'description' must be a string")
-    return ModelEntry(raw["id"], raw["source"], description, tuple(aliases), defaults, kwargs)
+    return ModelEntry(id=raw["id"], source=raw["source"], description=description, aliases=tuple(aliases),
+                      defaults=defaults, chat_template_kwargs=kwargs)
 
 
 def load_registry(path: Path | None = None) -> list[ModelEntry]:

@@ -20,13 +20,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from random_model import build_random_model
-
+from demo.random_model import build_random_model
 from localchat.backends import GenerationParams
 from localchat.backends.inproc import InProcessBackend
 from localchat.environment import collect
-from localchat.history import Conversation
-from localchat.session import ChatSession
+from localchat.conversation.history import Conversation
+from localchat.conversation.turn import ChatSession
 
 CACHE = Path(tempfile.gettempdir()) / "localchat-bench-models"
 SIZES = {  # ~57M parameters: big enough that the model, not Python, dominates

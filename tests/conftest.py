@@ -1,12 +1,12 @@
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
+from localchat.demo import MODEL_DIR
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-DEMO_DIR = ROOT / "localchat" / "demo_model"
+DEMO_DIR = MODEL_DIR
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["COLUMNS"] = "200"  # stable Rich output
@@ -32,7 +32,7 @@ def demo_backend(demo):
 @pytest.fixture(scope="session")
 def rambling_model(tmp_path_factory):
     """A tiny random-weight model that never ends its reply (for Ctrl+C and length tests)."""
-    from random_model import build_random_model
+    from demo.random_model import build_random_model
 
     return build_random_model(tmp_path_factory.mktemp("models") / "rambling", hidden=64, layers=1,
                               intermediate=128, heads=2)

@@ -6,11 +6,11 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from conftest import ROOT
-from localchat.cli import app
+from localchat.bench.script import SCRIPTS_DIR
+from localchat.cli.app import app
 
 runner = CliRunner()
-SCRIPTS = ROOT / "scripts" / "bench"
+SCRIPTS = SCRIPTS_DIR
 RECALL = ["--script", str(SCRIPTS / "recall-en.yaml"), "--script", str(SCRIPTS / "recall-zh.yaml")]
 REFUSALS = {"I don't know.", "不知道。"}
 
@@ -75,7 +75,7 @@ def test_kv_reuse_caches_from_turn_two_and_no_reuse_caches_nothing(inproc_run):
 def test_files_parse_and_agree(inproc_run):
     data, out = inproc_run
     saved = json.loads((out / "results.json").read_text())
-    assert saved["turns"] == data["turns"] and saved["schema"] == "localchat.bench/1"
+    assert saved["turns"] == data["turns"] and saved["schema"] == "localchat.bench.runner/1"
     rows = list(csv.DictReader((out / "turns.csv").open()))
     assert len(rows) == len(data["turns"])
     assert [r["answer"] for r in rows] == [t["answer"] for t in data["turns"]]
@@ -139,7 +139,7 @@ def test_repeat_zero_is_a_usage_error():
 
 
 def test_unreachable_server_is_one_line():
-    from localchat.server import free_port
+    from localchat.server.launch import free_port
 
     result = runner.invoke(app, ["bench", "--backend", "server", "--base-url",
                                  f"http://127.0.0.1:{free_port()}/v1", *RECALL])
@@ -170,3 +170,15 @@ def test_benchmark_models_tell_their_tokenizer_their_context_length(rambling_mod
     context = json.loads((rambling_model / "config.json").read_text())["max_position_embeddings"]
     tokenizer = AutoTokenizer.from_pretrained(str(rambling_model))
     assert context > 1024 and tokenizer.model_max_length == context
+
+
+@pytest.mark.parametrize("columns", ["80", "200"])
+def test_the_table_never_cuts_an_arm_or_a_figure(monkeypatch, columns):
+    monkeypatch.setenv("COLUMNS", columns)
+    result = runner.invoke(app, ["bench", "--script", str(SCRIPTS / "recall-en.yaml"), "--no-cache-reuse"])
+    assert result.exit_code == 0, result.stderr
+    table = result.stdout.split("inproc: history on vs off")[0]
+    assert "…" not in table
+    for arm in ("inproc history-on", "inproc history-on no-reuse", "inproc history-off"):
+        assert any(line.strip().startswith(arm) for line in table.splitlines()), arm
+    assert ("\n  accuracy " in table) == (columns == "80")  # one block an arm when the table does not fit

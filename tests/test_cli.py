@@ -3,7 +3,7 @@
 import pytest
 from typer.testing import CliRunner
 
-from localchat.cli import app
+from localchat.cli.app import app
 
 runner = CliRunner()
 
@@ -92,10 +92,24 @@ def test_malformed_models_yaml_names_entry_and_field(tmp_path, monkeypatch, yaml
 def test_models_lists_the_bundled_demo_as_present():
     result = runner.invoke(app, ["models"])
     assert result.exit_code == 0, result.stderr
-    demo_row = next(line for line in result.stdout.splitlines() if line.startswith("│ demo"))
-    assert "yes" in demo_row and "4" in demo_row
-    qwen_row = next(line for line in result.stdout.splitlines() if "qwen3-4b " in line)
-    assert "│ no " in qwen_row
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("demo (default, tiny) · present · ") and lines[0].endswith("4-bit")
+    assert "qwen3-4b · not on this machine" in lines
+
+
+@pytest.mark.parametrize("command", [["models"], ["doctor", "--base-url", "http://127.0.0.1:9/v1"]])
+def test_model_ids_and_sources_are_whole_at_80_columns(monkeypatch, command):
+    """What a user types (ids, aliases, sources) is never cut or wrapped inside the text."""
+    from localchat.registry import load_registry
+
+    monkeypatch.setenv("COLUMNS", "80")
+    result = runner.invoke(app, command)
+    assert result.exit_code == 0, result.stderr
+    lines = result.stdout.splitlines()
+    for entry in load_registry():
+        assert any(line.startswith(entry.id + " ") for line in lines), entry.id
+        assert f"  {entry.source}" in lines
+    assert "…" not in result.stdout
 
 
 def test_doctor_is_honest_about_the_cpu():

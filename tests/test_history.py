@@ -2,8 +2,8 @@
 
 import pytest
 
+from localchat.conversation.history import Conversation, build_messages, validate_input
 from localchat.errors import UsageError
-from localchat.history import Conversation, build_messages, validate_input
 
 
 def test_history_sits_between_system_and_question():

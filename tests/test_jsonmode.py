@@ -7,10 +7,15 @@ import pytest
 from typer.testing import CliRunner
 
 from localchat.backends import GenerationParams
-from localchat.cli import app
-from localchat.history import Conversation
-from localchat.jsonmode import AnswerSchema, default_schema, load_schema, with_instruction
-from localchat.session import ChatSession
+from localchat.cli.app import app
+from localchat.conversation.history import Conversation
+from localchat.conversation.jsonmode import (
+    AnswerSchema,
+    default_schema,
+    load_schema,
+    with_instruction,
+)
+from localchat.conversation.turn import ChatSession
 
 runner = CliRunner()
 REMEMBER = "Remember the code harbor 17. Reply only OK."

@@ -8,12 +8,12 @@ import stat
 import pytest
 from typer.testing import CliRunner
 
-from localchat import records
 from localchat.backends import GenerationParams
-from localchat.cli import app
-from localchat.history import Conversation
-from localchat.records import RecordError, TurnRecorder
-from localchat.session import ChatSession
+from localchat.cli.app import app
+from localchat.conversation import records
+from localchat.conversation.history import Conversation
+from localchat.conversation.records import RecordError, TurnRecorder
+from localchat.conversation.turn import ChatSession
 
 runner = CliRunner()
 REMEMBER = "Remember the code harbor 17. Reply only OK."
@@ -142,8 +142,8 @@ def test_cli_record_failure_is_one_line_and_exit_1(tmp_path):
 
 
 def test_preview_and_local_commands_write_nothing(demo_backend, tmp_path):
-    from localchat.render import ChatUI
-    from localchat.repl import Repl
+    from localchat.cli.render import ChatUI
+    from localchat.cli.repl import Repl
 
     directory = tmp_path / "records"
     chat = recorded_session(demo_backend, directory)

@@ -56,7 +56,8 @@ def test_multiline_input_between_triple_quotes():
     child.expect_exact(PROMPT)
     child.sendline("/history")
     child.expect(r"history: (\d) messages")
-    assert child.match.group(1) in ("0", "2")
+    assert child.match.group(1) == "2"  # the two lines went as one message, and the greedy reply "OK" was kept
+    child.expect_exact("user: Remember the code harbor 17.\r\nReply only OK.")
     quit(child)
 
 

@@ -13,10 +13,10 @@ from rich.console import Console
 
 from localchat.backends import GenerationParams
 from localchat.backends.openai_http import ServerBackend
-from localchat.history import Conversation
-from localchat.render import ChatUI
-from localchat.repl import Repl
-from localchat.session import ChatSession
+from localchat.cli.render import ChatUI
+from localchat.cli.repl import Repl
+from localchat.conversation.history import Conversation
+from localchat.conversation.turn import ChatSession, TurnStatus
 
 BASE = "http://127.0.0.1:1/v1/"
 
@@ -98,8 +98,7 @@ def test_api_key_is_sent_as_bearer_and_never_in_the_body():
 
     from localchat.backends.openai_http import make_client
 
-    client = make_client("http://127.0.0.1:1/v1", api_key="sk-secret")
-    client._transport = httpx.MockTransport(handler)
+    client = make_client("http://127.0.0.1:1/v1", api_key="sk-secret", transport=httpx.MockTransport(handler))
     ChatSession(ServerBackend(client, "m"), Conversation(), GenerationParams()).ask("q")
     assert seen["auth"] == "Bearer sk-secret" and "sk-secret" not in seen["body"]
 
@@ -124,7 +123,7 @@ def test_http_errors_show_their_body(status, body, needle):
     content = json.dumps(body).encode() if isinstance(body, dict) else body.encode()
     chat = chat_with(backend_for(lambda r: httpx.Response(status, content=content)))
     result = chat.ask("q")
-    assert result.stats.finish_reason == "error" and needle in result.error
+    assert result.status is TurnStatus.ERROR and needle in result.error
     assert len(chat.conversation.turns) == 1
 
 
@@ -196,7 +195,7 @@ def test_stream_cut_in_the_middle_keeps_partial_text_but_commits_nothing():
     chat = chat_with(server.backend())
     result = chat.ask("q")
     server.close()
-    assert result.text == "partial " and result.stats.finish_reason == "error"
+    assert result.text == "partial " and result.status is TurnStatus.ERROR
     assert not result.committed and len(chat.conversation.turns) == 1
 
 

@@ -12,11 +12,11 @@ from typer.testing import CliRunner
 
 from localchat.backends import GenerationParams
 from localchat.backends.openai_http import ServerBackend, make_client
-from localchat.cli import app
-from localchat.history import Conversation
+from localchat.cli.app import app
+from localchat.conversation.history import Conversation
+from localchat.conversation.turn import ChatSession
 from localchat.registry import resolve
-from localchat.server import free_port, launch, wait_ready
-from localchat.session import ChatSession
+from localchat.server.launch import free_port, launch, wait_ready
 
 runner = CliRunner()
 REMEMBER = "Remember the code harbor 17. Reply only OK."
@@ -158,8 +158,11 @@ def serve_process():
     procs = []
 
     def start() -> tuple[subprocess.Popen, int]:
-        proc = subprocess.Popen([sys.executable, "-m", "localchat", "serve", "--port", str(free_port())],
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        port = free_port()
+        proc = subprocess.Popen([sys.executable, "-m", "localchat", "serve", "--port", str(port)],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env=os.environ | {"COLUMNS": "80"})
+        proc.port = port
         procs.append(proc)
         for line in proc.stdout:
             if "ready" in line:
@@ -188,8 +191,12 @@ def test_serve_stops_its_child_on_sigterm_and_ctrl_c(serve_process, sig):
     proc, child = serve_process()
     proc.send_signal(sig)
     assert proc.wait(30) == 0
-    assert "server stopped" in proc.stdout.read()
+    output = proc.stdout.read()
+    assert "server stopped" in output
     assert wait_gone(child)
+    # at 80 columns the command to copy is still one whole line
+    hint = f"  localchat chat --backend server --base-url http://127.0.0.1:{proc.port}/v1 -m demo"
+    assert hint in output.splitlines()
 
 
 def test_the_child_dies_even_if_serve_is_killed(serve_process):

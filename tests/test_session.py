@@ -8,11 +8,11 @@ from rich.console import Console
 
 from localchat.backends import GenerationParams, TextChunk
 from localchat.backends.inproc import InProcessBackend
+from localchat.cli.render import ChatUI
+from localchat.cli.repl import Repl
+from localchat.conversation.history import Conversation
+from localchat.conversation.turn import ChatSession, TrimPolicy, TurnStatus
 from localchat.errors import LocalchatError
-from localchat.history import Conversation
-from localchat.render import ChatUI
-from localchat.repl import Repl
-from localchat.session import ChatSession, TrimPolicy
 
 SYSTEM = "You are a helpful assistant."
 REMEMBER = "Remember the code harbor 17. Reply only OK."
@@ -51,7 +51,7 @@ def test_no_history_keeps_turns_independent(demo_backend):
 def test_reply_cut_by_max_tokens_is_not_committed(demo_backend):
     chat = session(demo_backend, max_tokens=1)
     result = chat.ask(RECALL)
-    assert result.stats.finish_reason == "length"
+    assert result.stats.finish_reason == "length" and result.status is TurnStatus.CUT
     assert not result.committed and chat.conversation.turns == []
 
 
@@ -80,7 +80,7 @@ def test_failed_turn_is_not_committed(demo_backend):
     chat.ask(REMEMBER)
     chat.backend = FailingAfterFirstChunk(demo_backend, LocalchatError("connection lost"))
     result = chat.ask(RECALL)
-    assert result.stats.finish_reason == "error" and result.error == "connection lost"
+    assert result.status is TurnStatus.ERROR and result.error == "connection lost"
     assert result.text and not result.committed
     assert [t.user for t in chat.conversation.turns] == [REMEMBER]
 
@@ -89,7 +89,7 @@ def test_interrupted_turn_is_not_committed_and_the_cache_stays_sound(demo_backen
     chat = session(demo_backend)
     chat.ask(REMEMBER)
     chat.backend = FailingAfterFirstChunk(demo_backend, KeyboardInterrupt())
-    assert chat.ask(RECALL).stats.finish_reason == "interrupted"
+    assert chat.ask(RECALL).status is TurnStatus.INTERRUPTED
     assert len(chat.conversation.turns) == 1
     chat.backend = demo_backend
     again = chat.ask(RECALL)

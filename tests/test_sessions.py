@@ -8,10 +8,11 @@ import sqlite3
 import pytest
 from typer.testing import CliRunner
 
-from localchat import sessions
-from localchat.cli import app
-from localchat.history import Turn
-from localchat.sessions import SavedSession, SessionStore, StoreError
+from localchat.cli.app import app
+from localchat.conversation.history import Turn
+from localchat.conversation.stats import TurnStats
+from localchat.store import sessions
+from localchat.store.sessions import SavedSession, SessionStore, StoreError
 
 runner = CliRunner()
 REMEMBER = "Remember the code harbor 17. Reply only OK."
@@ -29,7 +30,7 @@ def repl(*lines: str, args: tuple[str, ...] = ()):
 
 def saved(name="s", uid="u1", turns=(("hi", "Hi there!"),)) -> SavedSession:
     return SavedSession(name, uid, "demo", "inproc", "You are a helpful assistant.", {"temperature": 0.0},
-                        tuple(Turn(u, a, {"prompt_tokens": 3}) for u, a in turns))
+                        tuple(Turn(u, a, TurnStats(prompt_tokens=3)) for u, a in turns))
 
 
 def test_save_quit_resume_continues_with_history(home):

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Protocol, Union
+from typing import Any, Protocol, Union
 
-from localchat.history import Message
+Message = dict[str, str]
+DEFAULT_BASE_URL = "http://127.0.0.1:8080/v1"  # mlx_lm.server's default port, on loopback
 
 
 @dataclass(frozen=True)
@@ -54,3 +55,9 @@ class Backend(Protocol):
     def count_tokens(self, messages: list[Message]) -> int | None: ...
 
     def close(self) -> None: ...
+
+
+def chat_template_ids(tokenizer: Any, messages: list[Message], chat_template_kwargs: dict[str, Any]) -> list[int]:
+    """Token ids of the model's own chat template with the assistant turn opened: what the model
+    is fed, counted the same way by every backend."""
+    return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, **chat_template_kwargs))

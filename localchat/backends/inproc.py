@@ -12,9 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from localchat.backends import Event, Finished, GenerationParams, TextChunk
+from localchat.backends import Event, Finished, GenerationParams, Message, TextChunk, chat_template_ids
 from localchat.errors import LocalchatError
-from localchat.history import Message
 from localchat.registry import ModelRef
 
 
@@ -40,7 +39,11 @@ class PromptCache:
 
         Returns (cached tokens reused, cached tokens that no longer matched and were dropped).
         """
-        from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
+        from mlx_lm.models.cache import (
+            can_trim_prompt_cache,
+            make_prompt_cache,
+            trim_prompt_cache,
+        )
 
         keep = min(common_prefix_length(self.ids, prompt_ids), len(prompt_ids) - 1)
         missed = len(self.ids) - keep
@@ -78,9 +81,7 @@ class InProcessBackend:
 
     def encode(self, messages: list[Message]) -> list[int]:
         """Token ids of the model's own chat template, with the assistant turn opened."""
-        ids = self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, **self.chat_template_kwargs)
-        return list(ids)
+        return chat_template_ids(self.tokenizer, messages, self.chat_template_kwargs)
 
     def _encode_or_explain(self, messages: list[Message]) -> list[int]:
         from jinja2 import TemplateError

@@ -14,13 +14,11 @@ from typing import Any
 
 import httpx
 
-from localchat.backends import Event, Finished, GenerationParams, TextChunk
+from localchat.backends import Event, Finished, GenerationParams, Message, TextChunk, chat_template_ids
 from localchat.backends.sse import StreamError, error_message, iter_chunks
 from localchat.errors import LocalchatError
-from localchat.history import Message
 from localchat.registry import ModelRef
 
-DEFAULT_BASE_URL = "http://127.0.0.1:8080/v1"
 DEFAULT_TIMEOUT = httpx.Timeout(connect=5.0, read=300.0, write=30.0, pool=5.0)
 SERVER_DEFAULT_MODEL = "default_model"  # mlx_lm.server's name for the model it was started with
 
@@ -29,11 +27,13 @@ class ServerError(LocalchatError):
     pass
 
 
-def make_client(base_url: str, api_key: str | None = None,
-                timeout: httpx.Timeout = DEFAULT_TIMEOUT) -> httpx.Client:
-    """One pooled client for the whole session (connections are reused across turns)."""
+def make_client(base_url: str, api_key: str | None = None, timeout: httpx.Timeout = DEFAULT_TIMEOUT,
+                transport: httpx.BaseTransport | None = None) -> httpx.Client:
+    """One pooled client for the whole session (connections are reused across turns);
+    ``transport`` is for tests (``httpx.MockTransport``)."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    return httpx.Client(base_url=base_url.rstrip("/") + "/", headers=headers, timeout=timeout)
+    return httpx.Client(base_url=base_url.rstrip("/") + "/", headers=headers, timeout=timeout,
+                        transport=transport)
 
 
 def backend_for(base_url: str, ref: ModelRef | None, *, name: str | None = None, api_key: str | None = None,
@@ -107,8 +107,7 @@ class ServerBackend:
     def count_tokens(self, messages: list[Message]) -> int | None:
         if self.tokenizer is None:
             return None
-        return len(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
-                                                      **self.chat_template_kwargs))
+        return len(chat_template_ids(self.tokenizer, messages, self.chat_template_kwargs))
 
     def stream(self, messages: list[Message], params: GenerationParams) -> Iterator[Event]:
         url = f"{self.url}/chat/completions"

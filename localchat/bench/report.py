@@ -1,0 +1,135 @@
+"""A bench result rendered: the summary rows and lines, Markdown, CSV, JSON and the plot.
+
+``--out DIR`` writes ``results.json`` (schema ``localchat.bench/1``: environment, settings, summary
+and every turn), ``turns.csv`` (one row per turn, the same fields as ``turns`` in the JSON) and
+``summary.md`` (the tables and the command that re-runs the run); ``--plot`` adds a PNG.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from dataclasses import asdict, fields
+from pathlib import Path
+from typing import Any
+
+from localchat.bench.runner import BenchResult, TurnRecord
+
+
+def _f(value: Any, spec: str = ".3f", scale: float = 1.0) -> str:
+    return "–" if value is None else format(value * scale, spec)
+
+
+def summary_rows(result: BenchResult) -> list[list[str]]:
+    rows = []
+    for arm, s in result.summary()["arms"].items():
+        acc = f"{_f(s['accuracy'], '.0%')} ({s['correct']}/{s['scored']})"
+        rows.append([arm, acc, _f(s["ttft_median_s"], ".1f", 1e3), _f(s["ttft_p90_s"], ".1f", 1e3),
+                     _f(s["decode_tps_median"], ".1f"), _f(s["decode_tps_p90"], ".1f"),
+                     str(s["prompt_tokens_total"]), str(s["cached_tokens_total"]), str(s["cache_misses"])])
+    return rows
+
+
+SUMMARY_HEADERS = ["arm", "accuracy", "TTFT med ms", "TTFT p90 ms", "tok/s med", "tok/s p90",
+                   "prompt tokens", "cached", "cache misses"]
+
+
+def comparison_lines(result: BenchResult) -> list[str]:
+    summary = result.summary()
+    lines = []
+    for backend, c in summary["history_on_vs_off"].items():
+        lines.append(f"{backend}: history on vs off: accuracy {_f(c['accuracy_difference'], '+.0%')}, "
+                     f"prompt tokens ×{_f(c['prompt_token_ratio'], '.2f')}, TTFT ×{_f(c['ttft_ratio'], '.2f')}")
+    for arm, g in summary["growth"].items():
+        if g and "history-on" in arm:
+            lines.append(f"{arm}: prompt tokens at turn n ≈ {g['S']:.1f} + {g['T']:.1f}·n (R² {g['r2']:.3f}, "
+                         f"±{g['mean_abs_error_tokens']:.1f} a turn); longest conversation ({g['longest_turns']} "
+                         f"turns): {g['measured_total']} input tokens measured vs {g['model_total']:.0f} "
+                         "by N·S + T·N(N+1)/2")
+        elif g:
+            lines.append(f"{arm}: prompt tokens per turn slope {g['T']:+.1f} (flat without history)")
+    for backend, k in summary["kv_reuse"].items():
+        lines.append(f"{backend}: KV reuse prefilled {_f(k['prefilled_ratio'], '.0%')} of the tokens "
+                     f"no-reuse did ({k['prefilled_tokens_saved']} saved), TTFT ×{_f(k['ttft_ratio'], '.2f')}")
+    return lines
+
+
+def environment_line(result: BenchResult) -> str:
+    e = result.environment
+    return (f"{e['model']} ({e['quantization_bits'] or '?'}-bit) on {e['hardware']}, mlx {e['mlx_version']} "
+            f"({e['mlx_device']}), mlx-lm {e['mlx_lm_version']}, localchat {e['localchat_version']}"
+            f"{' @ ' + e['git_commit'] if e['git_commit'] else ''}; temperature {e['temperature']}, "
+            f"seed {e['seed']}, max tokens {e['max_tokens']}, {e['date']}")
+
+
+def to_markdown(result: BenchResult) -> str:
+    head = "| " + " | ".join(SUMMARY_HEADERS) + " |\n|" + "---|" * len(SUMMARY_HEADERS) + "\n"
+    body = "".join("| " + " | ".join(row) + " |\n" for row in summary_rows(result))
+    per_script = ["", "| arm | script | accuracy |", "|---|---|---|"]
+    for arm, s in result.summary()["arms"].items():
+        for script, a in s["per_script_accuracy"].items():
+            per_script.append(f"| {arm} | {script} | {_f(a['accuracy'], '.0%')} ({a['correct']}/{a['scored']}) |")
+    return "\n".join([
+        "# localchat bench", "", f"Measured on: {environment_line(result)}", "", head + body,
+        *[f"- {line}" for line in comparison_lines(result)], *per_script, "",
+        "Re-run with:", "", f"    {result.environment['command']}", "",
+    ])
+
+
+def to_csv(result: BenchResult) -> str:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=[f.name for f in fields(TurnRecord)])
+    writer.writeheader()
+    for record in result.turns:
+        writer.writerow(asdict(record))
+    return buffer.getvalue()
+
+
+def to_json(result: BenchResult) -> str:
+    return json.dumps(result.as_dict(), indent=2, ensure_ascii=False)
+
+
+def per_turn_medians(records: list[TurnRecord], key: str) -> dict[int, float]:
+    import statistics
+
+    by_turn: dict[int, list[float]] = {}
+    for r in records:
+        value = getattr(r, key)
+        if value is not None:
+            by_turn.setdefault(r.turn, []).append(value)
+    return {n: statistics.median(v) for n, v in sorted(by_turn.items())}
+
+
+def write_plot(result: BenchResult, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_ttft, ax_tokens) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for arm in result.arms:
+        records = result.records(arm)
+        ttft = per_turn_medians(records, "ttft_s")
+        tokens = per_turn_medians(records, "prompt_tokens")
+        ax_ttft.plot(list(ttft), [v * 1e3 for v in ttft.values()], marker="o", label=arm)
+        ax_tokens.plot(list(tokens), list(tokens.values()), marker="o", label=arm)
+    ax_ttft.set(title="TTFT per turn (median)", xlabel="turn", ylabel="ms")
+    ax_tokens.set(title="prompt tokens per turn (median)", xlabel="turn", ylabel="tokens")
+    for ax in (ax_ttft, ax_tokens):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"localchat bench · {environment_line(result)[:150]}", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_outputs(result: BenchResult, out: Path) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, text in (("results.json", to_json(result)), ("turns.csv", to_csv(result)),
+                       ("summary.md", to_markdown(result))):
+        (out / name).write_text(text, encoding="utf-8")
+        written.append(out / name)
+    return written

@@ -1,0 +1,214 @@
+"""``localchat bench`` around the core: open the arms' backends, show progress, render and write.
+
+``--out DIR`` writes ``results.json`` (schema ``localchat.bench.runner/1``: environment, settings, summary
+and every turn), ``turns.csv`` (one row per turn, the same fields as ``turns`` in the JSON) and
+``summary.md`` (the tables and the command that re-runs the run); ``--plot`` adds a PNG.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import shlex
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from localchat.backends import GenerationParams
+from localchat.bench.runner import Arm, BenchPlan, BenchResult, TurnRecord, run_arm
+from localchat.bench.script import (
+    BenchScript,
+    builtin_scripts,
+    load_script,
+    script_from_session,
+)
+from localchat.environment import collect
+from localchat.errors import LocalchatError, UsageError
+from localchat.registry import (
+    DEFAULT_MODEL,
+    ModelRef,
+    local_dir,
+    quantization_bits,
+    resolve,
+)
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    model: str | None = None
+    backend: str = "inproc"  # inproc | server | both
+    history: str = "both"  # on | off | both
+    scripts: tuple[Path, ...] = ()
+    repeat: int = 1
+    warmup: int = 0
+    temperature: float = 0.0
+    seed: int = 0
+    max_tokens: int = 64
+    no_cache_reuse: bool = False
+    base_url: str | None = None
+    out: Path | None = None
+    format: str = "table"
+    plot: Path | None = None
+    replay: tuple[str, ...] = ()  # saved session names
+
+
+def arms_for(opts: BenchOptions) -> list[Arm]:
+    backends = ["inproc", "server"] if opts.backend == "both" else [opts.backend]
+    histories = [True, False] if opts.history == "both" else [opts.history == "on"]
+    arms = [Arm(b, h) for b in backends for h in histories]
+    if opts.no_cache_reuse and "inproc" in backends and True in histories:
+        arms.insert(1, Arm("inproc", True, cache_reuse=False))
+    return arms
+
+
+def check_plot_available(plot: Path | None) -> None:
+    if plot is None:
+        return
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise UsageError("--plot needs matplotlib: run with `uv run --extra plot localchat bench …`") from None
+
+
+def environment_block(ref: ModelRef, tokenizer: Any, opts: BenchOptions) -> dict:
+    env = collect()
+    template = getattr(tokenizer, "chat_template", None) or ""
+    path = None if ref.kind == "hub" else Path(ref.location)
+    return env.as_dict() | {
+        "hardware": env.hardware_label,
+        "model": ref.id, "model_source": ref.location,
+        "quantization_bits": quantization_bits(path) if path else None,
+        "chat_template_sha256": hashlib.sha256(template.encode()).hexdigest()[:16] if template else None,
+        "temperature": opts.temperature, "seed": opts.seed, "max_tokens": opts.max_tokens,
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": rerun_command(opts),
+    }
+
+
+def rerun_command(opts: BenchOptions) -> str:
+    """The command line that repeats this run (same scripts, seed, temperature, arms)."""
+    args = ["localchat", "bench", "--model", ref_name(opts), "--backend", opts.backend,
+            "--history", opts.history, "--repeat", str(opts.repeat), "--warmup", str(opts.warmup),
+            "--temperature", str(opts.temperature), "--seed", str(opts.seed),
+            "--max-tokens", str(opts.max_tokens)]
+    for script in opts.scripts:
+        args += ["--script", str(script)]
+    for name in opts.replay:
+        args += ["--replay", name]
+    if opts.no_cache_reuse:
+        args.append("--no-cache-reuse")
+    if opts.base_url:
+        args += ["--base-url", opts.base_url]
+    return shlex.join(args)
+
+
+def ref_name(opts: BenchOptions) -> str:
+    return opts.model or DEFAULT_MODEL
+
+
+class ArmBackends:
+    """Opens each arm's backend once (one loaded model, one server) and closes them all."""
+
+    def __init__(self, ref: ModelRef, opts: BenchOptions, on_status: Callable[[str], None]):
+        self.ref, self.opts, self.on_status = ref, opts, on_status
+        self.model = self.tokenizer = self.server = None
+        self.opened: dict[tuple[str, bool], Any] = {}
+
+    def for_arm(self, arm: Arm):
+        key = (arm.backend, arm.cache_reuse)
+        if key not in self.opened:
+            self.opened[key] = self._inproc(arm.cache_reuse) if arm.backend == "inproc" else self._server()
+        return self.opened[key]
+
+    def _inproc(self, cache_reuse: bool):
+        from localchat.backends.inproc import InProcessBackend, load_inproc
+
+        if self.model is None:
+            loaded = load_inproc(self.ref, local_dir(self.ref))
+            self.model, self.tokenizer = loaded.model, loaded.tokenizer
+        return InProcessBackend(self.model, self.tokenizer, self.ref.id,
+                                chat_template_kwargs=self.ref.chat_template_kwargs, cache_reuse=cache_reuse)
+
+    def _server(self):
+        from localchat.backends.openai_http import backend_for
+        from localchat.server.launch import free_port, start_ready
+
+        if self.opts.base_url:
+            backend = backend_for(self.opts.base_url, self.ref)
+            _check_reachable(backend)
+            return backend
+        self.server = start_ready(self.ref, port=free_port(), on_poll=self.on_status)
+        return backend_for(self.server.base_url, self.ref)
+
+    def close(self) -> None:
+        for backend in self.opened.values():
+            backend.close()
+        if self.server is not None:
+            self.server.stop()
+
+
+def _check_reachable(backend) -> None:
+    import httpx
+
+    from localchat.backends.openai_http import describe_http_error
+
+    try:
+        backend.client.get("models", timeout=5.0)
+    except httpx.HTTPError as exc:
+        raise LocalchatError(describe_http_error(exc, backend.url)) from None
+
+
+def bench_scripts(opts: BenchOptions) -> list[BenchScript]:
+    """--script files and --replay sessions; the built-in scripts when neither is given."""
+    from localchat.store.sessions import default_store
+
+    replays = []
+    for name in opts.replay:
+        saved = default_store().load(name)
+        replays.append(script_from_session(saved.name, saved.system, [t.user for t in saved.turns]))
+    paths = opts.scripts or (() if replays else tuple(builtin_scripts()))
+    return [load_script(p) for p in paths] + replays
+
+
+def run_bench(opts: BenchOptions, *, on_start: Callable[[int], None] = lambda _: None,
+              on_turn: Callable[[str], None] = lambda _: None,
+              on_status: Callable[[str], None] = lambda _: None) -> BenchResult:
+    """Every arm, one after the other; ``on_start`` hears the number of turns, ``on_turn`` each
+    turn as it starts, ``on_status`` what a launched server is doing."""
+    check_plot_available(opts.plot)
+    scripts = bench_scripts(opts)
+    if not scripts:
+        raise UsageError("no bench scripts: pass --script FILE")
+    ref = resolve(opts.model or DEFAULT_MODEL)
+    params = GenerationParams(temperature=opts.temperature, max_tokens=opts.max_tokens, seed=opts.seed)
+    bench = BenchPlan(scripts, opts.repeat, opts.warmup, params, opts.seed)
+    arms = arms_for(opts)
+    per_arm = (bench.repeat + bench.warmup) * sum(len(t) for s in scripts for t in s.conversations)
+    backends = ArmBackends(ref, opts, on_status)
+    on_start(per_arm * len(arms))
+
+    def turn_started(arm: str, repeat: int, script: str, turn: int) -> None:
+        label = "warm-up" if repeat < 0 else f"repeat {repeat + 1}/{bench.repeat}"
+        on_turn(f"{arm} · {label} · {script} turn {turn}")
+
+    try:
+        turns: list[TurnRecord] = []
+        for arm in arms:
+            turns += run_arm(backends.for_arm(arm), arm, bench, turn_started)
+        tokenizer = backends.tokenizer or _local_tokenizer(ref)
+    finally:
+        backends.close()
+    settings = asdict(opts) | {"arms": [a.label for a in arms], "scripts": [s.path for s in scripts]}
+    settings = json.loads(json.dumps(settings, default=str))
+    return BenchResult(environment_block(ref, tokenizer, opts), settings, turns)
+
+
+def _local_tokenizer(ref: ModelRef):
+    try:
+        from mlx_lm.utils import load_tokenizer
+
+        return load_tokenizer(local_dir(ref))
+    except Exception:  # only for the template hash; a remote-only model has none here
+        return None

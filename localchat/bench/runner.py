@@ -1,0 +1,220 @@
+"""``localchat bench`` core: run scripted conversations through arms and return data, never print.
+
+An arm is (backend, history on/off, KV reuse on/off). Every arm plays the same conversations with
+the same variable draws, through the same ChatSession as ``localchat chat``, so the figures are the
+ones a user sees. With history on, total input over N turns grows as N·S + T·N(N+1)/2; the summary
+fits S and T to the measured prompt tokens.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+from localchat.backends import Backend, GenerationParams
+from localchat.bench.script import BenchScript, plan
+from localchat.conversation.history import Conversation
+from localchat.conversation.turn import ChatSession
+
+
+@dataclass(frozen=True)
+class Arm:
+    backend: str  # "inproc" | "server"
+    history: bool
+    cache_reuse: bool = True
+
+    @property
+    def label(self) -> str:
+        reuse = "" if self.cache_reuse else " no-reuse"
+        return f"{self.backend} history-{'on' if self.history else 'off'}{reuse}"
+
+
+@dataclass(frozen=True)
+class TurnRecord:
+    arm: str
+    backend: str
+    history: bool
+    cache_reuse: bool
+    script: str
+    repeat: int
+    conversation: int
+    turn: int
+    user: str
+    answer: str
+    expected: str | None
+    scored: bool
+    correct: bool | None
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    ttft_s: float | None
+    prefill_tps: float | None
+    decode_tps: float | None
+    total_s: float
+    peak_memory_gb: float | None
+    finish_reason: str | None  # the runtime's
+    status: str  # what became of the turn (localchat.conversation.turn.TurnStatus)
+    estimated: bool
+    cache_miss: bool  # history on, KV reuse on: fewer cached tokens than the previous prompt
+
+
+@dataclass(frozen=True)
+class BenchPlan:
+    scripts: list[BenchScript]
+    repeat: int
+    warmup: int
+    params: GenerationParams
+    seed: int
+
+
+Progress = Callable[[str, int, str, int], None]  # (arm label, repeat, script, turn)
+
+
+def play_conversation(backend: Backend, arm: Arm, script: BenchScript, conversation: int, repeat: int,
+                      bench: BenchPlan, on_turn: Progress) -> list[TurnRecord]:
+    session = ChatSession(backend, Conversation(script.system), bench.params, use_history=arm.history)
+    records: list[TurnRecord] = []
+    for i, turn in enumerate(plan(script, bench.seed, repeat, conversation), 1):
+        on_turn(arm.label, repeat, script.name, i)
+        result = session.ask(turn.user)
+        s = result.stats
+        previous = records[-1].prompt_tokens if records else None
+        miss = arm.history and arm.cache_reuse and previous is not None and s.cached_tokens < previous
+        records.append(TurnRecord(
+            arm=arm.label, backend=arm.backend, history=arm.history, cache_reuse=arm.cache_reuse,
+            script=script.name, repeat=repeat, conversation=conversation, turn=i, user=turn.user,
+            answer=result.text, expected=turn.expect or turn.expect_regex, scored=turn.scored,
+            correct=turn.is_correct(result.text) if turn.scored else None, prompt_tokens=s.prompt_tokens,
+            cached_tokens=s.cached_tokens, completion_tokens=s.completion_tokens, ttft_s=s.ttft_s,
+            prefill_tps=s.prefill_tps, decode_tps=s.decode_tps, total_s=s.total_s,
+            peak_memory_gb=s.peak_memory_gb, finish_reason=s.finish_reason, status=result.status.value,
+            estimated=s.estimated, cache_miss=miss))
+    return records
+
+
+def run_arm(backend: Backend, arm: Arm, bench: BenchPlan, on_turn: Progress = lambda *_: None) -> list[TurnRecord]:
+    """Warm-up repeats (discarded, with their own draws), then the measured repeats."""
+    records: list[TurnRecord] = []
+    for repeat in range(-bench.warmup, bench.repeat):
+        for script in bench.scripts:
+            for c in range(len(script.conversations)):
+                played = play_conversation(backend, arm, script, c, repeat, bench, on_turn)
+                if repeat >= 0:
+                    records += played
+    return records
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def _p90(values: list[float]) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(0.9 * (len(ordered) - 1)))]
+
+
+def summarize_arm(records: list[TurnRecord]) -> dict:
+    scored = [r for r in records if r.scored]
+    correct = sum(bool(r.correct) for r in scored)
+    ttft = [r.ttft_s for r in records if r.ttft_s is not None]
+    decode = [r.decode_tps for r in records if r.decode_tps is not None]
+    return {
+        "turns": len(records), "scored": len(scored), "correct": correct,
+        "accuracy": correct / len(scored) if scored else None,
+        "ttft_median_s": _median(ttft), "ttft_p90_s": _p90(ttft),
+        "decode_tps_median": _median(decode), "decode_tps_p90": _p90(decode),
+        "prompt_tokens_total": sum(r.prompt_tokens for r in records),
+        "cached_tokens_total": sum(r.cached_tokens for r in records),
+        "prefilled_tokens_total": sum(r.prompt_tokens - r.cached_tokens for r in records),
+        "cache_misses": sum(r.cache_miss for r in records),
+        "estimated_counts": any(r.estimated for r in records),
+        "per_script_accuracy": {
+            name: _accuracy([r for r in scored if r.script == name])
+            for name in dict.fromkeys(r.script for r in records)},
+    }
+
+
+def _accuracy(scored: list[TurnRecord]) -> dict:
+    correct = sum(bool(r.correct) for r in scored)
+    return {"correct": correct, "scored": len(scored), "accuracy": correct / len(scored) if scored else None}
+
+
+def fit_growth(records: list[TurnRecord]) -> dict | None:
+    """Least-squares fit of prompt tokens at turn n ≈ S + T·n; the total over N turns is then
+    N·S + T·N(N+1)/2. Returns S, T, R² and the measured vs modelled total input."""
+    points = [(r.turn, r.prompt_tokens) for r in records]
+    if len({n for n, _ in points}) < 2:
+        return None
+    mean_n = statistics.fmean(n for n, _ in points)
+    mean_p = statistics.fmean(p for _, p in points)
+    sxx = sum((n - mean_n) ** 2 for n, _ in points)
+    t = sum((n - mean_n) * (p - mean_p) for n, p in points) / sxx
+    s = mean_p - t * mean_n
+    ss_tot = sum((p - mean_p) ** 2 for _, p in points)
+    ss_res = sum((p - (s + t * n)) ** 2 for n, p in points)
+    conversations: dict[tuple, list[int]] = {}
+    for r in records:
+        conversations.setdefault((r.script, r.repeat, r.conversation), []).append(r.prompt_tokens)
+    longest = max(conversations.values(), key=len)
+    n = len(longest)
+    # Over all points the fitted values sum to the measured ones (least squares with an intercept),
+    # so the model is checked on one conversation: the longest.
+    return {"S": s, "T": t, "r2": 1 - ss_res / ss_tot if ss_tot else 1.0,
+            "mean_abs_error_tokens": statistics.fmean(abs(p - (s + t * k)) for k, p in points),
+            "longest_turns": n, "measured_total": sum(longest), "model_total": n * s + t * n * (n + 1) / 2}
+
+
+def compare(on: dict, off: dict) -> dict:
+    """History on vs off, for one backend: what history buys and what it costs."""
+    def ratio(a, b):
+        return a / b if a is not None and b else None
+
+    return {
+        "accuracy_difference": (on["accuracy"] - off["accuracy"])
+        if on["accuracy"] is not None and off["accuracy"] is not None else None,
+        "prompt_token_ratio": ratio(on["prompt_tokens_total"], off["prompt_tokens_total"]),
+        "ttft_ratio": ratio(on["ttft_median_s"], off["ttft_median_s"]),
+    }
+
+
+def reuse_savings(reuse: dict, no_reuse: dict) -> dict:
+    return {
+        "prefilled_tokens_saved": no_reuse["prefilled_tokens_total"] - reuse["prefilled_tokens_total"],
+        "prefilled_ratio": reuse["prefilled_tokens_total"] / no_reuse["prefilled_tokens_total"]
+        if no_reuse["prefilled_tokens_total"] else None,
+        "ttft_ratio": reuse["ttft_median_s"] / no_reuse["ttft_median_s"]
+        if reuse["ttft_median_s"] and no_reuse["ttft_median_s"] else None,
+    }
+
+
+@dataclass
+class BenchResult:
+    environment: dict
+    settings: dict
+    turns: list[TurnRecord] = field(default_factory=list)
+
+    @property
+    def arms(self) -> list[str]:
+        return list(dict.fromkeys(r.arm for r in self.turns))
+
+    def records(self, arm: str) -> list[TurnRecord]:
+        return [r for r in self.turns if r.arm == arm]
+
+    def summary(self) -> dict:
+        arms = {arm: summarize_arm(self.records(arm)) for arm in self.arms}
+        growth = {arm: fit_growth(self.records(arm)) for arm in self.arms}
+        comparisons, savings = {}, {}
+        for backend in ("inproc", "server"):
+            on, off = f"{backend} history-on", f"{backend} history-off"
+            if on in arms and off in arms:
+                comparisons[backend] = compare(arms[on], arms[off])
+            if on in arms and f"{on} no-reuse" in arms:
+                savings[backend] = reuse_savings(arms[on], arms[f"{on} no-reuse"])
+        return {"arms": arms, "growth": growth, "history_on_vs_off": comparisons, "kv_reuse": savings}
+
+    def as_dict(self) -> dict:
+        return {"schema": "localchat.bench.runner/1", "environment": self.environment, "settings": self.settings,
+                "summary": self.summary(), "turns": [asdict(r) for r in self.turns]}

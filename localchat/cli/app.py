@@ -1,0 +1,274 @@
+"""The command line: each command collects its options and calls one function.
+
+Errors are mapped here and only here: a ``LocalchatError`` becomes one red line on stderr and its
+exit code (2 for usage errors, like Typer's own); Ctrl+C exits 130 without a traceback. The codes
+themselves are in ``outcomes``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from localchat.backends import DEFAULT_BASE_URL
+from localchat.cli import outcomes
+from localchat.cli.options import (
+    ApiKeyOpt,
+    Backend,
+    BaseUrlOpt,
+    ChatOptions,
+    GenerationOptions,
+    ModelOpt,
+    ModelOptions,
+    OutputOptions,
+    StorageOptions,
+)
+from localchat.errors import LocalchatError
+
+app = typer.Typer(
+    name="localchat", no_args_is_help=True, add_completion=False, rich_markup_mode=None,
+    help="Multi-turn chat with local MLX models: one history builder, honest per-turn figures.",
+)
+err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def out_console() -> Console:
+    """stdout; long lines wrap in the terminal, never in the text (ids and commands stay whole)."""
+    return Console(highlight=False, soft_wrap=True)
+
+
+@contextmanager
+def user_errors() -> Iterator[None]:
+    try:
+        yield
+    except LocalchatError as exc:
+        err_console.print(f"[red]error:[/red] {escape(str(exc))}")
+        raise typer.Exit(exc.exit_code) from None
+    except KeyboardInterrupt:
+        err_console.print("[yellow]interrupted[/yellow]")
+        raise typer.Exit(outcomes.INTERRUPTED) from None
+
+
+def run(work: Callable[[], int | None]) -> None:
+    """Run a command's work inside the error mapping and exit with the code it returns."""
+    with user_errors():
+        code = work()
+    raise typer.Exit(outcomes.OK if code is None else code)
+
+
+def _top_p(value: float) -> float:
+    if not 0.0 < value <= 1.0:
+        raise typer.BadParameter("must be in (0, 1]")
+    return value
+
+
+@app.command()
+def chat(
+    prompt: Annotated[Optional[str], typer.Argument(
+        help="Answer this one prompt and exit ('-' reads stdin); without it, start the REPL.")] = None,
+    model: ModelOpt = None,
+    backend: Annotated[Backend, typer.Option(help="inproc: mlx_lm in this process; server: an OpenAI-compatible server.")] = Backend.inproc,
+    base_url: BaseUrlOpt = DEFAULT_BASE_URL,
+    api_key: ApiKeyOpt = None,
+    system: Annotated[Optional[str], typer.Option(
+        "--system", "-s", help='System message ("" for none; default: the model\'s from models.yaml).')] = None,
+    temperature: Annotated[Optional[float], typer.Option(min=0.0, help="Sampling temperature (default 0.0: greedy).")] = None,
+    top_p: Annotated[float, typer.Option(callback=_top_p, help="Nucleus sampling, in (0, 1].")] = 1.0,
+    max_tokens: Annotated[Optional[int], typer.Option(min=1, help="Longest reply, in tokens.")] = None,
+    seed: Annotated[Optional[int], typer.Option(help="Random seed for sampling (set before each turn).")] = None,
+    no_history: Annotated[bool, typer.Option("--no-history", help="REPL only: send each question alone.")] = False,
+    max_turns: Annotated[Optional[int], typer.Option(min=0, help="Keep at most N past turns (oldest dropped first).")] = None,
+    max_context_tokens: Annotated[Optional[int], typer.Option(min=1, help="Drop oldest turns until the request fits N tokens.")] = None,
+    max_input_chars: Annotated[int, typer.Option(min=1, help="Longest accepted input, in characters.")] = 8000,
+    stats: Annotated[bool, typer.Option("--stats/--no-stats", help="Show the figures line after each reply.")] = True,
+    no_cache_reuse: Annotated[bool, typer.Option("--no-cache-reuse", help="Re-prefill the whole prompt every turn (for benchmarks).")] = False,
+    allow_download: Annotated[bool, typer.Option("--allow-download", help="Let a missing Hugging Face model download.")] = False,
+    json_answer: Annotated[bool, typer.Option("--json", help='Answers must be JSON {"answer": string}; invalid ones are not kept.')] = False,
+    json_schema: Annotated[Optional[Path], typer.Option(help="Answers must be JSON valid against this JSON Schema file.")] = None,
+    record: Annotated[Optional[Path], typer.Option(help="Write each turn's request (before the call) and response as JSON files here [config: records_dir].")] = None,
+    resume: Annotated[Optional[str], typer.Option(help="Continue a conversation saved with /save NAME.")] = None,
+) -> None:
+    """Chat with a model: one PROMPT, or the REPL."""
+    from localchat.cli.chat import run_chat
+    from localchat.cli.render import ChatUI
+    from localchat.conversation.turn import TrimPolicy
+
+    opts = ChatOptions(
+        model=ModelOptions(model=model, backend=backend.value, base_url=base_url, api_key=api_key,
+                           allow_download=allow_download, cache_reuse=not no_cache_reuse),
+        generation=GenerationOptions(system=system, temperature=temperature, top_p=top_p,
+                                     max_tokens=max_tokens, seed=seed),
+        history=not no_history,
+        trim=TrimPolicy(max_turns=max_turns, max_context_tokens=max_context_tokens,
+                        max_input_chars=max_input_chars),
+        output=OutputOptions(stats=stats, json_answer=json_answer, json_schema=json_schema),
+        storage=StorageOptions(record=record, resume=resume),
+    )
+
+    def work() -> int:
+        ui = ChatUI(err=err_console, show_stats=stats, json_mode=json_answer or json_schema is not None)
+        status = run_chat(opts=opts, prompt=prompt, ui=ui)
+        return outcomes.OK if status is None else outcomes.turn_exit(status)
+
+    run(work)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def serve(
+    ctx: typer.Context,
+    model: ModelOpt = None,
+    host: Annotated[str, typer.Option(help="Interface to bind (loopback unless you mean it).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=1, max=65535, envvar="LOCALCHAT_PORT")] = 8080,
+    log: Annotated[Optional[Path], typer.Option(help="mlx_lm.server's log file [default: a temp file].")] = None,
+    smoke: Annotated[bool, typer.Option("--smoke", help="Start, run the smoke test, stop; exit with its result.")] = False,
+) -> None:
+    """Launch mlx_lm.server (extra server args after --), ready when a completion succeeds."""
+    from localchat.cli.serve import run_serve
+
+    run(lambda: outcomes.report_exit(run_serve(model=model, host=host, port=port, log=log, smoke=smoke,
+                                               extra=tuple(ctx.args), console=out_console())))
+
+
+@app.command("smoke")
+def smoke_cmd(
+    base_url: BaseUrlOpt = DEFAULT_BASE_URL,
+    model: ModelOpt = None,
+    api_key: ApiKeyOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print a machine-readable result.")] = False,
+) -> None:
+    """Check a running server: health, models, completions, streaming usage, recall, prompt cache."""
+    from localchat.cli.serve import run_smoke_cmd
+
+    run(lambda: outcomes.report_exit(run_smoke_cmd(base_url=base_url, model=model, api_key=api_key,
+                                                   as_json=as_json, console=out_console())))
+
+
+@app.command()
+def parity(
+    model: ModelOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print a machine-readable result.")] = False,
+) -> None:
+    """The same 3-turn greedy conversation in-process and through a launched server: identical?"""
+    from localchat.cli.serve import run_parity_cmd
+
+    run(lambda: outcomes.report_exit(run_parity_cmd(model=model, as_json=as_json, console=out_console())))
+
+
+class BenchBackend(str, Enum):
+    inproc = "inproc"
+    server = "server"
+    both = "both"
+
+
+class HistoryArms(str, Enum):
+    on = "on"
+    off = "off"
+    both = "both"
+
+
+class OutputFormat(str, Enum):
+    table = "table"
+    md = "md"
+    json = "json"
+    csv = "csv"
+
+
+@app.command()
+def bench(
+    model: ModelOpt = None,
+    backend: Annotated[BenchBackend, typer.Option(help="Which backend(s) to run.")] = BenchBackend.inproc,
+    history: Annotated[HistoryArms, typer.Option(help="History on, off, or both (side by side).")] = HistoryArms.both,
+    script: Annotated[Optional[list[Path]], typer.Option("--script", help="A bench script (YAML); repeatable [default: the built-in scripts].")] = None,
+    repeat: Annotated[int, typer.Option(min=1, help="Measured repeats (each draws new codes).")] = 1,
+    warmup: Annotated[int, typer.Option(min=0, help="Unmeasured repeats first.")] = 0,
+    temperature: Annotated[float, typer.Option(min=0.0, help="Fixed for the whole run, and recorded.")] = 0.0,
+    seed: Annotated[int, typer.Option(help="Seeds the scripts' draws and sampling.")] = 0,
+    max_tokens: Annotated[int, typer.Option(min=1, help="Longest reply, in tokens.")] = 64,
+    no_cache_reuse: Annotated[bool, typer.Option("--no-cache-reuse", help="Add an in-process history-on arm without KV reuse.")] = False,
+    base_url: Annotated[Optional[str], typer.Option(envvar="LOCALCHAT_BASE_URL", help="Use this server for the server arm [default: launch one].")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Write results.json, turns.csv and summary.md here.")] = None,
+    format: Annotated[OutputFormat, typer.Option("--format", help="What to print.")] = OutputFormat.table,
+    plot: Annotated[Optional[Path], typer.Option(help="Write a PNG of TTFT and prompt tokens per turn (needs --extra plot).")] = None,
+    replay: Annotated[Optional[list[str]], typer.Option("--replay", help="Replay a saved session's user turns as a script; repeatable.")] = None,
+) -> None:
+    """History on vs off at a fixed temperature: what history costs (tokens, TTFT) and buys (answers)."""
+    from localchat.bench.run import BenchOptions
+    from localchat.cli.bench import run_bench_cmd
+
+    opts = BenchOptions(model=model, backend=backend.value, history=history.value, scripts=tuple(script or ()),
+                        repeat=repeat, warmup=warmup, temperature=temperature, seed=seed, max_tokens=max_tokens,
+                        no_cache_reuse=no_cache_reuse, base_url=base_url, out=out, format=format.value,
+                        plot=plot, replay=tuple(replay or ()))
+    run(lambda: outcomes.report_exit(run_bench_cmd(opts=opts, console=out_console(), err=err_console)))
+
+
+sessions_app = typer.Typer(help="Saved conversations (/save NAME in the REPL, chat --resume NAME).",
+                           no_args_is_help=True, rich_markup_mode=None)
+app.add_typer(sessions_app, name="sessions")
+
+
+class ExportFormat(str, Enum):
+    md = "md"
+    json = "json"
+
+
+@sessions_app.command("list")
+def sessions_list() -> None:
+    """Saved sessions, newest first."""
+    from localchat.cli.sessions import show_list
+
+    run(lambda: show_list(out_console()))
+
+
+@sessions_app.command("show")
+def sessions_show(name: str) -> None:
+    """The saved messages of NAME, with each turn's figures."""
+    from localchat.cli.sessions import show_session
+
+    run(lambda: show_session(out_console(), name))
+
+
+@sessions_app.command("rm")
+def sessions_rm(name: str) -> None:
+    """Delete the saved session NAME."""
+    from localchat.cli.sessions import remove_session
+
+    run(lambda: remove_session(err_console, name))
+
+
+@sessions_app.command("export")
+def sessions_export(
+    name: str,
+    format: Annotated[ExportFormat, typer.Option("--format", help="Markdown or JSON, on stdout.")] = ExportFormat.md,
+) -> None:
+    """Print NAME as Markdown or JSON."""
+    from localchat.cli.sessions import export_session
+
+    run(lambda: export_session(name, format.value))
+
+
+@app.command()
+def models() -> None:
+    """List models.yaml entries: present locally?, size on disk, quantization bits."""
+    from localchat.cli.doctor import show_models
+
+    run(lambda: show_models(out_console()))
+
+
+@app.command()
+def doctor(base_url: BaseUrlOpt = DEFAULT_BASE_URL) -> None:
+    """Python, OS, chip, MLX device and versions, HF cache, models present, server port."""
+    from localchat.cli.doctor import run_doctor
+
+    run(lambda: run_doctor(out_console(), base_url))
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,75 @@
+"""``localchat bench`` on the terminal: a progress bar while it runs, then the table or a format."""
+
+from __future__ import annotations
+
+from rich import box
+from rich.console import Console
+from rich.measure import Measurement
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.table import Table
+
+from localchat.bench.report import (
+    SUMMARY_HEADERS,
+    comparison_lines,
+    environment_line,
+    summary_rows,
+    to_csv,
+    to_json,
+    to_markdown,
+    write_outputs,
+    write_plot,
+)
+from localchat.bench.run import BenchOptions, run_bench
+from localchat.bench.runner import BenchResult
+
+
+def show_table(result: BenchResult, console: Console) -> None:
+    """The summary as a table when it fits the terminal, else one block an arm: no arm name or
+    figure is ever cut."""
+    rows = summary_rows(result)
+    table = Table(title="localchat bench", box=box.SIMPLE_HEAD)
+    for i, header in enumerate(SUMMARY_HEADERS):
+        table.add_column(header, no_wrap=True, justify="left" if i == 0 else "right")
+    for row in rows:
+        table.add_row(*row)
+    if Measurement.get(console, console.options.update_width(10_000), table).maximum <= console.width:
+        console.print(table)
+    else:
+        console.print("localchat bench", style="italic")
+        for arm, accuracy, ttft, ttft_p90, tps, tps_p90, prompt, cached, misses in rows:
+            console.print(arm, style="bold", markup=False)
+            console.print(f"  accuracy {accuracy}\n  TTFT med {ttft} ms · p90 {ttft_p90} ms · tok/s med {tps} · "
+                          f"p90 {tps_p90}\n  prompt tokens {prompt} · cached {cached} · cache misses {misses}",
+                          markup=False)
+    for line in comparison_lines(result):
+        console.print(line, markup=False, highlight=False)
+    console.print(environment_line(result), style="dim", markup=False, highlight=False)
+
+
+def run_bench_cmd(*, opts: BenchOptions, console: Console, err: Console) -> bool:
+    """Results on ``console`` (stdout, so --format json/csv pipes); progress and notices on ``err``."""
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=err, transient=True) as progress:
+        task = progress.add_task("starting", total=None)
+        result = run_bench(
+            opts, on_start=lambda total: progress.update(task, total=total),
+            on_turn=lambda what: progress.update(task, advance=1, description=what),
+            on_status=lambda what: progress.update(task, description=what))
+    renderers = {"md": to_markdown, "json": to_json, "csv": to_csv}
+    if opts.format == "table":
+        show_table(result, console)
+    else:
+        console.out(renderers[opts.format](result), highlight=False)
+    if opts.out:
+        for path in write_outputs(result, opts.out):
+            err.print(f"wrote {path}", style="dim")
+    if opts.plot:
+        write_plot(result, opts.plot)
+        err.print(f"wrote {opts.plot}", style="dim")
+    return True

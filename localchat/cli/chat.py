@@ -1,0 +1,177 @@
+"""``localchat chat``: open a backend, then answer one prompt or run the REPL."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import replace
+from functools import partial
+from typing import Any
+
+from localchat.backends import Backend, GenerationParams
+from localchat.cli.options import ChatOptions
+from localchat.cli.render import ChatUI
+from localchat.cli.repl import Repl
+from localchat.conversation.history import Conversation, validate_input
+from localchat.conversation.jsonmode import (
+    AnswerSchema,
+    default_schema,
+    load_schema,
+    with_instruction,
+)
+from localchat.conversation.records import TurnRecorder, new_session_id
+from localchat.conversation.turn import ChatSession, TurnStatus
+from localchat.errors import UsageError
+from localchat.registry import (
+    DEFAULT_MODEL,
+    ModelRef,
+    hub_snapshot,
+    local_dir,
+    quantization_bits,
+    resolve,
+)
+from localchat.store.home import records_dir
+from localchat.store.sessions import SavedSession, SessionSaver, default_store
+
+DEFAULT_MAX_TOKENS = 512
+
+
+def read_prompt(prompt: str, max_chars: int) -> str:
+    """The PROMPT argument, or standard input for ``-`` (which must be valid UTF-8)."""
+    if prompt == "-":
+        try:
+            prompt = sys.stdin.buffer.read().decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise UsageError(f"standard input is not valid UTF-8 (byte {exc.start})") from None
+    return validate_input(prompt, max_chars)
+
+
+def _known_model(name: str | None) -> ModelRef | None:
+    try:
+        return resolve(name) if name else None
+    except UsageError:
+        return None
+
+
+def _default(ref: ModelRef | None, name: str, fallback: Any) -> Any:
+    return ref.default(name, fallback) if ref else fallback
+
+
+def generation_params(ref: ModelRef | None, opts: ChatOptions) -> GenerationParams:
+    gen = opts.generation
+    return GenerationParams(
+        temperature=gen.temperature if gen.temperature is not None else _default(ref, "temperature", 0.0),
+        top_p=gen.top_p,
+        max_tokens=gen.max_tokens or _default(ref, "max_tokens", DEFAULT_MAX_TOKENS),
+        seed=gen.seed,
+    )
+
+
+def system_message(ref: ModelRef | None, opts: ChatOptions) -> str | None:
+    system = opts.generation.system if opts.generation.system is not None else _default(ref, "system", None)
+    return system or None
+
+
+def answer_schema(opts: ChatOptions) -> AnswerSchema | None:
+    out = opts.output
+    if out.json_answer and out.json_schema:
+        raise UsageError("--json and --json-schema are alternatives: --json means the schema {\"answer\": string}")
+    if out.json_schema:
+        return load_schema(out.json_schema)
+    return default_schema() if out.json_answer else None
+
+
+def resumed(opts: ChatOptions) -> SavedSession | None:
+    """The saved session to continue; its system message comes with it."""
+    if opts.storage.resume is None:
+        return None
+    if opts.generation.system is not None:
+        raise UsageError("--resume restores the saved system message: leave out --system")
+    return default_store().load(opts.storage.resume)
+
+
+def conversation_for(ref: ModelRef | None, opts: ChatOptions, schema: AnswerSchema | None,
+                     saved: SavedSession | None) -> Conversation:
+    system = saved.system if saved else system_message(ref, opts)
+    if schema and schema.instruction not in (system or ""):
+        system = with_instruction(system, schema)
+    return Conversation(system, list(saved.turns) if saved else [])
+
+
+def load_local_tokenizer(ref: ModelRef) -> Any:
+    from mlx_lm.utils import load_tokenizer
+
+    return load_tokenizer(local_dir(ref))
+
+
+def open_server(ref: ModelRef | None, opts: ChatOptions, ui: ChatUI) -> Backend:
+    """An HTTP backend. A model the registry knows is sent as the location the server loads and
+    lends its local tokenizer (for estimates); any other name (e.g. vLLM's served model name) is
+    sent as it is; no name means the server's own model."""
+    from localchat.backends.openai_http import backend_for
+
+    loadable = ref is not None and (ref.kind != "hub" or hub_snapshot(ref.location) is not None)
+    backend = backend_for(opts.model.base_url, ref, name=opts.model.model, api_key=opts.model.api_key,
+                          load_tokenizer=partial(load_local_tokenizer, ref) if loadable else None)
+    ui.info(f"talking to {backend.url} (model: {backend.model_id})")
+    return backend
+
+
+def open_inproc(ref: ModelRef, opts: ChatOptions, ui: ChatUI) -> Backend:
+    """Load the model in this process, offline unless ``--allow-download``, behind a spinner."""
+    if not opts.model.allow_download:
+        os.environ["HF_HUB_OFFLINE"] = "1"  # read by huggingface_hub when mlx_lm first imports it
+    from localchat.backends.inproc import load_inproc
+
+    started = time.perf_counter()
+    with ui.err.status(f"Loading {ref.id} …"):
+        path = local_dir(ref, opts.model.allow_download)
+        backend = load_inproc(ref, path, cache_reuse=opts.model.cache_reuse)
+    bits = quantization_bits(path)
+    quant = f", {bits}-bit" if bits else ""
+    ui.info(f"loaded {ref.id} ({ref.kind}{quant}) in {time.perf_counter() - started:.2f}s")
+    return backend
+
+
+def open_backend(opts: ChatOptions, ui: ChatUI) -> tuple[ModelRef | None, Backend]:
+    if opts.model.backend == "server":
+        ref = _known_model(opts.model.model)
+        return ref, open_server(ref, opts, ui)
+    ref = resolve(opts.model.model or DEFAULT_MODEL)
+    return ref, open_inproc(ref, opts, ui)
+
+
+def run_chat(*, opts: ChatOptions, prompt: str | None, ui: ChatUI) -> TurnStatus | None:
+    """Answer ``prompt`` and return its status, or run the REPL (None) when it is None."""
+    if prompt is not None and not opts.history:
+        raise UsageError("--no-history is for the REPL: a single prompt has no history to leave out")
+    text = read_prompt(prompt, opts.trim.max_input_chars) if prompt is not None else None
+    schema = answer_schema(opts)
+    saved = resumed(opts)
+    if saved and opts.model.model is None:
+        opts = replace(opts, model=replace(opts.model, model=saved.model))
+    recorder = TurnRecorder(path) if (path := records_dir(opts.storage.record)) else None
+    ref, backend = open_backend(opts, ui)
+    params = generation_params(ref, opts)
+    if schema and opts.model.backend == "server":
+        params = replace(params, response_format=schema.response_format())
+    session = ChatSession(backend=backend, conversation=conversation_for(ref, opts, schema, saved),
+                          params=params, use_history=opts.history, trim=opts.trim, schema=schema,
+                          recorder=recorder)
+    if saved:
+        ui.info(f"resumed '{saved.name}': {len(saved.turns)} turn(s); the KV cache is rebuilt on the "
+                "first turn (its whole prompt is prefilled)")
+    if recorder:
+        ui.info(f"recording turns in {recorder.directory} as {recorder.session_id}-NNNN-*.json")
+    try:
+        if text is None:
+            saver = SessionSaver(default_store(), saved.uid if saved else new_session_id(),
+                                 opts.model.model or (ref.id if ref else None), name=saved.name if saved else None)
+            Repl(session, ui, saver=saver).run()
+            return None
+        result = session.ask(text, ui.text)
+        ui.end_turn(result, session.params.max_tokens)
+        return result.status
+    finally:
+        backend.close()

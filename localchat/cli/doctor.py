@@ -1,0 +1,67 @@
+"""``localchat doctor`` and ``localchat models``: what this machine has, shown honestly."""
+
+from __future__ import annotations
+
+import os
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Column, Table
+
+from localchat.environment import collect
+from localchat.registry import describe, load_registry, models_file
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "–"
+    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
+
+
+def show_model_list(console: Console) -> None:
+    """One entry a block, so that ids and sources are never cut at any width (the console
+    soft-wraps: a long line wraps on the terminal, not in the text)."""
+    for info in map(describe, load_registry()):
+        e = info.entry
+        aliases = f" ({', '.join(e.aliases)})" if e.aliases else ""
+        figures = " · ".join(["present" if info.present else "not on this machine",
+                              *([_size(info.size_bytes)] if info.present else []),
+                              *([f"{info.bits}-bit"] if info.bits else [])])
+        console.print(f"[bold]{escape(e.id)}[/bold]{escape(aliases)} · {figures}")
+        console.print(f"  {e.source}", style="dim", markup=False)
+        if e.description:
+            console.print(f"  {e.description}", markup=False)
+
+
+def show_models(console: Console) -> None:
+    show_model_list(console)
+    console.print(f"registry: {models_file()}", style="dim", markup=False)
+
+
+def server_answers(base_url: str) -> str:
+    import httpx
+
+    root = base_url.rstrip("/").removesuffix("/v1")
+    try:
+        response = httpx.get(f"{root}/health", timeout=1.0)
+    except httpx.HTTPError as exc:
+        return f"nothing answers at {root} ({type(exc).__name__})"
+    return f"{root}/health answered HTTP {response.status_code}"
+
+
+def run_doctor(console: Console, base_url: str) -> None:
+    from huggingface_hub import constants
+
+    env = collect()
+    table = Table("check", Column("value", overflow="fold"), show_header=False)
+    table.add_row("python", env.python)
+    table.add_row("os", f"{env.os} ({env.machine})")
+    table.add_row("chip", env.chip + ("" if env.apple_silicon else " (not Apple Silicon)"))
+    table.add_row("mlx device", f"{env.mlx_device} (Metal {'available' if env.metal_available else 'not available'})")
+    table.add_row("mlx / mlx-lm", f"{env.mlx_version} / {env.mlx_lm_version}")
+    table.add_row("localchat", env.localchat_version + (f" ({env.git_commit})" if env.git_commit else ""))
+    table.add_row("HF cache", str(constants.HF_HUB_CACHE))
+    table.add_row("HF offline", os.environ.get("HF_HUB_OFFLINE", "unset") + " (localchat sets 1 unless --allow-download)")
+    table.add_row("server", server_answers(base_url))
+    console.print(table)
+    show_model_list(console)

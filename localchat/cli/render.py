@@ -1,0 +1,140 @@
+"""Everything the chat shows: streamed text on stdout, figures and notices on stderr.
+
+The REPL and single-prompt mode call this UI; the session and backends never print.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, TextIO
+
+from rich.console import Console
+from rich.markup import escape
+
+from localchat.backends import Message
+from localchat.conversation.jsonmode import pretty
+from localchat.conversation.stats import TurnStats
+from localchat.conversation.turn import TurnResult, TurnStatus
+
+HELP = """Commands (typed alone on a line; nothing here is sent to the model):
+  /history         the accepted messages (system included), numbered
+  /preview TEXT    the exact messages and token count the next request would send
+  /reset           forget every turn, keep the system message
+  /stats           figures for this session
+  /save [NAME]     save the conversation (resume: localchat chat --resume NAME)
+  /help            this text
+  /quit            leave (Ctrl+D too)
+A line with only \"\"\" starts and ends multi-line input. Ctrl+C stops a reply (discarded)."""
+
+
+def count(n: int, noun: str) -> str:
+    """``1 message``, ``2 messages``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def _memory(gb: float | None) -> str | None:
+    if gb is None:
+        return None
+    return f"peak {gb:.1f} GB" if gb >= 1 else f"peak {gb * 1024:.0f} MB"
+
+
+def stats_line(stats: TurnStats) -> str:
+    """One line of figures: ``[TTFT 0.42s · 41.2 tok/s · in 274 (cached 256) · out 52 · …]``."""
+    est = "~" if stats.estimated else ""
+    cached = f" (cached {stats.cached_tokens})" if stats.cached_tokens else ""
+    parts = [
+        f"TTFT {stats.ttft_s:.2f}s" if stats.ttft_s is not None else "TTFT –",
+        f"{stats.decode_tps:.1f} tok/s" if stats.decode_tps is not None else None,
+        f"in {est}{stats.prompt_tokens}{cached}" if stats.prompt_tokens else None,
+        f"out {est}{stats.completion_tokens}" if stats.completion_tokens else None,
+        f"{stats.total_s:.2f}s",
+        _memory(stats.peak_memory_gb),
+        f"re-prefilled {stats.cache_miss_tokens} cached" if stats.cache_miss_tokens else None,
+        "estimated counts" if stats.estimated else None,
+    ]
+    return "[" + " · ".join(p for p in parts if p) + "]"
+
+
+def _failed_before_first_token(result: TurnResult) -> bool:
+    """Such a turn has no figures worth a line (the error or notice already says what happened)."""
+    return result.status in (TurnStatus.ERROR, TurnStatus.INTERRUPTED) and result.stats.ttft_s is None
+
+
+class ChatUI:
+    def __init__(self, out: TextIO | None = None, err: Console | None = None, show_stats: bool = True,
+                 json_mode: bool = False):
+        self.out = out or sys.stdout
+        self.err = err or Console(stderr=True, highlight=False, soft_wrap=True)
+        self.show_stats = show_stats
+        self.json_mode = json_mode  # stdout gets validated JSON only, pretty-printed, once complete
+
+    def text(self, chunk: str) -> None:
+        """Streamed reply text, flushed as it comes (held back in JSON mode)."""
+        if self.json_mode:
+            return
+        self.out.write(chunk)
+        self.out.flush()
+
+    def end_turn(self, result: TurnResult, max_tokens: int) -> None:
+        if self.json_mode:
+            self._json_reply(result)
+        elif result.text:
+            self.out.write("\n")
+            self.out.flush()
+        status = result.status
+        if status is TurnStatus.INTERRUPTED:
+            self.notice("interrupted: the reply was discarded, history is unchanged")
+        elif status is TurnStatus.ERROR:
+            self.error(result.error or "the reply failed")
+            if result.text:
+                self.notice("the partial reply above is incomplete and was not added to history")
+        elif status is TurnStatus.CUT:
+            self.notice(f"reply cut at --max-tokens {max_tokens}: not added to history "
+                        "(raise --max-tokens)")
+        elif status is TurnStatus.INVALID:
+            self.error(f"invalid JSON reply, not added to history: {result.invalid}")
+        elif status is TurnStatus.EMPTY:
+            self.notice("empty reply: not added to history")
+        if result.dropped_turns:
+            self.notice(f"dropped the {result.dropped_turns} oldest turn(s) to fit the "
+                        "--max-turns / --max-context-tokens limit")
+        if self.show_stats and not _failed_before_first_token(result):
+            self.err.print(stats_line(result.stats), style="dim", markup=False)
+
+    def _json_reply(self, result: TurnResult) -> None:
+        if result.accepted:
+            self.out.write(pretty(result.answer) + "\n")
+            self.out.flush()
+        elif result.text:
+            self.err.print(f"reply: {result.text}", markup=False, highlight=False)
+
+    def notice(self, message: str) -> None:
+        self.err.print(f"[yellow]{escape(message)}[/yellow]")
+
+    def error(self, message: str) -> None:
+        self.err.print(f"[red]error:[/red] {escape(message)}")
+
+    def info(self, message: str) -> None:
+        self.err.print(escape(message), style="dim")
+
+    def messages(self, messages: list[Message], title: str) -> None:
+        self.err.print(f"[bold]{escape(title)}[/bold]")
+        for i, m in enumerate(messages, 1):
+            self.err.print(f"{i:>3}. [cyan]{m['role']}[/cyan]: {escape(m['content'])}")
+
+    def ledger(self, summary: dict[str, Any], last: TurnStats | None) -> None:
+        def fmt(value: Any, spec: str) -> str:
+            return "–" if value is None else format(value, spec)
+
+        s = summary
+        self.err.print(
+            f"turns {s['turns']} · tokens in {s['tokens_in']} / out {s['tokens_out']} · "
+            f"cached {fmt(s['cached_share'], '.0%')} · TTFT mean {fmt(s['ttft_mean_s'], '.2f')}s "
+            f"median {fmt(s['ttft_median_s'], '.2f')}s · tok/s mean {fmt(s['decode_tps_mean'], '.1f')} "
+            f"median {fmt(s['decode_tps_median'], '.1f')}", markup=False)
+        if last and last.runtime:
+            figures = " · ".join(f"{k} {v:.1f}" for k, v in last.runtime.items())
+            self.err.print(f"last turn, as the runtime reports it: {figures}", style="dim", markup=False)
+
+    def help(self) -> None:
+        self.err.print(HELP, markup=False)

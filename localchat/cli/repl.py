@@ -1,0 +1,127 @@
+"""The interactive loop: read a line, run a local command or one turn, show the result."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from localchat.cli.render import ChatUI, count
+from localchat.conversation.turn import ChatSession
+from localchat.errors import UsageError
+from localchat.store.sessions import SessionSaver, StoreError
+
+MULTILINE = '"""'
+
+
+def read_input(read_line: Callable[[str], str]) -> str:
+    """One user input; a line of only \"\"\" opens a block that the next such line closes."""
+    line = read_line(">>> ")
+    if line.strip() != MULTILINE:
+        return line
+    lines = []
+    while (line := read_line("... ")).strip() != MULTILINE:
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def _enable_line_editing() -> None:
+    try:
+        import readline  # noqa: F401  (arrow keys and input history for input())
+    except ImportError:
+        pass
+
+
+class Repl:
+    def __init__(self, session: ChatSession, ui: ChatUI, read_line: Callable[[str], str] = input,
+                 saver: SessionSaver | None = None):
+        self.session = session
+        self.ui = ui
+        self.read_line = read_line
+        self.saver = saver
+        self.commands: dict[str, Callable[[str], bool]] = {
+            "/history": self._history, "/preview": self._preview, "/reset": self._reset,
+            "/stats": self._stats, "/save": self._save, "/help": self._help, "/quit": self._quit,
+            "/exit": self._quit,
+        }
+
+    def run(self) -> None:
+        if self.read_line is input:
+            _enable_line_editing()
+        self.ui.info("Type a message, /help for commands, /quit to leave.")
+        while True:
+            try:
+                text = read_input(self.read_line)
+            except (EOFError, KeyboardInterrupt):
+                self.ui.info("bye")
+                return
+            if not self.handle(text):
+                return
+
+    def handle(self, text: str) -> bool:
+        """Act on one input; False means leave the loop."""
+        if not text.strip():
+            return True
+        if text.startswith("/"):
+            name, _, arg = text.strip().partition(" ")
+            command = self.commands.get(name)
+            if command is None:
+                self.ui.error(f"unknown command {name}")
+                self.ui.help()
+                return True
+            return command(arg.strip())
+        try:
+            result = self.session.ask(text, self.ui.text)
+        except UsageError as exc:
+            self.ui.error(str(exc))
+            return True
+        self.ui.end_turn(result, self.session.params.max_tokens)
+        return True
+
+    def _history(self, _: str) -> bool:
+        messages = self.session.conversation.messages()
+        self.ui.messages(messages, f"history: {count(len(messages), 'message')}")
+        return True
+
+    def _preview(self, arg: str) -> bool:
+        if not arg:
+            self.ui.error("usage: /preview TEXT")
+            return True
+        try:
+            messages = self.session.preview(arg)
+        except UsageError as exc:
+            self.ui.error(str(exc))
+            return True
+        tokens = self.session.backend.count_tokens(messages)
+        counted = f", {count(tokens, 'token')}" if tokens is not None else ""
+        self.ui.messages(messages, f"preview: {count(len(messages), 'message')}{counted} (history unchanged)")
+        return True
+
+    def _reset(self, _: str) -> bool:
+        self.session.conversation.reset()
+        self.ui.info("history cleared (system message kept)")
+        return True
+
+    def _stats(self, _: str) -> bool:
+        ledger = self.session.ledger
+        self.ui.ledger(ledger.summary(), ledger.turns[-1] if ledger.turns else None)
+        return True
+
+    def _save(self, arg: str) -> bool:
+        if self.saver is None:
+            self.ui.error("saving is not available here")
+            return True
+        try:
+            name, replaced = self.saver.save(self.session, arg or None)
+        except (UsageError, StoreError) as exc:
+            self.ui.error(str(exc))
+            return True
+        turns = len(self.session.conversation.turns)
+        self.ui.info(f"{'updated' if replaced else 'saved'} '{name}' ({turns} turn(s)); "
+                     f"continue later with: localchat chat --resume {name}")
+        return True
+
+    def _help(self, _: str) -> bool:
+        self.ui.help()
+        return True
+
+    def _quit(self, _: str) -> bool:
+        return False

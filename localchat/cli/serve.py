@@ -1,0 +1,95 @@
+"""The ``serve``, ``smoke`` and ``parity`` commands: launch, check and compare a server, and show it."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from localchat.backends.openai_http import backend_for
+from localchat.errors import LocalchatError
+from localchat.registry import DEFAULT_MODEL, DEMO_MODEL, resolve
+from localchat.server.launch import LOOPBACK, raise_on_sigterm, start_ready
+from localchat.server.parity import ParityReport, run_parity
+from localchat.server.smoke import SmokeReport, run_smoke
+
+
+def show_smoke(console: Console, report: SmokeReport, as_json: bool) -> None:
+    if as_json:
+        console.print_json(json.dumps(report.as_dict()))
+        return
+    table = Table("check", "result", "time", "detail", title=f"smoke: {report.base_url} ({report.model})")
+    for c in report.checks:
+        mark = "[green]pass[/green]" if c.ok else ("[red]FAIL[/red]" if c.required else "[yellow]fail[/yellow]")
+        table.add_row(c.name, mark, f"{c.seconds:.2f}s", escape(c.detail))
+    console.print(table)
+    console.print("[green]all required checks passed[/green]" if report.ok else "[red]smoke test failed[/red]")
+
+
+def run_serve(*, model: str | None, host: str, port: int, log: Path | None, smoke: bool,
+              extra: tuple[str, ...], console: Console) -> bool:
+    """Serve until Ctrl+C or SIGTERM (True), or run the smoke test and stop (its result)."""
+    ref = resolve(model or DEFAULT_MODEL)
+    if host not in LOOPBACK:
+        console.print(f"[yellow]warning: binding {host}: mlx_lm.server has no authentication; "
+                      "anyone who can reach this port can use the model[/yellow]")
+    raise_on_sigterm()
+    with console.status("starting mlx_lm.server …") as status:
+        server = start_ready(ref, host=host, port=port, log=log, extra=extra, on_poll=status.update)
+    try:
+        console.print(f"[green]ready[/green] {server.base_url} · model {ref.id} ({ref.location}) · "
+                      f"loaded in {server.load_s:.1f}s · log {server.log_path}")
+        if smoke:
+            report = run_smoke(backend_for(server.base_url, ref), judge_recall=ref.id == DEMO_MODEL)
+            show_smoke(console, report, as_json=False)
+            return report.ok
+        console.print("chat with:", style="dim")
+        console.print(f"  localchat chat --backend server --base-url {server.base_url} -m {ref.id}",
+                      markup=False, overflow="ignore", crop=False)
+        console.print("Ctrl+C stops the server.", style="dim")
+        while server.process.poll() is None:
+            time.sleep(0.5)
+        raise LocalchatError(f"mlx_lm.server exited with code {server.process.returncode}; see {server.log_path}")
+    except KeyboardInterrupt:
+        return True
+    finally:
+        code = server.stop()
+        console.print(f"server stopped (exit code {code})", style="dim")
+
+
+def run_smoke_cmd(*, base_url: str, model: str | None, api_key: str | None, as_json: bool,
+                  console: Console) -> bool:
+    ref = resolve(model) if model else None
+    backend = backend_for(base_url, ref, api_key=api_key)
+    try:
+        report = run_smoke(backend, judge_recall=ref is not None and ref.id == DEMO_MODEL)
+    finally:
+        backend.close()
+    show_smoke(console, report, as_json)
+    return report.ok
+
+
+def run_parity_cmd(*, model: str | None, as_json: bool, console: Console) -> bool:
+    with console.status("parity …") as status:
+        report = run_parity(model, on_status=status.update)
+    show_parity(console, report, as_json)
+    return report.ok
+
+
+def show_parity(console: Console, report: ParityReport, as_json: bool) -> None:
+    if as_json:
+        console.print_json(json.dumps(asdict(report) | {"ok": report.ok}))
+        return
+    table = Table("turn", "prompt tokens (inproc / server)", "in-process reply", "server reply",
+                  title=f"parity at temperature 0: {report.model}")
+    for t in report.turns:
+        table.add_row(str(t["turn"]), f"{t['inproc_prompt_tokens']} / {t['server_prompt_tokens']}",
+                      escape(repr(t["inproc_text"])), escape(repr(t["server_text"])))
+    console.print(table)
+    console.print("[green]identical prompts and greedy replies[/green]" if report.ok
+                  else f"[red]first difference: {escape(report.first_difference or '')}[/red]")

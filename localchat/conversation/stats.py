@@ -1,0 +1,141 @@
+"""The one clock and the one stats type, shared by every backend.
+
+TTFT runs from the moment a turn is submitted (templating and tokenization included) to the
+first visible text; decode speed is (completion_tokens - 1) / (t_last - t_first). The runtime's
+own figures (mlx_lm's prompt_tps/generation_tps) travel beside ours, labelled as the runtime's.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from localchat.backends import Finished
+
+STATS_VERSION = 1
+
+
+@dataclass(frozen=True)
+class TurnStats:
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    ttft_s: float | None = None
+    prefill_tps: float | None = None  # tokens actually prefilled (prompt - cached) / TTFT
+    decode_tps: float | None = None
+    total_s: float = 0.0
+    peak_memory_gb: float | None = None
+    finish_reason: str | None = None  # the runtime's ("stop", "length"); None when it never said
+    estimated: bool = False
+    cache_miss_tokens: int = 0
+    runtime: dict[str, float] = field(default_factory=dict)
+
+
+def stats_to_dict(stats: TurnStats) -> dict[str, Any]:
+    """The stored form of a turn's figures (saved sessions, records), with its version."""
+    return {"version": STATS_VERSION, **asdict(stats)}
+
+
+def stats_from_dict(data: Any) -> TurnStats | None:
+    """Figures stored by any localchat version: unknown fields are ignored, missing ones take
+    their defaults, a value of the wrong type is dropped; None when ``data`` is not a mapping."""
+    if not isinstance(data, dict):
+        return None
+    return TurnStats(**{name: value for name, value in data.items() if _fits(name, value)})
+
+
+_OPTIONAL_NUMBER = (int, float, type(None))
+_STORED_TYPES: dict[str, tuple[type, ...]] = {
+    "prompt_tokens": (int,), "cached_tokens": (int,), "completion_tokens": (int,), "cache_miss_tokens": (int,),
+    "ttft_s": _OPTIONAL_NUMBER, "prefill_tps": _OPTIONAL_NUMBER, "decode_tps": _OPTIONAL_NUMBER,
+    "peak_memory_gb": _OPTIONAL_NUMBER, "total_s": (int, float), "finish_reason": (str, type(None)),
+    "estimated": (bool,), "runtime": (dict,),
+}
+
+
+def _fits(name: str, value: Any) -> bool:
+    types = _STORED_TYPES.get(name, ())
+    if isinstance(value, bool) and bool not in types:
+        return False
+    if isinstance(value, dict):
+        return dict in types and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value.values())
+    return isinstance(value, types)
+
+
+class TurnClock:
+    """Timestamps of one turn; started when the user submits, before any templating.
+
+    ``now`` is the clock (a fake one in tests); every figure of a turn comes from it.
+    """
+
+    def __init__(self, now: Callable[[], float] = time.perf_counter) -> None:
+        self.now = now
+        self.submitted = now()
+        self.first: float | None = None
+        self.last: float | None = None
+        self.parts: list[str] = []
+
+    @property
+    def text(self) -> str:
+        return "".join(self.parts)
+
+    def on_text(self, text: str) -> None:
+        if not text:
+            return
+        now = self.now()
+        self.first = now if self.first is None else self.first
+        self.last = now
+        self.parts.append(text)
+
+    def finish(self, done: Finished | None) -> TurnStats:
+        """Close the clock; ``done`` is None when the stream broke before the runtime reported."""
+        end = self.now()
+        ttft = self.first - self.submitted if self.first is not None else None
+        prefilled = (done.prompt_tokens - done.cached_tokens) if done else 0
+        decode = None
+        if done and self.first is not None and self.last is not None and self.last > self.first \
+                and done.completion_tokens > 1:
+            decode = (done.completion_tokens - 1) / (self.last - self.first)
+        return TurnStats(
+            prompt_tokens=done.prompt_tokens if done else 0,
+            cached_tokens=done.cached_tokens if done else 0,
+            completion_tokens=done.completion_tokens if done else 0,
+            ttft_s=ttft,
+            prefill_tps=prefilled / ttft if ttft and prefilled > 0 else None,
+            decode_tps=decode,
+            total_s=end - self.submitted,
+            peak_memory_gb=done.peak_memory_gb if done else None,
+            finish_reason=done.finish_reason if done else None,
+            estimated=done.estimated if done else False,
+            cache_miss_tokens=done.cache_miss_tokens if done else 0,
+            runtime=dict(done.runtime) if done else {},
+        )
+
+
+@dataclass
+class Ledger:
+    """Every turn of a session (committed or not), for ``/stats``."""
+
+    turns: list[TurnStats] = field(default_factory=list)
+
+    def add(self, stats: TurnStats) -> None:
+        self.turns.append(stats)
+
+    def summary(self) -> dict[str, float | int | None]:
+        ttfts = [t.ttft_s for t in self.turns if t.ttft_s is not None]
+        speeds = [t.decode_tps for t in self.turns if t.decode_tps is not None]
+        tokens_in = sum(t.prompt_tokens for t in self.turns)
+        cached = sum(t.cached_tokens for t in self.turns)
+        return {
+            "turns": len(self.turns),
+            "tokens_in": tokens_in,
+            "tokens_out": sum(t.completion_tokens for t in self.turns),
+            "cached_share": cached / tokens_in if tokens_in else None,
+            "ttft_mean_s": statistics.fmean(ttfts) if ttfts else None,
+            "ttft_median_s": statistics.median(ttfts) if ttfts else None,
+            "decode_tps_mean": statistics.fmean(speeds) if speeds else None,
+            "decode_tps_median": statistics.median(speeds) if speeds else None,
+        }

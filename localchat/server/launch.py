@@ -1,0 +1,188 @@
+"""Launch ``mlx_lm.server`` as a child process, know when it is really ready, always stop it.
+
+``/health`` answers "ok" before the model has loaded, so readiness is a 1-token chat completion
+that succeeds. The child runs in its own session (Ctrl+C reaches only us; we stop it with
+SIGTERM, then SIGKILL after a grace period) and, on Linux, dies with us even if we are killed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from localchat.errors import LocalchatError
+from localchat.registry import ModelRef, local_dir
+
+LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+GRACE_S = 5.0
+READY_TIMEOUT_S = 600.0
+POLL_S = 0.2
+
+
+class ServerStartError(LocalchatError):
+    pass
+
+
+def port_is_free(host: str, port: int) -> bool:
+    """Bind as the server will (SO_REUSEADDR: a port in TIME-WAIT is free, a listener is not)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def _die_with_parent() -> None:  # runs in the child before exec (Linux only)
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def last_lines(path: Path, n: int = 20) -> str:
+    try:
+        with path.open(encoding="utf-8", errors="replace") as f:
+            return "".join(deque(f, maxlen=n))
+    except OSError:
+        return ""
+
+
+@dataclass
+class RunningServer:
+    process: subprocess.Popen
+    host: str
+    port: int
+    model_location: str
+    log_path: Path
+    load_s: float = 0.0
+
+    @property
+    def root_url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        return f"{self.root_url}/v1"
+
+    def stop(self, grace_s: float = GRACE_S) -> int | None:
+        """SIGTERM, then SIGKILL after ``grace_s``; returns the exit code."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+
+def launch(model_location: str, *, host: str = "127.0.0.1", port: int = 8080, log_path: Path,
+           extra_args: tuple[str, ...] = ()) -> RunningServer:
+    """Start the child (not yet ready: see ``wait_ready``)."""
+    if not port_is_free(host, port):
+        raise ServerStartError(f"port {port} on {host} is busy: stop what is using it, or pick "
+                               "another with --port")
+    command = [sys.executable, "-m", "mlx_lm", "server", "--model", model_location,
+               "--host", host, "--port", str(port), *extra_args]
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   env=os.environ | {"HF_HUB_OFFLINE": "1"},  # the server never downloads
+                                   start_new_session=True,
+                                   preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+    return RunningServer(process, host, port, model_location, log_path)
+
+
+def _ready_once(client: httpx.Client, server: RunningServer) -> bool:
+    try:
+        if client.get(f"{server.root_url}/health").status_code != 200:
+            return False
+        reply = client.post(f"{server.base_url}/chat/completions", json={
+            "model": server.model_location, "max_tokens": 1, "temperature": 0.0,
+            "messages": [{"role": "user", "content": "Hi"}]})
+    except httpx.HTTPError:
+        return False
+    return reply.status_code == 200 and bool(reply.json().get("choices"))
+
+
+def wait_ready(server: RunningServer, timeout_s: float = READY_TIMEOUT_S,
+               on_poll: Callable[[float], None] = lambda _: None) -> float:
+    """Poll until a 1-token chat completion succeeds; returns the seconds it took."""
+    started = time.perf_counter()
+    with httpx.Client(timeout=httpx.Timeout(30.0, connect=1.0)) as client:
+        while True:
+            elapsed = time.perf_counter() - started
+            if server.process.poll() is not None:
+                tail = last_lines(server.log_path)
+                raise ServerStartError(f"mlx_lm.server exited with code {server.process.returncode} "
+                                       f"during start-up; last lines of {server.log_path}:\n{tail}")
+            if _ready_once(client, server):
+                server.load_s = elapsed
+                return elapsed
+            if elapsed > timeout_s:
+                raise ServerStartError(f"mlx_lm.server was not ready after {timeout_s:.0f}s "
+                                       f"(log: {server.log_path})")
+            on_poll(elapsed)
+            time.sleep(POLL_S)
+
+
+def default_log(port: int) -> Path:
+    return Path(tempfile.gettempdir()) / f"localchat-server-{port}.log"
+
+
+def ensure_hf_cache_dir() -> None:
+    """mlx_lm.server's /v1/models sends 200 and then fails when the HF cache directory does not
+    exist (ml-explore/mlx-lm#1636); an empty cache directory is what ``hf download`` makes anyway."""
+    from huggingface_hub import constants
+
+    Path(constants.HF_HUB_CACHE).mkdir(parents=True, exist_ok=True)
+
+
+def start_ready(ref: ModelRef, *, host: str = "127.0.0.1", port: int, log: Path | None = None,
+                extra: tuple[str, ...] = (), on_poll: Callable[[str], None] = lambda _: None) -> RunningServer:
+    """Launch mlx_lm.server for ``ref`` and wait until a completion succeeds; ``on_poll`` hears
+    what it is waiting for (a spinner shows it). The child is stopped if anything goes wrong."""
+    local_dir(ref)  # fail early, in one line, when the model is not on this machine
+    ensure_hf_cache_dir()
+    server = launch(ref.location, host=host, port=port, log_path=log or default_log(port), extra_args=extra)
+    try:
+        on_poll(f"starting mlx_lm.server with {ref.id} on port {port} …")
+        wait_ready(server, on_poll=lambda s: on_poll(
+            f"loading {ref.id} in mlx_lm.server … {s:.0f}s (waiting for a 1-token completion)"))
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+class TerminationRequested(KeyboardInterrupt):
+    """SIGTERM turned into the same clean path as Ctrl+C."""
+
+
+def raise_on_sigterm() -> None:
+    def handler(signum, frame):
+        raise TerminationRequested()
+
+    signal.signal(signal.SIGTERM, handler)

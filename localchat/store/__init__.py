@@ -1,0 +1,2 @@
+"""What localchat keeps for the user: the home directory, its config file and saved sessions.
+"""

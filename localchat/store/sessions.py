@@ -1,0 +1,230 @@
+"""Saved conversations: one SQLite database in the user's localchat home.
+
+A saved session holds what resuming needs (system message, accepted turns with their figures,
+model, backend, generation parameters). Every write is one ``BEGIN IMMEDIATE`` transaction, so
+concurrent REPLs saving to the same file wait for each other (up to ``BUSY_TIMEOUT_S``) instead of
+interleaving; a database that cannot be read is reported and left untouched. The schema is
+versioned with ``PRAGMA user_version``; ``MIGRATIONS[i]`` upgrades version i to i + 1.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from localchat.conversation.history import Turn, system_first, turn_messages
+from localchat.conversation.stats import stats_from_dict, stats_to_dict
+from localchat.conversation.turn import ChatSession
+from localchat.errors import LocalchatError, UsageError
+
+DB_NAME = "sessions.sqlite3"
+BUSY_TIMEOUT_S = 10.0
+MIGRATIONS = [
+    """
+    CREATE TABLE sessions (
+        id INTEGER PRIMARY KEY,
+        name TEXT NOT NULL UNIQUE,
+        uid TEXT NOT NULL,
+        created TEXT NOT NULL,
+        updated TEXT NOT NULL,
+        model TEXT,
+        backend TEXT NOT NULL,
+        system TEXT,
+        params TEXT NOT NULL
+    );
+    CREATE TABLE turns (
+        session_id INTEGER NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+        position INTEGER NOT NULL,
+        user TEXT NOT NULL,
+        assistant TEXT NOT NULL,
+        stats TEXT,
+        PRIMARY KEY (session_id, position)
+    );
+    """,
+]
+
+
+@dataclass(frozen=True)
+class SavedSession:
+    name: str
+    uid: str  # the conversation's identity: re-saving it updates, another one may not take its name
+    model: str | None
+    backend: str
+    system: str | None
+    params: dict[str, Any]
+    turns: tuple[Turn, ...]  # with their figures
+    created: str = ""
+    updated: str = ""
+
+
+@dataclass(frozen=True)
+class SessionSummary:
+    name: str
+    turns: int
+    model: str | None
+    backend: str
+    updated: str
+
+
+class StoreError(LocalchatError):
+    pass
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S")
+
+
+@dataclass
+class SessionStore:
+    path: Path
+
+    @contextmanager
+    def _connect(self, write: bool = False) -> Iterator[sqlite3.Connection]:
+        """A connection inside one transaction; sqlite errors become one-line StoreErrors."""
+        if not write and not self.path.exists():
+            raise UsageError(f"no saved sessions yet ({self.path} does not exist)")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+        except (OSError, sqlite3.Error) as exc:
+            raise StoreError(f"cannot open the session database {self.path}: {exc}") from None
+        try:
+            conn.execute("PRAGMA foreign_keys = ON")
+            conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+            self._migrate(conn)
+            yield conn
+            conn.execute("COMMIT")
+        except sqlite3.OperationalError as exc:
+            conn.rollback()
+            if "locked" in str(exc) or "busy" in str(exc):
+                raise StoreError(f"the session database {self.path} stayed locked for {BUSY_TIMEOUT_S:.0f}s "
+                                 "(another localchat is writing?); nothing was changed") from None
+            raise StoreError(f"session database {self.path}: {exc}; nothing was changed") from None
+        except sqlite3.DatabaseError as exc:
+            conn.rollback()
+            raise StoreError(f"the session database {self.path} is unreadable ({exc}); it was left "
+                             "as it is — move it away to start a new one") from None
+        except BaseException:
+            conn.rollback()
+            raise
+        finally:
+            conn.close()
+
+    def _migrate(self, conn: sqlite3.Connection) -> None:
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version > len(MIGRATIONS):
+            raise StoreError(f"the session database {self.path} is schema version {version}, newer than "
+                             f"this localchat understands ({len(MIGRATIONS)}); upgrade localchat")
+        for number in range(version, len(MIGRATIONS)):
+            for statement in MIGRATIONS[number].split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+            conn.execute(f"PRAGMA user_version = {number + 1}")
+
+    def save(self, session: SavedSession) -> bool:
+        """Insert or update ``session`` under its name; True when it replaced an earlier save.
+        A name held by a different conversation is refused, so no save overwrites another."""
+        with self._connect(write=True) as conn:
+            row = conn.execute("SELECT id, uid, created FROM sessions WHERE name = ?", (session.name,)).fetchone()
+            if row and row[1] != session.uid:
+                raise UsageError(f"another conversation is already saved as '{session.name}': pick another "
+                                 f"name, or remove it first (localchat sessions rm {session.name})")
+            if row:
+                conn.execute("DELETE FROM sessions WHERE id = ?", (row[0],))
+            created = row[2] if row else _now()
+            cursor = conn.execute(
+                "INSERT INTO sessions (name, uid, created, updated, model, backend, system, params) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (session.name, session.uid, created, _now(), session.model, session.backend, session.system,
+                 json.dumps(session.params)))
+            conn.executemany(
+                "INSERT INTO turns (session_id, position, user, assistant, stats) VALUES (?, ?, ?, ?, ?)",
+                [(cursor.lastrowid, i, t.user, t.assistant, json.dumps(stats_to_dict(t.stats)) if t.stats else None)
+                 for i, t in enumerate(session.turns)])
+            return row is not None
+
+    def load(self, name: str) -> SavedSession:
+        with self._connect() as conn:
+            row = conn.execute("SELECT id, name, uid, model, backend, system, params, created, updated "
+                               "FROM sessions WHERE name = ?", (name,)).fetchone()
+            if row is None:
+                raise UsageError(f"no saved session named '{name}' (see: localchat sessions list)")
+            turns = conn.execute("SELECT user, assistant, stats FROM turns WHERE session_id = ? "
+                                 "ORDER BY position", (row[0],)).fetchall()
+        return SavedSession(
+            name=row[1], uid=row[2], model=row[3], backend=row[4], system=row[5], params=json.loads(row[6]),
+            turns=tuple(Turn(u, a, stats_from_dict(json.loads(s)) if s else None) for u, a, s in turns),
+            created=row[7], updated=row[8])
+
+    def list(self) -> list[SessionSummary]:
+        if not self.path.exists():
+            return []
+        with self._connect() as conn:
+            rows = conn.execute("SELECT s.name, COUNT(t.position), s.model, s.backend, s.updated FROM sessions s "
+                                "LEFT JOIN turns t ON t.session_id = s.id GROUP BY s.id "
+                                "ORDER BY s.updated DESC, s.name").fetchall()
+        return [SessionSummary(*row) for row in rows]
+
+    def remove(self, name: str) -> None:
+        with self._connect(write=True) as conn:
+            if conn.execute("DELETE FROM sessions WHERE name = ?", (name,)).rowcount == 0:
+                raise UsageError(f"no saved session named '{name}' (see: localchat sessions list)")
+
+
+@dataclass
+class SessionSaver:
+    """What ``/save`` needs besides the live session: where, under which identity and name."""
+
+    store: SessionStore
+    uid: str
+    model: str | None
+    name: str | None = None  # the last name saved (or resumed) under; /save without NAME reuses it
+
+    def save(self, session: ChatSession, name: str | None = None) -> tuple[str, bool]:
+        """Save the accepted turns; returns the name and whether an earlier save was replaced."""
+        name = validate_name(name) if name else (self.name or f"chat-{self.uid}")
+        replaced = self.store.save(SavedSession(
+            name=name, uid=self.uid, model=self.model, backend=session.backend.name,
+            system=session.conversation.system, params=asdict(session.params),
+            turns=tuple(session.conversation.turns)))
+        self.name = name
+        return name, replaced
+
+
+def default_store() -> SessionStore:
+    from localchat.store.home import home_dir
+
+    return SessionStore(home_dir() / DB_NAME)
+
+
+def validate_name(name: str) -> str:
+    """Names are typed on command lines: letters, digits, '.', '_' and '-', at most 64."""
+    if not name or len(name) > 64 or not all(c.isalnum() or c in "._-" for c in name):
+        raise UsageError(f"invalid session name {name!r}: use letters, digits, '.', '_' or '-' (at most 64)")
+    return name
+
+
+def export_json(session: SavedSession) -> str:
+    return json.dumps({
+        "name": session.name, "model": session.model, "backend": session.backend, "params": session.params,
+        "created": session.created, "updated": session.updated,
+        "messages": system_first(session.system, turn_messages(session.turns)),
+        "turn_stats": [stats_to_dict(t.stats) if t.stats else None for t in session.turns],
+    }, ensure_ascii=False, indent=2)
+
+
+def export_markdown(session: SavedSession) -> str:
+    lines = [f"# {session.name}", "",
+             f"model: {session.model or '(server default)'} · backend: {session.backend} · "
+             f"saved {session.updated}", ""]
+    if session.system:
+        lines += ["## System", "", session.system, ""]
+    for i, turn in enumerate(session.turns, 1):
+        lines += [f"## Turn {i}", "", f"**User:** {turn.user}", "", f"**Assistant:** {turn.assistant}", ""]
+    return "\n".join(lines)

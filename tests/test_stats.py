@@ -1,0 +1,78 @@
+"""The one clock, the figures line, the ledger and the stored form of a turn's figures, on a fake clock."""
+
+import pytest
+
+from localchat.backends import Finished
+from localchat.cli.render import stats_line
+from localchat.conversation.stats import Ledger, TurnClock, TurnStats, stats_from_dict, stats_to_dict
+
+
+class FakeClock:
+    def __init__(self, *times: float):
+        self.times = list(times)
+
+    def __call__(self) -> float:
+        return self.times.pop(0)
+
+
+def finished(**kw) -> Finished:
+    return Finished(**({"finish_reason": "stop", "prompt_tokens": 100, "completion_tokens": 5} | kw))
+
+
+def test_ttft_runs_from_submission_to_the_first_text_and_decode_from_first_to_last():
+    clock = TurnClock(now=FakeClock(10.0, 10.5, 10.6, 10.7, 10.9, 11.0))
+    for text in ("a", "", "b", "c", "d"):  # the empty chunk is not text and reads no time
+        clock.on_text(text)
+    stats = clock.finish(finished(cached_tokens=60))
+    assert stats.ttft_s == pytest.approx(0.5)
+    assert stats.decode_tps == pytest.approx(4 / 0.4)  # (5 - 1) tokens between first and last text
+    assert stats.prefill_tps == pytest.approx(40 / 0.5)  # only uncached tokens count
+    assert stats.total_s == pytest.approx(1.0)
+    assert clock.text == "abcd"
+
+
+def test_a_turn_that_broke_before_any_text_has_no_ttft_and_no_counts():
+    stats = TurnClock(now=FakeClock(1.0, 3.0)).finish(None)
+    assert stats.ttft_s is None and stats.decode_tps is None and stats.prompt_tokens == 0
+    assert stats.finish_reason is None and stats.total_s == 2.0
+
+
+def test_one_token_reply_has_no_decode_speed():
+    clock = TurnClock(now=FakeClock(0.0, 0.2, 0.3))
+    clock.on_text("x")
+    assert clock.finish(finished(completion_tokens=1)).decode_tps is None
+
+
+def test_figures_line_names_every_figure_and_marks_estimates():
+    stats = TurnStats(prompt_tokens=274, cached_tokens=256, completion_tokens=52, ttft_s=0.42, decode_tps=41.2,
+                      total_s=1.7, peak_memory_gb=0.5, finish_reason="stop", cache_miss_tokens=3)
+    assert stats_line(stats) == ("[TTFT 0.42s · 41.2 tok/s · in 274 (cached 256) · out 52 · 1.70s · peak 512 MB · "
+                                 "re-prefilled 3 cached]")
+    estimated = TurnStats(prompt_tokens=10, completion_tokens=2, total_s=0.5, estimated=True)
+    assert stats_line(estimated) == "[TTFT – · in ~10 · out ~2 · 0.50s · estimated counts]"
+
+
+def test_ledger_sums_and_medians_every_turn():
+    ledger = Ledger()
+    for ttft, tps, cached in ((0.2, 10.0, 0), (0.4, 20.0, 50), (None, None, 0)):
+        ledger.add(TurnStats(prompt_tokens=100, cached_tokens=cached, completion_tokens=5, ttft_s=ttft,
+                             decode_tps=tps))
+    summary = ledger.summary()
+    assert summary["turns"] == 3 and summary["tokens_in"] == 300 and summary["tokens_out"] == 15
+    assert summary["cached_share"] == pytest.approx(50 / 300)
+    assert summary["ttft_median_s"] == pytest.approx(0.3) and summary["decode_tps_mean"] == pytest.approx(15.0)
+
+
+def test_stored_figures_round_trip_with_their_version():
+    stats = TurnStats(prompt_tokens=9, ttft_s=0.1, finish_reason="stop", runtime={"mlx_lm_prompt_tps": 5.0})
+    stored = stats_to_dict(stats)
+    assert stored["version"] == 1
+    assert stats_from_dict(stored) == stats
+
+
+def test_figures_from_another_version_keep_what_fits():
+    """Unknown fields are ignored, missing ones take defaults, wrongly typed ones are dropped."""
+    stored = {"version": 7, "prompt_tokens": 12, "reasoning_tokens": 40, "ttft_s": "fast",
+              "estimated": 1, "runtime": {"x": "y"}, "completion_tokens": True}
+    assert stats_from_dict(stored) == TurnStats(prompt_tokens=12)
+    assert stats_from_dict(["not", "a", "mapping"]) is None
