@@ -23,9 +23,9 @@ from pathlib import Path
 from demo.random_model import build_random_model
 from localchat.backends import GenerationParams
 from localchat.backends.inproc import InProcessBackend
-from localchat.environment import collect
 from localchat.conversation.history import Conversation
 from localchat.conversation.turn import ChatSession
+from localchat.environment import collect
 
 CACHE = Path(tempfile.gettempdir()) / "localchat-bench-models"
 SIZES = {  # ~57M parameters: big enough that the model, not Python, dominates

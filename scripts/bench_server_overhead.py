@@ -21,10 +21,10 @@ from bench_overhead import PROMPT, model_dir, raw_run
 
 from localchat.backends import GenerationParams
 from localchat.backends.openai_http import ServerBackend, make_client
-from localchat.environment import collect
 from localchat.conversation.history import Conversation
-from localchat.server.launch import free_port, launch, wait_ready
 from localchat.conversation.turn import ChatSession
+from localchat.environment import collect
+from localchat.server.launch import free_port, launch, wait_ready
 
 
 def server_run(backend: ServerBackend, prompt: str, max_tokens: int) -> tuple[float, float]:

@@ -75,7 +75,7 @@ def test_kv_reuse_caches_from_turn_two_and_no_reuse_caches_nothing(inproc_run):
 def test_files_parse_and_agree(inproc_run):
     data, out = inproc_run
     saved = json.loads((out / "results.json").read_text())
-    assert saved["turns"] == data["turns"] and saved["schema"] == "localchat.bench.runner/1"
+    assert saved["turns"] == data["turns"] and saved["schema"] == "localchat.bench.arms/1"
     rows = list(csv.DictReader((out / "turns.csv").open()))
     assert len(rows) == len(data["turns"])
     assert [r["answer"] for r in rows] == [t["answer"] for t in data["turns"]]

@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 from localchat.cli.app import app
 from localchat.conversation.history import Turn
 from localchat.conversation.stats import TurnStats
-from localchat.store import sessions
-from localchat.store.sessions import SavedSession, SessionStore, StoreError
+from localchat.store import saved_sessions as sessions
+from localchat.store.saved_sessions import SavedSession, SessionStore, StoreError
 
 runner = CliRunner()
 REMEMBER = "Remember the code harbor 17. Reply only OK."

@@ -4,7 +4,13 @@ import pytest
 
 from localchat.backends import Finished
 from localchat.cli.render import stats_line
-from localchat.conversation.stats import Ledger, TurnClock, TurnStats, stats_from_dict, stats_to_dict
+from localchat.conversation.stats import (
+    Ledger,
+    TurnClock,
+    TurnStats,
+    stats_from_dict,
+    stats_to_dict,
+)
 
 
 class FakeClock:

@@ -7,8 +7,8 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import ROOT
+
 from localchat.server.launch import free_port
 
 pytestmark = pytest.mark.wheel

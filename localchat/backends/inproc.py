@@ -12,7 +12,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from localchat.backends import Event, Finished, GenerationParams, Message, TextChunk, chat_template_ids
+from localchat.backends import (
+    Event,
+    Finished,
+    GenerationParams,
+    Message,
+    TextChunk,
+    chat_template_ids,
+)
 from localchat.errors import LocalchatError
 from localchat.registry import ModelRef
 

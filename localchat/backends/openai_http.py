@@ -14,7 +14,14 @@ from typing import Any
 
 import httpx
 
-from localchat.backends import Event, Finished, GenerationParams, Message, TextChunk, chat_template_ids
+from localchat.backends import (
+    Event,
+    Finished,
+    GenerationParams,
+    Message,
+    TextChunk,
+    chat_template_ids,
+)
 from localchat.backends.sse import StreamError, error_message, iter_chunks
 from localchat.errors import LocalchatError
 from localchat.registry import ModelRef

@@ -14,7 +14,7 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
-from localchat.bench.runner import BenchResult, TurnRecord
+from localchat.bench.arms import BenchResult, TurnRecord
 
 
 def _f(value: Any, spec: str = ".3f", scale: float = 1.0) -> str:

@@ -1,6 +1,6 @@
 """``localchat bench`` around the core: open the arms' backends, show progress, render and write.
 
-``--out DIR`` writes ``results.json`` (schema ``localchat.bench.runner/1``: environment, settings, summary
+``--out DIR`` writes ``results.json`` (schema ``localchat.bench.arms/1``: environment, settings, summary
 and every turn), ``turns.csv`` (one row per turn, the same fields as ``turns`` in the JSON) and
 ``summary.md`` (the tables and the command that re-runs the run); ``--plot`` adds a PNG.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from localchat.backends import GenerationParams
-from localchat.bench.runner import Arm, BenchPlan, BenchResult, TurnRecord, run_arm
+from localchat.bench.arms import Arm, BenchPlan, BenchResult, TurnRecord, run_arm
 from localchat.bench.script import (
     BenchScript,
     builtin_scripts,
@@ -162,7 +162,7 @@ def _check_reachable(backend) -> None:
 
 def bench_scripts(opts: BenchOptions) -> list[BenchScript]:
     """--script files and --replay sessions; the built-in scripts when neither is given."""
-    from localchat.store.sessions import default_store
+    from localchat.store.saved_sessions import default_store
 
     replays = []
     for name in opts.replay:

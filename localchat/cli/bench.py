@@ -14,6 +14,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from localchat.bench.arms import BenchResult
 from localchat.bench.report import (
     SUMMARY_HEADERS,
     comparison_lines,
@@ -26,7 +27,6 @@ from localchat.bench.report import (
     write_plot,
 )
 from localchat.bench.run import BenchOptions, run_bench
-from localchat.bench.runner import BenchResult
 
 
 def show_table(result: BenchResult, console: Console) -> None:

@@ -32,7 +32,7 @@ from localchat.registry import (
     resolve,
 )
 from localchat.store.home import records_dir
-from localchat.store.sessions import SavedSession, SessionSaver, default_store
+from localchat.store.saved_sessions import SavedSession, SessionSaver, default_store
 
 DEFAULT_MAX_TOKENS = 512
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from localchat.cli.render import ChatUI, count
 from localchat.conversation.turn import ChatSession
 from localchat.errors import UsageError
-from localchat.store.sessions import SessionSaver, StoreError
+from localchat.store.saved_sessions import SessionSaver, StoreError
 
 MULTILINE = '"""'
 

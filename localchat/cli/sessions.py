@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from localchat.store.sessions import default_store, export_json, export_markdown
+from localchat.store.saved_sessions import default_store, export_json, export_markdown
 
 
 def show_list(console: Console) -> None:

@@ -216,5 +216,5 @@ class BenchResult:
         return {"arms": arms, "growth": growth, "history_on_vs_off": comparisons, "kv_reuse": savings}
 
     def as_dict(self) -> dict:
-        return {"schema": "localchat.bench.runner/1", "environment": self.environment, "settings": self.settings,
+        return {"schema": "localchat.bench.arms/1", "environment": self.environment, "settings": self.settings,
                 "summary": self.summary(), "turns": [asdict(r) for r in self.turns]}
