@@ -11,3 +11,16 @@ class UsageError(LocalchatError):
     """Bad input from the command line or the prompt (exit code 2, like Typer's own)."""
 
     exit_code = 2
+
+
+class TerminationRequested(KeyboardInterrupt):
+    """SIGTERM, turned into the same clean path as Ctrl+C (see ``raise_on_sigterm``); exit 143."""
+
+
+def raise_on_sigterm() -> None:
+    import signal
+
+    def handler(signum, frame):
+        raise TerminationRequested()
+
+    signal.signal(signal.SIGTERM, handler)

@@ -8,6 +8,7 @@ already be in the local Hugging Face cache.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -86,8 +87,9 @@ def _parse_entry(raw: Any, index: int, path: Path) -> ModelEntry:
             raise _fail(path, where, f"unknown field 'defaults.{key}'")
         if not isinstance(value, DEFAULT_FIELDS[key]) or isinstance(value, bool):
             raise _fail(path, where, f"field 'defaults.{key}' has the wrong type ({value!r})")
-    if defaults.get("temperature", 0) < 0 or defaults.get("max_tokens", 1) < 1:
-        raise _fail(path, where, "defaults: temperature must be ≥ 0 and max_tokens ≥ 1")
+    temperature = defaults.get("temperature", 0.0)
+    if not math.isfinite(temperature) or temperature < 0 or defaults.get("max_tokens", 1) < 1:
+        raise _fail(path, where, "defaults: temperature must be a finite number ≥ 0 and max_tokens ≥ 1")
     kwargs = raw.get("chat_template_kwargs") or {}
     if not isinstance(kwargs, dict):
         raise _fail(path, where, "field 'chat_template_kwargs' must be a mapping")
@@ -156,6 +158,8 @@ def check_model_dir(path: Path, name: str) -> Path:
         raise LocalchatError(f"model path {path} does not exist")
     if not (path / "config.json").is_file() or not any(path.glob("*.safetensors")):
         raise LocalchatError(f"{path} is not an MLX model directory (needs config.json and *.safetensors)")
+    if not read_config(path):
+        raise LocalchatError(f"{path / 'config.json'} is not a readable JSON object")
     return path
 
 
@@ -188,13 +192,40 @@ class ModelInfo:
     bits: int | None
 
 
-def quantization_bits(model_dir: Path) -> int | None:
+def read_config(model_dir: Path) -> dict[str, Any]:
+    """A model directory's ``config.json``; {} when it is missing, unreadable or not an object."""
     try:
-        config = json.loads((model_dir / "config.json").read_text())
+        config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return None
-    quant = config.get("quantization") or config.get("quantization_config") or {}
-    return quant.get("bits") if isinstance(quant, dict) else None
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def quantization_bits(model_dir: Path) -> int | None:
+    config = read_config(model_dir)
+    quant = config.get("quantization") or config.get("quantization_config")
+    bits = quant.get("bits") if isinstance(quant, dict) else None
+    return bits if isinstance(bits, int) and not isinstance(bits, bool) else None
+
+
+CONTEXT_KEYS = ("max_position_embeddings", "max_seq_len", "n_positions", "seq_length", "n_ctx")
+
+
+def context_length(config: dict[str, Any]) -> int | None:
+    """The context window a model config declares (its text part, for multimodal configs)."""
+    for part in (config, config.get("text_config")):
+        if isinstance(part, dict):
+            for key in CONTEXT_KEYS:
+                value = part.get(key)
+                if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                    return value
+    return None
+
+
+def context_length_of(ref: ModelRef) -> int | None:
+    """``ref``'s context window from its config on this machine (never downloads); None if unknown."""
+    path = hub_snapshot(ref.location) if ref.kind == "hub" else Path(ref.location)
+    return context_length(read_config(path)) if path is not None else None
 
 
 def directory_size(path: Path) -> int:

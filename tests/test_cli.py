@@ -56,7 +56,7 @@ def test_server_down_is_one_error_line_without_a_figures_line():
     """No token ever came: there is no TTFT or rate to show, only what went wrong."""
     result = runner.invoke(app, ["chat", "--backend", "server", "--base-url", "http://127.0.0.1:9/v1", "hi"])
     assert result.exit_code == 1 and result.stdout == ""
-    assert "is a server running?" in one_error_line(result)
+    assert "nothing is listening there" in one_error_line(result)
     assert "[TTFT" not in result.stderr
 
 

@@ -33,6 +33,9 @@ class SpyBackend:
     def count_tokens(self, messages):
         return self.backend.count_tokens(messages)
 
+    def context_length(self):
+        return self.backend.context_length()
+
     def close(self):
         pass
 

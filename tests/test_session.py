@@ -71,6 +71,9 @@ class FailingAfterFirstChunk:
     def count_tokens(self, messages):
         return self.inner.count_tokens(messages)
 
+    def context_length(self):
+        return self.inner.context_length()
+
     def close(self):
         self.inner.close()
 

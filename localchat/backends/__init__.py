@@ -1,7 +1,7 @@
 """Backends translate the history builder's messages into a stream of events.
 
-A backend yields ``TextChunk`` items and ends with one ``Finished``; it never times, prints or
-touches history. The in-process backend runs mlx_lm; the server backend speaks HTTP to an
+A backend yields ``TextChunk`` items (and ``Progress`` while a long prompt is prefilled) and
+ends with one ``Finished``; it never times, prints or touches history. The in-process backend runs mlx_lm; the server backend speaks HTTP to an
 OpenAI-compatible server such as ``mlx_lm.server``.
 """
 
@@ -30,6 +30,14 @@ class TextChunk:
 
 
 @dataclass(frozen=True)
+class Progress:
+    """Prompt tokens processed so far, of ``total`` (mlx_lm.server's keepalive comments)."""
+
+    processed: int
+    total: int
+
+
+@dataclass(frozen=True)
 class Finished:
     """Counts and the runtime's own figures, reported once the reply has ended."""
 
@@ -43,7 +51,7 @@ class Finished:
     runtime: dict[str, float] = field(default_factory=dict)  # e.g. mlx_lm prompt_tps
 
 
-Event = Union[TextChunk, Finished]
+Event = Union[TextChunk, Progress, Finished]
 
 
 class Backend(Protocol):
@@ -53,6 +61,10 @@ class Backend(Protocol):
     def stream(self, messages: list[Message], params: GenerationParams) -> Iterator[Event]: ...
 
     def count_tokens(self, messages: list[Message]) -> int | None: ...
+
+    def context_length(self) -> int | None:
+        """The model's context window in tokens, when it is known."""
+        ...
 
     def close(self) -> None: ...
 

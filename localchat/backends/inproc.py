@@ -7,6 +7,7 @@ mlx_lm's cache helpers and prefills only the new tokens.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +22,7 @@ from localchat.backends import (
     chat_template_ids,
 )
 from localchat.errors import LocalchatError
-from localchat.registry import ModelRef
+from localchat.registry import ModelRef, context_length
 
 
 def common_prefix_length(a: list[int], b: list[int]) -> int:
@@ -80,6 +81,7 @@ class InProcessBackend:
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.cache_reuse = cache_reuse
         self._cache = PromptCache(model)
+        self._encoded: tuple[str | None, list[int]] = (None, [])
 
     @property
     def cached_ids(self) -> list[int]:
@@ -87,8 +89,17 @@ class InProcessBackend:
         return list(self._cache.ids)
 
     def encode(self, messages: list[Message]) -> list[int]:
-        """Token ids of the model's own chat template, with the assistant turn opened."""
-        return chat_template_ids(self.tokenizer, messages, self.chat_template_kwargs)
+        """Token ids of the model's own chat template, with the assistant turn opened. The last
+        prompt's ids are kept: a turn counts its tokens (context check) and then sends them."""
+        key = json.dumps(messages, ensure_ascii=False)
+        if self._encoded[0] != key:
+            self._encoded = (key, chat_template_ids(self.tokenizer, messages, self.chat_template_kwargs))
+        return list(self._encoded[1])
+
+    def context_length(self) -> int | None:
+        """From the model's config (``max_position_embeddings`` and kin)."""
+        args = getattr(self.model, "args", None)
+        return context_length(vars(args)) if hasattr(args, "__dict__") else None
 
     def _encode_or_explain(self, messages: list[Message]) -> list[int]:
         from jinja2 import TemplateError

@@ -3,12 +3,17 @@
 Made for ``mlx_lm.server`` and fine with vLLM, llama-server or LM Studio. Token counts come from
 the server's ``usage`` (requested with ``stream_options.include_usage``); when a server sends
 none, they are counted with the local tokenizer (or, lacking one, from the chunks) and labelled
-estimates. The API key is a Bearer header only: never printed, logged or recorded.
+estimates. The API key is a Bearer header only: validated before any request, never printed,
+logged or recorded, and cut out of anything a server sends back.
+
+A turn ends with one line when the server makes no progress for ``timeout_s``: no bytes at all
+(httpx's read timeout), or only comments whose prefill count does not advance.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -19,57 +24,85 @@ from localchat.backends import (
     Finished,
     GenerationParams,
     Message,
+    Progress,
     TextChunk,
     chat_template_ids,
 )
-from localchat.backends.sse import StreamError, error_message, iter_chunks
-from localchat.errors import LocalchatError
-from localchat.registry import ModelRef
+from localchat.backends.sse import ChatChunk, KeepAlive, StreamError, Usage, error_message, iter_stream
+from localchat.errors import LocalchatError, UsageError
+from localchat.registry import ModelRef, context_length_of
 
-DEFAULT_TIMEOUT = httpx.Timeout(connect=5.0, read=300.0, write=30.0, pool=5.0)
+DEFAULT_TIMEOUT_S = 120.0
+CONNECT_TIMEOUT_S = 5.0
 SERVER_DEFAULT_MODEL = "default_model"  # mlx_lm.server's name for the model it was started with
+MAX_LINE_CHARS = 16 * 1024 * 1024  # a "line" longer than this is not a chat-completion stream
+REDACTED = "[api key]"
 
 
 class ServerError(LocalchatError):
     pass
 
 
-def make_client(base_url: str, api_key: str | None = None, timeout: httpx.Timeout = DEFAULT_TIMEOUT,
+def check_api_key(api_key: str | None) -> str | None:
+    """A key that can travel in an HTTP header: printable ASCII, no spaces (never echoed)."""
+    if api_key is not None and (not api_key or any(not 0x21 <= ord(c) <= 0x7E for c in api_key)):
+        raise UsageError("the API key must be printable ASCII with no spaces or line breaks "
+                         "(it is not shown here); check --api-key / LOCALCHAT_API_KEY")
+    return api_key
+
+
+def make_client(base_url: str, api_key: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
                 transport: httpx.BaseTransport | None = None) -> httpx.Client:
     """One pooled client for the whole session (connections are reused across turns);
     ``transport`` is for tests (``httpx.MockTransport``)."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    headers = {"Authorization": f"Bearer {check_api_key(api_key)}"} if api_key else {}
+    timeout = httpx.Timeout(connect=CONNECT_TIMEOUT_S, read=timeout_s, write=30.0, pool=CONNECT_TIMEOUT_S)
     return httpx.Client(base_url=base_url.rstrip("/") + "/", headers=headers, timeout=timeout,
                         transport=transport)
 
 
 def backend_for(base_url: str, ref: ModelRef | None, *, name: str | None = None, api_key: str | None = None,
-                load_tokenizer: Callable[[], Any] | None = None) -> ServerBackend:
+                load_tokenizer: Callable[[], Any] | None = None,
+                timeout_s: float = DEFAULT_TIMEOUT_S) -> ServerBackend:
     """A backend for a registry model (sent as the location the server loads), or for a bare
     ``name`` only the server knows, or for the server's own model when both are None."""
     return ServerBackend(
-        make_client(base_url, api_key),
+        make_client(base_url, api_key, timeout_s),
         ref.location if ref else (name or SERVER_DEFAULT_MODEL),
         model_id=ref.id if ref else (name or "the server's model"),
         load_tokenizer=load_tokenizer,
         chat_template_kwargs=ref.chat_template_kwargs if ref else None,
+        known_context=context_length_of(ref) if ref else None,
+        timeout_s=timeout_s,
     )
 
 
-def describe_http_error(exc: httpx.HTTPError, url: str) -> str:
+def describe_http_error(exc: httpx.HTTPError, url: str, timeout_s: float | None = None) -> str:
+    if isinstance(exc, httpx.ConnectTimeout):
+        return f"cannot connect to {url}: no answer within {CONNECT_TIMEOUT_S:.0f}s (is the host right?)"
     if isinstance(exc, httpx.ConnectError):
-        return f"cannot connect to {url}: is a server running? Start one with: localchat serve"
+        return f"cannot connect to {url}: nothing is listening there. Start a server with: localchat serve"
     if isinstance(exc, httpx.TimeoutException):
-        return f"{url} did not answer in time ({type(exc).__name__})"
+        limit = f" for {timeout_s:.0f}s" if timeout_s else ""
+        return f"{url} sent nothing{limit} ({type(exc).__name__}); raise --timeout for very long prompts"
     if isinstance(exc, httpx.RemoteProtocolError):
         return f"{url} closed the connection without a complete response ({exc})"
-    return f"HTTP failure talking to {url}: {exc}"
+    return f"HTTP failure talking to {url}: {type(exc).__name__}"
 
 
-def _usage_counts(usage: dict[str, Any]) -> tuple[int, int, int]:
-    details = usage.get("prompt_tokens_details") or {}
-    return (int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0),
-            int(details.get("cached_tokens") or 0))
+def iter_lines_watched(response: httpx.Response, deadline: Callable[[], None]) -> Iterator[str]:
+    """The response's lines; ``deadline`` is checked whenever bytes arrive, so a server that
+    trickles bytes with no newline cannot hold the turn forever, nor fill memory."""
+    pending = ""
+    for text in response.iter_text():
+        deadline()
+        pending += text
+        *lines, pending = pending.split("\n")
+        yield from lines
+        if len(pending) > MAX_LINE_CHARS:
+            raise StreamError(f"the server sent over {MAX_LINE_CHARS // 2**20} MiB without a line break")
+    if pending:
+        yield pending
 
 
 class ServerBackend:
@@ -77,17 +110,20 @@ class ServerBackend:
 
     def __init__(self, client: httpx.Client, model_field: str, *, model_id: str | None = None,
                  load_tokenizer: Callable[[], Any] | None = None,
-                 chat_template_kwargs: dict[str, Any] | None = None):
+                 chat_template_kwargs: dict[str, Any] | None = None, known_context: int | None = None,
+                 timeout_s: float = DEFAULT_TIMEOUT_S):
         self.client = client
         self.model_field = model_field
         self.model_id = model_id or model_field
         self._load_tokenizer = load_tokenizer
         self._tokenizer: Any = None
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        self._context = known_context
+        self.timeout_s = timeout_s
 
     @property
     def tokenizer(self) -> Any:
-        """The model's local tokenizer, loaded on first need (estimates, --max-context-tokens)."""
+        """The model's local tokenizer, loaded on first need (estimates, context checks)."""
         if self._tokenizer is None and self._load_tokenizer is not None:
             self._tokenizer, self._load_tokenizer = self._load_tokenizer(), None
         return self._tokenizer
@@ -95,6 +131,11 @@ class ServerBackend:
     @property
     def url(self) -> str:
         return str(self.client.base_url).rstrip("/")
+
+    def redact(self, text: str) -> str:
+        """``text`` with the API key cut out (a server may echo request headers back)."""
+        secret = self.client.headers.get("authorization", "").removeprefix("Bearer ")
+        return text.replace(secret, REDACTED) if secret else text
 
     def request_body(self, messages: list[Message], params: GenerationParams, stream: bool = True) -> dict:
         body: dict[str, Any] = {
@@ -116,46 +157,112 @@ class ServerBackend:
             return None
         return len(chat_template_ids(self.tokenizer, messages, self.chat_template_kwargs))
 
+    def context_length(self) -> int | None:
+        """The registry model's own config when it is on this machine; else what the server's
+        /v1/models says (vLLM's ``max_model_len``, llama-server's ``meta.n_ctx_train``), once."""
+        if self._context is None:
+            self._context = self._served_context() or 0
+        return self._context or None
+
+    def _served_context(self) -> int | None:
+        try:
+            response = self.client.get("models", timeout=CONNECT_TIMEOUT_S)
+            entries = response.json().get("data") if response.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return None
+        for entry in entries if isinstance(entries, list) else []:
+            if isinstance(entry, dict) and entry.get("id") in (self.model_field, self.model_id):
+                meta = entry.get("meta") if isinstance(entry.get("meta"), dict) else {}
+                for value in (entry.get("max_model_len"), entry.get("context_length"), meta.get("n_ctx_train")):
+                    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                        return value
+        return None
+
     def stream(self, messages: list[Message], params: GenerationParams) -> Iterator[Event]:
         url = f"{self.url}/chat/completions"
         parts: list[str] = []
         finish, usage, chunks = None, None, 0
+        watch = _ProgressWatch(self.timeout_s, url)
         try:
             with self.client.stream("POST", "chat/completions",
                                     json=self.request_body(messages, params)) as response:
-                if response.status_code >= 400:
-                    raise ServerError(f"HTTP {response.status_code} from {url}: {self._error_body(response)}")
-                for payload in iter_chunks(response.iter_lines()):
-                    usage = payload.get("usage") or usage
-                    for choice in payload.get("choices") or []:
-                        content = (choice.get("delta") or {}).get("content")
-                        if content:
-                            parts.append(content)
-                            chunks += 1
-                            yield TextChunk(content)
-                        finish = choice.get("finish_reason") or finish
+                self._check_response(response, url)
+                for item in iter_stream(iter_lines_watched(response, watch.check)):
+                    if isinstance(item, KeepAlive):
+                        if watch.keepalive(item):
+                            yield Progress(item.processed, item.total)
+                        continue
+                    watch.chunk(item)
+                    usage = item.usage or usage
+                    finish = item.finish_reason or finish
+                    if item.content:
+                        text = self.redact(item.content)
+                        parts.append(text)
+                        chunks += 1
+                        yield TextChunk(text)
         except httpx.HTTPError as exc:
-            raise ServerError(describe_http_error(exc, url)) from None
+            raise ServerError(describe_http_error(exc, url, self.timeout_s)) from None
+        except StreamError as exc:
+            raise StreamError(self.redact(str(exc))) from None
         if finish is None:
             raise StreamError(f"the stream from {url} ended before the reply finished")
         yield self._finished(finish, usage, messages, "".join(parts), chunks)
 
-    def _finished(self, finish: str, usage: dict | None, messages: list[Message], text: str,
+    def _check_response(self, response: httpx.Response, url: str) -> None:
+        if response.status_code >= 400:
+            raise ServerError(f"HTTP {response.status_code} from {url}: {self.redact(_error_body(response))}")
+        kind = response.headers.get("content-type", "")
+        if kind.startswith("application/json"):
+            raise StreamError(f"{url} answered with one JSON body, not a stream: it does not support "
+                              '"stream": true')
+
+    def _finished(self, finish: str, usage: Usage | None, messages: list[Message], text: str,
                   chunks: int) -> Finished:
         if usage:
-            prompt, completion, cached = _usage_counts(usage)
-            return Finished(finish, prompt, completion, cached)
+            return Finished(finish_reason=finish, prompt_tokens=usage.prompt_tokens,
+                            completion_tokens=usage.completion_tokens, cached_tokens=usage.cached_tokens)
         prompt = self.count_tokens(messages)
         completion = len(self.tokenizer.encode(text, add_special_tokens=False)) if self.tokenizer else chunks
-        return Finished(finish, prompt or 0, completion, 0, estimated=True)
-
-    @staticmethod
-    def _error_body(response: httpx.Response) -> str:
-        body = response.read().decode("utf-8", "replace")
-        try:
-            return error_message(json.loads(body))
-        except ValueError:
-            return body.strip().splitlines()[0][:300] if body.strip() else "(empty body)"
+        return Finished(finish_reason=finish, prompt_tokens=prompt or 0, completion_tokens=completion,
+                        estimated=True)
 
     def close(self) -> None:
         self.client.close()
+
+
+class _ProgressWatch:
+    """When the stream last made progress: a chunk with text or figures, or a keepalive whose
+    prefill count advanced. Nothing else resets the no-progress timeout."""
+
+    def __init__(self, timeout_s: float, url: str):
+        self.timeout_s, self.url = timeout_s, url
+        self.last = time.monotonic()
+        self.processed = -1
+
+    def check(self) -> None:
+        if time.monotonic() - self.last > self.timeout_s:
+            raise ServerError(f"{self.url} made no progress for {self.timeout_s:.0f}s (only keepalive "
+                              "comments that did not advance); raise --timeout for very long prompts")
+
+    def keepalive(self, item: KeepAlive) -> bool:
+        """True (and progress) when the prefill count advanced."""
+        if item.processed is None or item.total is None or item.processed <= self.processed:
+            return False
+        self.processed, self.last = item.processed, time.monotonic()
+        return True
+
+    def chunk(self, item: ChatChunk) -> None:
+        if item.content or item.reasoning or item.finish_reason or item.usage:
+            self.last = time.monotonic()
+
+
+def _error_body(response: httpx.Response) -> str:
+    """The human part of an error response: its ``error`` message, or its first line of text."""
+    body = response.read().decode("utf-8", "replace").strip()
+    try:
+        payload = json.loads(body)
+    except ValueError:
+        payload = None
+    if isinstance(payload, dict) and payload.get("error"):
+        return error_message(payload)
+    return body.splitlines()[0][:300] if body else "(empty body)"

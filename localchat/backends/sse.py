@@ -1,25 +1,58 @@
-"""Server-sent events, decoded line by line (the shape of openai-python's ``_streaming.py``).
+"""Server-sent events of a chat-completion stream, decoded into typed values in one place.
 
-A blank line dispatches an event; a line starting with ``:`` is a comment (mlx_lm.server's
-``: keepalive`` during long prefills); one space after ``data:`` is stripped and multi-line data
-is joined with ``\\n``; ``[DONE]`` ends the stream; an ``{"error": …}`` payload raises.
+Lines become events as openai-python's ``_streaming.py`` does: a blank line dispatches, a line
+starting with ``:`` is a comment, one space after ``data:`` is stripped, multi-line data is joined
+with ``\\n``, ``[DONE]`` ends the stream and an ``{"error": …}`` payload raises. Each payload is
+then validated field by field into a ``ChatChunk``; mlx_lm.server's ``: keepalive N/M`` comments
+become ``KeepAlive``. Anything of the wrong shape is a ``StreamError`` naming the field, never an
+AttributeError: the rest of the code never indexes raw JSON.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from localchat.errors import LocalchatError
+
+KEEPALIVE = re.compile(r"\s*keepalive\s+(\d+)\s*/\s*(\d+)\s*$")
+EXCERPT = 80
 
 
 class StreamError(LocalchatError):
     """The server sent an error payload or something that is not a chat-completion stream."""
 
 
-def iter_event_data(lines: Iterable[str]) -> Iterator[str]:
-    """The ``data`` of each event; comments, ``event:``/``id:``/``retry:`` and junk lines are skipped."""
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class ChatChunk:
+    """One payload: the text it adds (answer and reasoning), and what the last ones report."""
+
+    content: str = ""
+    reasoning: str = ""  # mlx_lm.server's delta.reasoning, or delta.reasoning_content elsewhere
+    finish_reason: str | None = None
+    usage: Usage | None = None
+
+
+@dataclass(frozen=True)
+class KeepAlive:
+    """A comment line; ``processed``/``total`` when it is mlx_lm.server's prefill progress."""
+
+    processed: int | None = None
+    total: int | None = None
+
+
+def iter_event_data(lines: Iterable[str]) -> Iterator[str | KeepAlive]:
+    """The ``data`` of each event, and a ``KeepAlive`` for each comment line."""
     data: list[str] = []
     for line in lines:
         line = line.rstrip("\r\n")
@@ -29,6 +62,7 @@ def iter_event_data(lines: Iterable[str]) -> Iterator[str]:
                 data = []
             continue
         if line.startswith(":"):
+            yield keepalive(line[1:])
             continue
         field, _, value = line.partition(":")
         if field == "data":
@@ -37,20 +71,85 @@ def iter_event_data(lines: Iterable[str]) -> Iterator[str]:
         yield "\n".join(data)
 
 
-def iter_chunks(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
-    """JSON payloads of a chat-completion stream, up to ``[DONE]``."""
-    for data in iter_event_data(lines):
-        if data.strip() == "[DONE]":
+def keepalive(comment: str) -> KeepAlive:
+    match = KEEPALIVE.match(comment)
+    return KeepAlive(int(match[1]), int(match[2])) if match else KeepAlive()
+
+
+def iter_stream(lines: Iterable[str]) -> Iterator[ChatChunk | KeepAlive]:
+    """Typed events of a chat-completion stream, up to ``[DONE]``."""
+    for item in iter_event_data(lines):
+        if isinstance(item, KeepAlive):
+            yield item
+            continue
+        if item.strip() == "[DONE]":
             return
         try:
-            payload = json.loads(data)
+            payload = json.loads(item)
         except ValueError:
-            raise StreamError(f"the server sent data that is not JSON: {data[:80]!r}") from None
-        if isinstance(payload, dict) and payload.get("error"):
-            raise StreamError(f"the server reported an error: {error_message(payload)}")
-        if not isinstance(payload, dict):
-            raise StreamError(f"the server sent an unexpected payload: {data[:80]!r}")
-        yield payload
+            raise StreamError(f"the server sent data that is not JSON: {excerpt(item)}") from None
+        yield parse_chunk(payload)
+
+
+def parse_chunk(payload: Any) -> ChatChunk:
+    """A validated chunk; the first ``choices`` entry carries the text (localchat asks for one)."""
+    if isinstance(payload, dict) and payload.get("error"):
+        raise StreamError(f"the server reported an error: {error_message(payload)}")
+    if not isinstance(payload, dict):
+        raise StreamError(f"the server sent an unexpected payload: {excerpt(payload)}")
+    choices = _typed(payload, "choices", list, [])
+    usage = _usage(payload.get("usage"))
+    if not choices:
+        return ChatChunk(usage=usage)
+    choice = choices[0]
+    if not isinstance(choice, dict):
+        raise _wrong("choices[0]", "an object", choice)
+    delta = _typed(choice, "delta", dict, {}, where="choices[0].")
+    reasoning = _typed(delta, "reasoning", str, "", where="choices[0].delta.") or _typed(
+        delta, "reasoning_content", str, "", where="choices[0].delta.")
+    return ChatChunk(content=_typed(delta, "content", str, "", where="choices[0].delta."), reasoning=reasoning,
+                     finish_reason=_typed(choice, "finish_reason", str, None, where="choices[0]."), usage=usage)
+
+
+def _usage(raw: Any) -> Usage | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise _wrong("usage", "an object", raw)
+    details = _typed(raw, "prompt_tokens_details", dict, {}, where="usage.")
+    return Usage(prompt_tokens=_count(raw, "prompt_tokens", "usage."),
+                 completion_tokens=_count(raw, "completion_tokens", "usage."),
+                 cached_tokens=_count(details, "cached_tokens", "usage.prompt_tokens_details."))
+
+
+def _count(obj: dict, key: str, where: str) -> int:
+    value = obj.get(key)
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise _wrong(where + key, "a whole number ≥ 0", value)
+    return value
+
+
+def _typed(obj: dict, key: str, kind: type, default: Any, where: str = "") -> Any:
+    """``obj[key]`` when it is a ``kind``; the default when absent or null; else a StreamError."""
+    value = obj.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, kind) or isinstance(value, bool):
+        names = {str: "text", list: "a list", dict: "an object"}
+        raise _wrong(where + key, names.get(kind, kind.__name__), value)
+    return value
+
+
+def _wrong(field: str, expected: str, value: Any) -> StreamError:
+    return StreamError(f"the server sent a chunk whose '{field}' is not {expected}: {excerpt(value)}")
+
+
+def excerpt(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+    text = text.replace("\n", "\\n")
+    return repr(text[:EXCERPT] + ("…" if len(text) > EXCERPT else ""))
 
 
 def error_message(payload: Any) -> str:

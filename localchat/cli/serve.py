@@ -12,9 +12,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from localchat.backends.openai_http import backend_for
-from localchat.errors import LocalchatError
+from localchat.errors import LocalchatError, raise_on_sigterm
 from localchat.registry import DEFAULT_MODEL, DEMO_MODEL, resolve
-from localchat.server.launch import LOOPBACK, raise_on_sigterm, start_ready
+from localchat.server.launch import LOOPBACK, start_ready
 from localchat.server.parity import ParityReport, run_parity
 from localchat.server.smoke import SmokeReport, run_smoke
 

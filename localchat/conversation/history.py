@@ -82,19 +82,21 @@ class Conversation:
         self.turns.clear()
 
     def plan_trim(self, prompt: str, *, max_turns: int | None = None, max_tokens: int | None = None,
-                  count_tokens: Callable[[list[Message]], int | None] | None = None) -> int:
-        """How many of the oldest whole turns the next request must leave out to fit the limits."""
+                  count_tokens: Callable[[list[Message]], int | None] | None = None,
+                  limit: str = "--max-context-tokens") -> int:
+        """How many of the oldest whole turns the next request must leave out to fit the limits;
+        ``limit`` names the token budget in the messages (the user's, or the model's window)."""
         drop = max(0, len(self.turns) - max_turns) if max_turns is not None else 0
         if max_tokens is None or count_tokens is None:
             return drop
         while True:
             tokens = count_tokens(self.preview(prompt, drop=drop))
             if tokens is None:
-                raise UsageError("--max-context-tokens needs the model's tokenizer: pass --model "
+                raise UsageError(f"{limit} needs the model's tokenizer: pass --model "
                                  "with a model that is on this machine")
             if tokens <= max_tokens:
                 return drop
             if drop >= len(self.turns):
-                raise UsageError(f"the system message and this input alone exceed "
-                                 f"--max-context-tokens {max_tokens}: nothing was sent")
+                raise UsageError(f"the system message and this input alone are {tokens} tokens, over "
+                                 f"{limit} ({max_tokens}): nothing was sent")
             drop += 1

@@ -9,21 +9,18 @@ the request record is written before the call and the response record before the
 
 from __future__ import annotations
 
+import traceback
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from typing import Any
 
-from localchat.backends import Backend, Finished, GenerationParams, Message, TextChunk
-from localchat.conversation.history import (
-    DEFAULT_MAX_INPUT_CHARS,
-    Conversation,
-    validate_input,
-)
+from localchat.backends import Backend, Finished, GenerationParams, Message, Progress, TextChunk
+from localchat.conversation.history import DEFAULT_MAX_INPUT_CHARS, Conversation, build_messages, validate_input
 from localchat.conversation.jsonmode import AnswerSchema
 from localchat.conversation.records import TurnRecorder
 from localchat.conversation.stats import Ledger, TurnClock, TurnStats, stats_to_dict
-from localchat.errors import LocalchatError
+from localchat.errors import LocalchatError, TerminationRequested, UsageError
 
 
 class TurnStatus(str, Enum):
@@ -46,7 +43,9 @@ class TurnResult:
     stats: TurnStats
     status: TurnStatus
     dropped_turns: int = 0
+    trimmed_for: str | None = None  # the limit that made the oldest turns leave the request
     error: str | None = None
+    trace: str | None = field(default=None, repr=False)  # an unexpected failure's traceback
     answer: Any = None  # JSON mode: the parsed, valid reply
     invalid: str | None = None  # JSON mode: why the reply failed validation
 
@@ -67,6 +66,21 @@ class TrimPolicy:
     max_input_chars: int = DEFAULT_MAX_INPUT_CHARS
 
 
+@dataclass(frozen=True)
+class TokenBudget:
+    """The most prompt tokens a request may hold, and what sets it."""
+
+    tokens: int
+    limit: str
+    required: bool  # the user's own budget: counting must be possible
+
+
+@dataclass(frozen=True)
+class TrimPlan:
+    drop: int
+    limit: str | None
+
+
 @dataclass
 class ChatSession:
     backend: Backend
@@ -80,32 +94,41 @@ class ChatSession:
 
     def preview(self, prompt: str) -> list[Message]:
         """The exact request the next turn would send (trimming included); changes nothing."""
-        return self.conversation.preview(prompt, self.use_history, self._plan_trim(prompt))
+        return self.conversation.preview(prompt, self.use_history, self._plan_trim(prompt).drop)
 
-    def ask(self, prompt: str, on_text: Callable[[str], None] = lambda _: None) -> TurnResult:
+    def ask(self, prompt: str, on_text: Callable[[str], None] = lambda _: None,
+            on_progress: Callable[[Progress], None] = lambda _: None) -> TurnResult:
         """Run one turn. Raises UsageError for input that must not be sent (nothing changes) and
-        RecordError when a turn record cannot be written (see ``localchat.conversation.records``)."""
+        RecordError when a turn record cannot be written (see ``localchat.conversation.records``).
+        SIGTERM (``TerminationRequested``) ends the turn as interrupted, records it, then goes on up."""
         validate_input(prompt, self.trim.max_input_chars)
         clock = TurnClock()
-        dropped = self._plan_trim(prompt)
-        messages = self.conversation.preview(prompt, self.use_history, dropped)
+        trim = self._plan_trim(prompt)
+        messages = self.conversation.preview(prompt, self.use_history, trim.drop)
         record_id = self.recorder.request(self._request_record(messages)) if self.recorder else None
-        done, error, failure = self._stream(messages, clock, on_text)
-        stats = clock.finish(done)
+        outcome = _StreamOutcome()
+        try:
+            self._stream(messages, clock, on_text, on_progress, outcome)
+        except TerminationRequested:
+            outcome.failure, outcome.terminated = TurnStatus.INTERRUPTED, True
+        stats = clock.finish(outcome.done)
         self.ledger.add(stats)
-        result = self._judged(TurnResult(prompt=prompt, messages=messages, text=clock.text, stats=stats,
-                                         status=failure or TurnStatus.COMMITTED, dropped_turns=dropped,
-                                         error=error))
+        result = self._judged(TurnResult(
+            prompt=prompt, messages=messages, text=clock.text, stats=stats,
+            status=outcome.failure or TurnStatus.COMMITTED, dropped_turns=trim.drop, trimmed_for=trim.limit,
+            error=outcome.error, trace=outcome.trace))
         if self.recorder and record_id is not None:
-            self.recorder.response(record_id, self._response_record(result))
+            self.recorder.response(record_id, self._response_record(result, outcome.terminated))
+        if outcome.terminated:
+            raise TerminationRequested()
         if result.committed:
-            self.conversation.commit(prompt, result.text, dropped, stats)
+            self.conversation.commit(prompt, result.text, trim.drop, stats)
         return result
 
-    def _stream(self, messages: list[Message], clock: TurnClock, on_text: Callable[[str], None]
-                ) -> tuple[Finished | None, str | None, TurnStatus | None]:
-        """Feed the backend's events to the clock; (the runtime's report, error, failure status)."""
-        done, error, failure = None, None, None
+    def _stream(self, messages: list[Message], clock: TurnClock, on_text: Callable[[str], None],
+                on_progress: Callable[[Progress], None], outcome: _StreamOutcome) -> None:
+        """Feed the backend's events to the clock; what happened goes into ``outcome``. No
+        exception but SIGTERM's leaves a turn: an unexpected one is an error with its traceback."""
         events = self.backend.stream(messages, self.params)
         try:
             for event in events:
@@ -113,17 +136,23 @@ class ChatSession:
                     clock.on_text(event.text)
                     if event.text:
                         on_text(event.text)
+                elif isinstance(event, Progress):
+                    on_progress(event)
                 elif isinstance(event, Finished):
-                    done = event
+                    outcome.done = event
+        except TerminationRequested:
+            raise
         except KeyboardInterrupt:
-            failure = TurnStatus.INTERRUPTED
+            outcome.failure = TurnStatus.INTERRUPTED
         except LocalchatError as exc:
-            error, failure = str(exc), TurnStatus.ERROR
+            outcome.error, outcome.failure = str(exc), TurnStatus.ERROR
+        except Exception as exc:  # a bug or a library's surprise must not end the REPL or lose history
+            outcome.error = f"unexpected {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            outcome.failure, outcome.trace = TurnStatus.ERROR, traceback.format_exc()
         finally:
             events.close()
-        if done is None and failure is None:
-            error, failure = "the reply ended without the runtime's final report", TurnStatus.ERROR
-        return done, error, failure
+        if outcome.done is None and outcome.failure is None:
+            outcome.error, outcome.failure = "the reply ended without the runtime's final report", TurnStatus.ERROR
 
     def _judged(self, result: TurnResult) -> TurnResult:
         """The status of a turn that streamed to its end: cut, empty, invalid, kept or not."""
@@ -153,15 +182,48 @@ class ChatSession:
         }
 
     @staticmethod
-    def _response_record(result: TurnResult) -> dict[str, Any]:
+    def _response_record(result: TurnResult, terminated: bool = False) -> dict[str, Any]:
         return {
             "text": result.text, "status": result.status.value, "finish_reason": result.stats.finish_reason,
             "committed": result.committed, "error": result.error, "invalid": result.invalid,
+            "signal": "SIGTERM" if terminated else None,
             "dropped_turns": result.dropped_turns, "stats": stats_to_dict(result.stats),
         }
 
-    def _plan_trim(self, prompt: str) -> int:
-        return self.conversation.plan_trim(
-            prompt, max_turns=self.trim.max_turns,
-            max_tokens=self.trim.max_context_tokens,
-            count_tokens=self.backend.count_tokens if self.trim.max_context_tokens else None)
+    def token_budget(self) -> TokenBudget | None:
+        """The tighter of the user's ``--max-context-tokens`` and the model's context window less
+        the reply's ``--max-tokens``; None when neither is known."""
+        budgets = []
+        if self.trim.max_context_tokens:
+            budgets.append(TokenBudget(self.trim.max_context_tokens, "--max-context-tokens", True))
+        window = self.backend.context_length()
+        if window:
+            if self.params.max_tokens >= window:
+                raise UsageError(f"--max-tokens {self.params.max_tokens} leaves no room for a prompt in "
+                                 f"{self.backend.model_id}'s context of {window} tokens")
+            budgets.append(TokenBudget(window - self.params.max_tokens,
+                                       f"the model's context ({window} tokens less --max-tokens "
+                                       f"{self.params.max_tokens})", False))
+        return min(budgets, key=lambda b: b.tokens) if budgets else None
+
+    def _plan_trim(self, prompt: str) -> TrimPlan:
+        budget = self.token_budget()
+        count = self.backend.count_tokens if budget else None
+        if budget and not budget.required and count(build_messages(prompt, None)) is None:
+            budget, count = None, None  # a server model with no local tokenizer: nothing can count
+        drop = self.conversation.plan_trim(
+            prompt, max_turns=self.trim.max_turns, max_tokens=budget.tokens if budget else None,
+            count_tokens=count, limit=budget.limit if budget else "--max-context-tokens")
+        by_turns = self.conversation.plan_trim(prompt, max_turns=self.trim.max_turns)
+        if drop == 0:
+            return TrimPlan(0, None)
+        return TrimPlan(drop, budget.limit if budget and drop > by_turns else "--max-turns")
+
+
+@dataclass
+class _StreamOutcome:
+    done: Finished | None = None
+    error: str | None = None
+    failure: TurnStatus | None = None
+    trace: str | None = None
+    terminated: bool = False

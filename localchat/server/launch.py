@@ -177,12 +177,3 @@ def start_ready(ref: ModelRef, *, host: str = "127.0.0.1", port: int, log: Path 
     return server
 
 
-class TerminationRequested(KeyboardInterrupt):
-    """SIGTERM turned into the same clean path as Ctrl+C."""
-
-
-def raise_on_sigterm() -> None:
-    def handler(signum, frame):
-        raise TerminationRequested()
-
-    signal.signal(signal.SIGTERM, handler)
