@@ -1,3 +1,3 @@
-from localchat.cli.app import main
+from localchat.cli import main
 
 main()

@@ -13,6 +13,7 @@ from typing import Any, Protocol, Union
 
 Message = dict[str, str]
 DEFAULT_BASE_URL = "http://127.0.0.1:8080/v1"  # mlx_lm.server's default port, on loopback
+DEFAULT_TIMEOUT_S = 120.0  # a server that makes no progress for this long ends the turn
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 
 from localchat.backends import (
+    DEFAULT_TIMEOUT_S,
     Event,
     Finished,
     GenerationParams,
@@ -32,7 +33,6 @@ from localchat.backends.sse import ChatChunk, KeepAlive, StreamError, Usage, err
 from localchat.errors import LocalchatError, UsageError
 from localchat.registry import ModelRef, context_length_of
 
-DEFAULT_TIMEOUT_S = 120.0
 CONNECT_TIMEOUT_S = 5.0
 SERVER_DEFAULT_MODEL = "default_model"  # mlx_lm.server's name for the model it was started with
 MAX_LINE_CHARS = 16 * 1024 * 1024  # a "line" longer than this is not a chat-completion stream

@@ -7,17 +7,20 @@ themselves are in ``outcomes``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import importlib
+import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
+from typer.core import TyperGroup
 from rich.console import Console
 from rich.markup import escape
 
-from localchat.backends import DEFAULT_BASE_URL
+from localchat.backends import DEFAULT_BASE_URL, DEFAULT_TIMEOUT_S
 from localchat.cli import outcomes
 from localchat.cli.options import (
     ApiKeyOpt,
@@ -29,11 +32,48 @@ from localchat.cli.options import (
     ModelOptions,
     OutputOptions,
     StorageOptions,
+    TimeoutOpt,
+    check_base_url,
+    check_seed,
+    check_temperature,
 )
-from localchat.errors import LocalchatError
+from localchat.conversation.turn import TrimPolicy
+from localchat.errors import LocalchatError, TerminationRequested
+
+def _click_class(name: str) -> type:
+    """Click's own exception classes, as the installed Typer has them (it may vendor click)."""
+    return next(c for c in typer.BadParameter.__mro__ if c.__name__ == name)
+
+
+ClickUsageError, ClickException = _click_class("UsageError"), _click_class("ClickException")
+
+
+class OneLineErrors(TyperGroup):
+    """Usage errors as one line (``error: … (see: localchat chat --help)``), exit 2, instead of
+    click's usage block; every other outcome as click and Typer decide it."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except ClickUsageError as exc:
+            if type(exc).__name__ == "NoArgsIsHelpError":  # `localchat` alone: the help, as click shows it
+                exc.show()
+                sys.exit(exc.exit_code)
+            command = exc.ctx.command_path if exc.ctx else "localchat"
+            err_console.print(f"[red]error:[/red] {escape(exc.format_message())} (see: {command} --help)")
+            sys.exit(outcomes.USAGE)
+        except typer.Abort:
+            sys.exit(outcomes.INTERRUPTED)
+        except ClickException as exc:
+            err_console.print(f"[red]error:[/red] {escape(exc.format_message())}")
+            sys.exit(exc.exit_code)
+        sys.exit(code if isinstance(code, int) else outcomes.OK)
+
 
 app = typer.Typer(
-    name="localchat", no_args_is_help=True, add_completion=False, rich_markup_mode=None,
+    name="localchat", cls=OneLineErrors, no_args_is_help=True, add_completion=False, rich_markup_mode=None,
     help="Multi-turn chat with local MLX models: one history builder, honest per-turn figures.",
 )
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -51,15 +91,20 @@ def user_errors() -> Iterator[None]:
     except LocalchatError as exc:
         err_console.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(exc.exit_code) from None
+    except TerminationRequested:
+        err_console.print("[yellow]terminated (SIGTERM)[/yellow]")
+        raise typer.Exit(outcomes.TERMINATED) from None
     except KeyboardInterrupt:
         err_console.print("[yellow]interrupted[/yellow]")
         raise typer.Exit(outcomes.INTERRUPTED) from None
 
 
-def run(work: Callable[[], int | None]) -> None:
-    """Run a command's work inside the error mapping and exit with the code it returns."""
+def run(target: str, **kwargs: Any) -> None:
+    """Import ``module:function`` and call it by keyword, both inside the error mapping (so even
+    Ctrl+C during an import is one line and 130), then exit with the code it returns."""
     with user_errors():
-        code = work()
+        module, name = target.split(":")
+        code = getattr(importlib.import_module(module), name)(**kwargs)
     raise typer.Exit(outcomes.OK if code is None else code)
 
 
@@ -79,10 +124,10 @@ def chat(
     api_key: ApiKeyOpt = None,
     system: Annotated[Optional[str], typer.Option(
         "--system", "-s", help='System message ("" for none; default: the model\'s from models.yaml).')] = None,
-    temperature: Annotated[Optional[float], typer.Option(min=0.0, help="Sampling temperature (default 0.0: greedy).")] = None,
+    temperature: Annotated[Optional[float], typer.Option(callback=check_temperature, help="Sampling temperature (default 0.0: greedy).")] = None,
     top_p: Annotated[float, typer.Option(callback=_top_p, help="Nucleus sampling, in (0, 1].")] = 1.0,
     max_tokens: Annotated[Optional[int], typer.Option(min=1, help="Longest reply, in tokens.")] = None,
-    seed: Annotated[Optional[int], typer.Option(help="Random seed for sampling (set before each turn).")] = None,
+    seed: Annotated[Optional[int], typer.Option(callback=check_seed, help="Random seed for sampling (set before each turn).")] = None,
     no_history: Annotated[bool, typer.Option("--no-history", help="REPL only: send each question alone.")] = False,
     max_turns: Annotated[Optional[int], typer.Option(min=0, help="Keep at most N past turns (oldest dropped first).")] = None,
     max_context_tokens: Annotated[Optional[int], typer.Option(min=1, help="Drop oldest turns until the request fits N tokens.")] = None,
@@ -94,14 +139,11 @@ def chat(
     json_schema: Annotated[Optional[Path], typer.Option(help="Answers must be JSON valid against this JSON Schema file.")] = None,
     record: Annotated[Optional[Path], typer.Option(help="Write each turn's request (before the call) and response as JSON files here [config: records_dir].")] = None,
     resume: Annotated[Optional[str], typer.Option(help="Continue a conversation saved with /save NAME.")] = None,
+    timeout: TimeoutOpt = DEFAULT_TIMEOUT_S,
 ) -> None:
     """Chat with a model: one PROMPT, or the REPL."""
-    from localchat.cli.chat import run_chat
-    from localchat.cli.render import ChatUI
-    from localchat.conversation.turn import TrimPolicy
-
     opts = ChatOptions(
-        model=ModelOptions(model=model, backend=backend.value, base_url=base_url, api_key=api_key,
+        model=ModelOptions(model=model, backend=backend.value, base_url=base_url, api_key=api_key, timeout_s=timeout,
                            allow_download=allow_download, cache_reuse=not no_cache_reuse),
         generation=GenerationOptions(system=system, temperature=temperature, top_p=top_p,
                                      max_tokens=max_tokens, seed=seed),
@@ -112,12 +154,7 @@ def chat(
         storage=StorageOptions(record=record, resume=resume),
     )
 
-    def work() -> int:
-        ui = ChatUI(err=err_console, show_stats=stats, json_mode=json_answer or json_schema is not None)
-        status = run_chat(opts=opts, prompt=prompt, ui=ui)
-        return outcomes.OK if status is None else outcomes.turn_exit(status)
-
-    run(work)
+    run("localchat.cli.chat:run_chat", opts=opts, prompt=prompt, err=err_console)
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -130,10 +167,8 @@ def serve(
     smoke: Annotated[bool, typer.Option("--smoke", help="Start, run the smoke test, stop; exit with its result.")] = False,
 ) -> None:
     """Launch mlx_lm.server (extra server args after --), ready when a completion succeeds."""
-    from localchat.cli.serve import run_serve
-
-    run(lambda: outcomes.report_exit(run_serve(model=model, host=host, port=port, log=log, smoke=smoke,
-                                               extra=tuple(ctx.args), console=out_console())))
+    run("localchat.cli.serve:run_serve", model=model, host=host, port=port, log=log, smoke=smoke,
+        extra=tuple(ctx.args), console=out_console())
 
 
 @app.command("smoke")
@@ -142,12 +177,11 @@ def smoke_cmd(
     model: ModelOpt = None,
     api_key: ApiKeyOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print a machine-readable result.")] = False,
+    timeout: TimeoutOpt = DEFAULT_TIMEOUT_S,
 ) -> None:
     """Check a running server: health, models, completions, streaming usage, recall, prompt cache."""
-    from localchat.cli.serve import run_smoke_cmd
-
-    run(lambda: outcomes.report_exit(run_smoke_cmd(base_url=base_url, model=model, api_key=api_key,
-                                                   as_json=as_json, console=out_console())))
+    run("localchat.cli.serve:run_smoke_cmd", base_url=base_url, model=model, api_key=api_key, timeout_s=timeout,
+        as_json=as_json, console=out_console())
 
 
 @app.command()
@@ -156,9 +190,7 @@ def parity(
     as_json: Annotated[bool, typer.Option("--json", help="Print a machine-readable result.")] = False,
 ) -> None:
     """The same 3-turn greedy conversation in-process and through a launched server: identical?"""
-    from localchat.cli.serve import run_parity_cmd
-
-    run(lambda: outcomes.report_exit(run_parity_cmd(model=model, as_json=as_json, console=out_console())))
+    run("localchat.cli.serve:run_parity_cmd", model=model, as_json=as_json, console=out_console())
 
 
 class BenchBackend(str, Enum):
@@ -188,25 +220,22 @@ def bench(
     script: Annotated[Optional[list[Path]], typer.Option("--script", help="A bench script (YAML); repeatable [default: the built-in scripts].")] = None,
     repeat: Annotated[int, typer.Option(min=1, help="Measured repeats (each draws new codes).")] = 1,
     warmup: Annotated[int, typer.Option(min=0, help="Unmeasured repeats first.")] = 0,
-    temperature: Annotated[float, typer.Option(min=0.0, help="Fixed for the whole run, and recorded.")] = 0.0,
-    seed: Annotated[int, typer.Option(help="Seeds the scripts' draws and sampling.")] = 0,
+    temperature: Annotated[float, typer.Option(callback=check_temperature, help="Fixed for the whole run, and recorded.")] = 0.0,
+    seed: Annotated[int, typer.Option(callback=check_seed, help="Seeds the scripts' draws and sampling.")] = 0,
     max_tokens: Annotated[int, typer.Option(min=1, help="Longest reply, in tokens.")] = 64,
     no_cache_reuse: Annotated[bool, typer.Option("--no-cache-reuse", help="Add an in-process history-on arm without KV reuse.")] = False,
-    base_url: Annotated[Optional[str], typer.Option(envvar="LOCALCHAT_BASE_URL", help="Use this server for the server arm [default: launch one].")] = None,
+    base_url: Annotated[Optional[str], typer.Option(envvar="LOCALCHAT_BASE_URL", callback=check_base_url, help="Use this server for the server arm [default: launch one].")] = None,
     out: Annotated[Optional[Path], typer.Option(help="Write results.json, turns.csv and summary.md here.")] = None,
     format: Annotated[OutputFormat, typer.Option("--format", help="What to print.")] = OutputFormat.table,
     plot: Annotated[Optional[Path], typer.Option(help="Write a PNG of TTFT and prompt tokens per turn (needs --extra plot).")] = None,
     replay: Annotated[Optional[list[str]], typer.Option("--replay", help="Replay a saved session's user turns as a script; repeatable.")] = None,
 ) -> None:
     """History on vs off at a fixed temperature: what history costs (tokens, TTFT) and buys (answers)."""
-    from localchat.bench.run import BenchOptions
-    from localchat.cli.bench import run_bench_cmd
-
-    opts = BenchOptions(model=model, backend=backend.value, history=history.value, scripts=tuple(script or ()),
+    opts = dict(model=model, backend=backend.value, history=history.value, scripts=tuple(script or ()),
                         repeat=repeat, warmup=warmup, temperature=temperature, seed=seed, max_tokens=max_tokens,
                         no_cache_reuse=no_cache_reuse, base_url=base_url, out=out, format=format.value,
                         plot=plot, replay=tuple(replay or ()))
-    run(lambda: outcomes.report_exit(run_bench_cmd(opts=opts, console=out_console(), err=err_console)))
+    run("localchat.cli.bench:run_bench_cmd", options=opts, console=out_console(), err=err_console)
 
 
 sessions_app = typer.Typer(help="Saved conversations (/save NAME in the REPL, chat --resume NAME).",
@@ -222,25 +251,19 @@ class ExportFormat(str, Enum):
 @sessions_app.command("list")
 def sessions_list() -> None:
     """Saved sessions, newest first."""
-    from localchat.cli.sessions import show_list
-
-    run(lambda: show_list(out_console()))
+    run("localchat.cli.sessions:show_list", console=out_console())
 
 
 @sessions_app.command("show")
 def sessions_show(name: str) -> None:
     """The saved messages of NAME, with each turn's figures."""
-    from localchat.cli.sessions import show_session
-
-    run(lambda: show_session(out_console(), name))
+    run("localchat.cli.sessions:show_session", console=out_console(), name=name)
 
 
 @sessions_app.command("rm")
 def sessions_rm(name: str) -> None:
     """Delete the saved session NAME."""
-    from localchat.cli.sessions import remove_session
-
-    run(lambda: remove_session(err_console, name))
+    run("localchat.cli.sessions:remove_session", console=err_console, name=name)
 
 
 @sessions_app.command("export")
@@ -249,26 +272,16 @@ def sessions_export(
     format: Annotated[ExportFormat, typer.Option("--format", help="Markdown or JSON, on stdout.")] = ExportFormat.md,
 ) -> None:
     """Print NAME as Markdown or JSON."""
-    from localchat.cli.sessions import export_session
-
-    run(lambda: export_session(name, format.value))
+    run("localchat.cli.sessions:export_session", name=name, fmt=format.value)
 
 
 @app.command()
 def models() -> None:
     """List models.yaml entries: present locally?, size on disk, quantization bits."""
-    from localchat.cli.doctor import show_models
-
-    run(lambda: show_models(out_console()))
+    run("localchat.cli.doctor:show_models", console=out_console())
 
 
 @app.command()
 def doctor(base_url: BaseUrlOpt = DEFAULT_BASE_URL) -> None:
     """Python, OS, chip, MLX device and versions, HF cache, models present, server port."""
-    from localchat.cli.doctor import run_doctor
-
-    run(lambda: run_doctor(out_console(), base_url))
-
-
-def main() -> None:
-    app()
+    run("localchat.cli.doctor:run_doctor", console=out_console(), base_url=base_url)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from rich import box
 from rich.console import Console
 from rich.measure import Measurement
@@ -27,6 +29,7 @@ from localchat.bench.report import (
     write_plot,
 )
 from localchat.bench.run import BenchOptions, run_bench
+from localchat.cli import outcomes
 
 
 def show_table(result: BenchResult, console: Console) -> None:
@@ -52,8 +55,9 @@ def show_table(result: BenchResult, console: Console) -> None:
     console.print(environment_line(result), style="dim", markup=False, highlight=False)
 
 
-def run_bench_cmd(*, opts: BenchOptions, console: Console, err: Console) -> bool:
+def run_bench_cmd(*, options: dict[str, Any], console: Console, err: Console) -> int:
     """Results on ``console`` (stdout, so --format json/csv pipes); progress and notices on ``err``."""
+    opts = BenchOptions(**options)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=err, transient=True) as progress:
         task = progress.add_task("starting", total=None)
@@ -72,4 +76,4 @@ def run_bench_cmd(*, opts: BenchOptions, console: Console, err: Console) -> bool
     if opts.plot:
         write_plot(result, opts.plot)
         err.print(f"wrote {opts.plot}", style="dim")
-    return True
+    return outcomes.OK

@@ -9,10 +9,13 @@ from dataclasses import replace
 from functools import partial
 from typing import Any
 
+from rich.console import Console
+
 from localchat.backends import Backend, GenerationParams
+from localchat.cli import outcomes
 from localchat.cli.options import ChatOptions
 from localchat.cli.render import ChatUI
-from localchat.cli.repl import Repl
+from localchat.cli.repl import REPL_COMMANDS, Repl
 from localchat.conversation.history import Conversation, validate_input
 from localchat.conversation.jsonmode import (
     AnswerSchema,
@@ -22,7 +25,7 @@ from localchat.conversation.jsonmode import (
 )
 from localchat.conversation.records import TurnRecorder, new_session_id
 from localchat.conversation.turn import ChatSession, TurnStatus
-from localchat.errors import UsageError
+from localchat.errors import UsageError, raise_on_sigterm
 from localchat.registry import (
     DEFAULT_MODEL,
     ModelRef,
@@ -44,6 +47,10 @@ def read_prompt(prompt: str, max_chars: int) -> str:
             prompt = sys.stdin.buffer.read().decode("utf-8")
         except UnicodeDecodeError as exc:
             raise UsageError(f"standard input is not valid UTF-8 (byte {exc.start})") from None
+    command = prompt.strip().split(" ", 1)[0]
+    if command in REPL_COMMANDS:
+        raise UsageError(f"{command} is a REPL command: start the REPL with `localchat chat` and type it "
+                         "there (nothing was sent)")
     return validate_input(prompt, max_chars)
 
 
@@ -113,7 +120,8 @@ def open_server(ref: ModelRef | None, opts: ChatOptions, ui: ChatUI) -> Backend:
 
     loadable = ref is not None and (ref.kind != "hub" or hub_snapshot(ref.location) is not None)
     backend = backend_for(opts.model.base_url, ref, name=opts.model.model, api_key=opts.model.api_key,
-                          load_tokenizer=partial(load_local_tokenizer, ref) if loadable else None)
+                          load_tokenizer=partial(load_local_tokenizer, ref) if loadable else None,
+                          timeout_s=opts.model.timeout_s)
     ui.info(f"talking to {backend.url} (model: {backend.model_id})")
     return backend
 
@@ -142,7 +150,15 @@ def open_backend(opts: ChatOptions, ui: ChatUI) -> tuple[ModelRef | None, Backen
     return ref, open_inproc(ref, opts, ui)
 
 
-def run_chat(*, opts: ChatOptions, prompt: str | None, ui: ChatUI) -> TurnStatus | None:
+def run_chat(*, opts: ChatOptions, prompt: str | None, err: Console) -> int:
+    """Answer ``prompt``, or run the REPL when it is None; the exit code."""
+    ui = ChatUI(err=err, show_stats=opts.output.stats,
+                json_mode=opts.output.json_answer or opts.output.json_schema is not None)
+    status = chat_with_ui(opts=opts, prompt=prompt, ui=ui)
+    return outcomes.OK if status is None else outcomes.turn_exit(status)
+
+
+def chat_with_ui(*, opts: ChatOptions, prompt: str | None, ui: ChatUI) -> TurnStatus | None:
     """Answer ``prompt`` and return its status, or run the REPL (None) when it is None."""
     if prompt is not None and not opts.history:
         raise UsageError("--no-history is for the REPL: a single prompt has no history to leave out")
@@ -152,6 +168,7 @@ def run_chat(*, opts: ChatOptions, prompt: str | None, ui: ChatUI) -> TurnStatus
     if saved and opts.model.model is None:
         opts = replace(opts, model=replace(opts.model, model=saved.model))
     recorder = TurnRecorder(path) if (path := records_dir(opts.storage.record)) else None
+    raise_on_sigterm()  # SIGTERM mid-reply: the turn is discarded and recorded, then exit 143
     ref, backend = open_backend(opts, ui)
     params = generation_params(ref, opts)
     if schema and opts.model.backend == "server":
@@ -170,7 +187,7 @@ def run_chat(*, opts: ChatOptions, prompt: str | None, ui: ChatUI) -> TurnStatus
                                  opts.model.model or (ref.id if ref else None), name=saved.name if saved else None)
             Repl(session, ui, saver=saver).run()
             return None
-        result = session.ask(text, ui.text)
+        result = session.ask(text, ui.text, ui.progress)
         ui.end_turn(result, session.params.max_tokens)
         return result.status
     finally:

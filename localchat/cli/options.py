@@ -6,6 +6,7 @@ are written once here; so are the groups a chat is run with.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -13,16 +14,69 @@ from typing import Annotated, Optional
 
 import typer
 
-from localchat.backends import DEFAULT_BASE_URL
+from localchat.backends import DEFAULT_BASE_URL, DEFAULT_TIMEOUT_S
 from localchat.conversation.turn import TrimPolicy
+
+MAX_SEED = 2**64 - 1  # mx.random.seed takes an unsigned 64-bit integer
+
+
+def check_base_url(value: str | None) -> str | None:
+    """An http(s) URL with a host and a valid port, parsed before anything is sent."""
+    import httpx
+
+    if value is None:
+        return None
+    try:
+        url = httpx.URL(value)
+        port = url.port
+    except (httpx.InvalidURL, TypeError, ValueError) as exc:
+        raise typer.BadParameter(f"{value!r} is not a URL ({exc})") from None
+    if url.scheme not in ("http", "https") or not url.host:
+        raise typer.BadParameter(f"{value!r} must be an http:// or https:// URL with a host, "
+                                 "e.g. http://127.0.0.1:8080/v1")
+    if port is not None and not 1 <= port <= 65535:
+        raise typer.BadParameter(f"port {port} is out of range (1-65535)")
+    return value
+
+
+def check_api_key(value: str | None) -> str | None:
+    from localchat.backends.openai_http import check_api_key as check
+    from localchat.errors import UsageError
+
+    try:
+        return check(value)
+    except UsageError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
+def check_seed(value: int | None) -> int | None:
+    if value is not None and not 0 <= value <= MAX_SEED:
+        raise typer.BadParameter(f"must be a whole number from 0 to 2**64 - 1 ({MAX_SEED})")
+    return value
+
+
+def check_temperature(value: float | None) -> float | None:
+    if value is not None and not (math.isfinite(value) and value >= 0):
+        raise typer.BadParameter("must be a finite number ≥ 0")
+    return value
+
+
+def check_timeout(value: float) -> float:
+    if not (math.isfinite(value) and value > 0):
+        raise typer.BadParameter("must be a finite number of seconds > 0")
+    return value
+
 
 ModelOpt = Annotated[Optional[str], typer.Option(
     "--model", "-m", envvar="LOCALCHAT_MODEL", show_default=False,
     help="models.yaml id or alias, a local MLX model directory, or a Hugging Face repo id "
          "[default: demo; with --backend server, the server's own model].")]
-BaseUrlOpt = Annotated[str, typer.Option(envvar="LOCALCHAT_BASE_URL", help="OpenAI-compatible base URL.")]
-ApiKeyOpt = Annotated[Optional[str], typer.Option(envvar="LOCALCHAT_API_KEY", show_default=False,
+BaseUrlOpt = Annotated[str, typer.Option(envvar="LOCALCHAT_BASE_URL", callback=check_base_url,
+                                         help="OpenAI-compatible base URL.")]
+ApiKeyOpt = Annotated[Optional[str], typer.Option(envvar="LOCALCHAT_API_KEY", show_default=False, callback=check_api_key,
                                                   help="Bearer token for remote servers (never printed or recorded).")]
+TimeoutOpt = Annotated[float, typer.Option(callback=check_timeout, envvar="LOCALCHAT_TIMEOUT",
+                                           help="Give up on a server that makes no progress for this many seconds.")]
 
 
 class Backend(str, Enum):
@@ -38,6 +92,7 @@ class ModelOptions:
     backend: str = "inproc"  # "inproc" | "server"
     base_url: str = DEFAULT_BASE_URL
     api_key: str | None = None
+    timeout_s: float = DEFAULT_TIMEOUT_S
     allow_download: bool = False
     cache_reuse: bool = True
 

@@ -5,13 +5,14 @@ The REPL and single-prompt mode call this UI; the session and backends never pri
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any, TextIO
 
 from rich.console import Console
 from rich.markup import escape
 
-from localchat.backends import Message
+from localchat.backends import Message, Progress
 from localchat.conversation.jsonmode import pretty
 from localchat.conversation.stats import TurnStats
 from localchat.conversation.turn import TurnResult, TurnStatus
@@ -67,15 +68,30 @@ class ChatUI:
         self.err = err or Console(stderr=True, highlight=False, soft_wrap=True)
         self.show_stats = show_stats
         self.json_mode = json_mode  # stdout gets validated JSON only, pretty-printed, once complete
+        self._progress_shown = False
 
     def text(self, chunk: str) -> None:
         """Streamed reply text, flushed as it comes (held back in JSON mode)."""
+        self._clear_progress()
         if self.json_mode:
             return
         self.out.write(chunk)
         self.out.flush()
 
+    def progress(self, progress: Progress) -> None:
+        """``prefill 41 %`` on one line of a terminal's stderr while a long prompt is processed."""
+        if self.err.is_terminal and progress.total:
+            self.err.file.write(f"\r\x1b[2Kprefill {100 * progress.processed // progress.total} %")
+            self.err.file.flush()
+            self._progress_shown = True
+
+    def _clear_progress(self) -> None:
+        if self._progress_shown:
+            self.err.file.write("\r\x1b[2K")
+            self._progress_shown = False
+
     def end_turn(self, result: TurnResult, max_tokens: int) -> None:
+        self._clear_progress()
         if self.json_mode:
             self._json_reply(result)
         elif result.text:
@@ -86,6 +102,8 @@ class ChatUI:
             self.notice("interrupted: the reply was discarded, history is unchanged")
         elif status is TurnStatus.ERROR:
             self.error(result.error or "the reply failed")
+            if result.trace and os.environ.get("LOCALCHAT_DEBUG") == "1":
+                self.err.print(result.trace, markup=False, highlight=False)
             if result.text:
                 self.notice("the partial reply above is incomplete and was not added to history")
         elif status is TurnStatus.CUT:
@@ -96,8 +114,8 @@ class ChatUI:
         elif status is TurnStatus.EMPTY:
             self.notice("empty reply: not added to history")
         if result.dropped_turns:
-            self.notice(f"dropped the {result.dropped_turns} oldest turn(s) to fit the "
-                        "--max-turns / --max-context-tokens limit")
+            self.notice(f"left the {count(result.dropped_turns, 'oldest turn')} out of this request to fit "
+                        f"{result.trimmed_for}")
         if self.show_stats and not _failed_before_first_token(result):
             self.err.print(stats_line(result.stats), style="dim", markup=False)
 

@@ -10,6 +10,7 @@ from localchat.errors import UsageError
 from localchat.store.saved_sessions import SessionSaver, StoreError
 
 MULTILINE = '"""'
+REPL_COMMANDS = ("/history", "/preview", "/reset", "/stats", "/save", "/help", "/quit", "/exit")
 
 
 def read_input(read_line: Callable[[str], str]) -> str:
@@ -37,11 +38,9 @@ class Repl:
         self.ui = ui
         self.read_line = read_line
         self.saver = saver
-        self.commands: dict[str, Callable[[str], bool]] = {
-            "/history": self._history, "/preview": self._preview, "/reset": self._reset,
-            "/stats": self._stats, "/save": self._save, "/help": self._help, "/quit": self._quit,
-            "/exit": self._quit,
-        }
+        self.commands: dict[str, Callable[[str], bool]] = dict(zip(REPL_COMMANDS, (
+            self._history, self._preview, self._reset, self._stats, self._save, self._help, self._quit,
+            self._quit)))
 
     def run(self) -> None:
         if self.read_line is input:
@@ -69,7 +68,7 @@ class Repl:
                 return True
             return command(arg.strip())
         try:
-            result = self.session.ask(text, self.ui.text)
+            result = self.session.ask(text, self.ui.text, self.ui.progress)
         except UsageError as exc:
             self.ui.error(str(exc))
             return True

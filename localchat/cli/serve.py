@@ -12,6 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from localchat.backends.openai_http import backend_for
+from localchat.cli import outcomes
 from localchat.errors import LocalchatError, raise_on_sigterm
 from localchat.registry import DEFAULT_MODEL, DEMO_MODEL, resolve
 from localchat.server.launch import LOOPBACK, start_ready
@@ -32,8 +33,8 @@ def show_smoke(console: Console, report: SmokeReport, as_json: bool) -> None:
 
 
 def run_serve(*, model: str | None, host: str, port: int, log: Path | None, smoke: bool,
-              extra: tuple[str, ...], console: Console) -> bool:
-    """Serve until Ctrl+C or SIGTERM (True), or run the smoke test and stop (its result)."""
+              extra: tuple[str, ...], console: Console) -> int:
+    """Serve until Ctrl+C or SIGTERM (success), or run the smoke test and stop (its result)."""
     ref = resolve(model or DEFAULT_MODEL)
     if host not in LOOPBACK:
         console.print(f"[yellow]warning: binding {host}: mlx_lm.server has no authentication; "
@@ -47,7 +48,7 @@ def run_serve(*, model: str | None, host: str, port: int, log: Path | None, smok
         if smoke:
             report = run_smoke(backend_for(server.base_url, ref), judge_recall=ref.id == DEMO_MODEL)
             show_smoke(console, report, as_json=False)
-            return report.ok
+            return outcomes.report_exit(report.ok)
         console.print("chat with:", style="dim")
         console.print(f"  localchat chat --backend server --base-url {server.base_url} -m {ref.id}",
                       markup=False, overflow="ignore", crop=False)
@@ -56,29 +57,29 @@ def run_serve(*, model: str | None, host: str, port: int, log: Path | None, smok
             time.sleep(0.5)
         raise LocalchatError(f"mlx_lm.server exited with code {server.process.returncode}; see {server.log_path}")
     except KeyboardInterrupt:
-        return True
+        return outcomes.OK
     finally:
         code = server.stop()
         console.print(f"server stopped (exit code {code})", style="dim")
 
 
-def run_smoke_cmd(*, base_url: str, model: str | None, api_key: str | None, as_json: bool,
-                  console: Console) -> bool:
+def run_smoke_cmd(*, base_url: str, model: str | None, api_key: str | None, timeout_s: float, as_json: bool,
+                  console: Console) -> int:
     ref = resolve(model) if model else None
-    backend = backend_for(base_url, ref, api_key=api_key)
+    backend = backend_for(base_url, ref, api_key=api_key, timeout_s=timeout_s)
     try:
         report = run_smoke(backend, judge_recall=ref is not None and ref.id == DEMO_MODEL)
     finally:
         backend.close()
     show_smoke(console, report, as_json)
-    return report.ok
+    return outcomes.report_exit(report.ok)
 
 
-def run_parity_cmd(*, model: str | None, as_json: bool, console: Console) -> bool:
+def run_parity_cmd(*, model: str | None, as_json: bool, console: Console) -> int:
     with console.status("parity …") as status:
         report = run_parity(model, on_status=status.update)
     show_parity(console, report, as_json)
-    return report.ok
+    return outcomes.report_exit(report.ok)
 
 
 def show_parity(console: Console, report: ParityReport, as_json: bool) -> None:
