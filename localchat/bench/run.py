@@ -10,7 +10,9 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+import os
 import shlex
+import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -63,9 +65,32 @@ def arms_for(opts: BenchOptions) -> list[Arm]:
     return arms
 
 
-def check_plot_available(plot: Path | None) -> None:
-    if plot is None:
-        return
+def check_outputs(opts: BenchOptions) -> None:
+    """Everything the run will write is checked before it starts, not after the last turn."""
+    if opts.out is not None:
+        check_writable_directory(opts.out, "--out")
+    if opts.plot is not None:
+        check_plot_path(opts.plot)
+
+
+def check_writable_directory(path: Path, option: str) -> None:
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"{option} {path} is a file, not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        raise UsageError(f"{option} {path} cannot be written: {exc.strerror or exc}") from None
+
+
+def check_plot_path(plot: Path) -> None:
+    if plot.is_dir():
+        raise UsageError(f"--plot {plot} is a directory: name the PNG file to write")
+    if not plot.parent.is_dir():
+        raise UsageError(f"--plot {plot}: the directory {plot.parent} does not exist")
+    if not os.access(plot.parent, os.W_OK):
+        raise UsageError(f"--plot {plot}: the directory {plot.parent} cannot be written")
     try:
         import matplotlib  # noqa: F401
     except ImportError:
@@ -172,19 +197,35 @@ def bench_scripts(opts: BenchOptions) -> list[BenchScript]:
     return [load_script(p) for p in paths] + replays
 
 
-def run_bench(opts: BenchOptions, *, on_start: Callable[[int], None] = lambda _: None,
-              on_turn: Callable[[str], None] = lambda _: None,
-              on_status: Callable[[str], None] = lambda _: None) -> BenchResult:
-    """Every arm, one after the other; ``on_start`` hears the number of turns, ``on_turn`` each
-    turn as it starts, ``on_status`` what a launched server is doing."""
-    check_plot_available(opts.plot)
+@dataclass(frozen=True)
+class PreparedBench:
+    """A run whose inputs and outputs were all checked: the model, the plan, the arms."""
+
+    opts: BenchOptions
+    ref: ModelRef
+    plan: BenchPlan
+    arms: list[Arm]
+
+
+def prepare_bench(opts: BenchOptions) -> PreparedBench:
+    """Every check that can fail before the first turn: outputs, scripts, the model's name."""
+    check_outputs(opts)
     scripts = bench_scripts(opts)
     if not scripts:
         raise UsageError("no bench scripts: pass --script FILE")
     ref = resolve(opts.model or DEFAULT_MODEL)
     params = GenerationParams(temperature=opts.temperature, max_tokens=opts.max_tokens, seed=opts.seed)
-    bench = BenchPlan(scripts, opts.repeat, opts.warmup, params, opts.seed)
-    arms = arms_for(opts)
+    return PreparedBench(opts=opts, ref=ref, plan=BenchPlan(scripts, opts.repeat, opts.warmup, params, opts.seed),
+                         arms=arms_for(opts))
+
+
+def run_bench(prepared: PreparedBench, *, on_start: Callable[[int], None] = lambda _: None,
+              on_turn: Callable[[str], None] = lambda _: None,
+              on_status: Callable[[str], None] = lambda _: None) -> BenchResult:
+    """Every arm, one after the other; ``on_start`` hears the number of turns, ``on_turn`` each
+    turn as it starts, ``on_status`` what a launched server is doing."""
+    opts, ref, bench, arms = prepared.opts, prepared.ref, prepared.plan, prepared.arms
+    scripts = bench.scripts
     per_arm = (bench.repeat + bench.warmup) * sum(len(t) for s in scripts for t in s.conversations)
     backends = ArmBackends(ref, opts, on_status)
     on_start(per_arm * len(arms))

@@ -108,9 +108,28 @@ def _check_variables(raw: Any, path: Path) -> dict[str, dict[str, Any]]:
             raise _bad(path, f"vars.{name}", f"'generate' must be one of {sorted(GENERATORS)}")
         if spec["generate"] == "choice" and not (isinstance(spec.get("from"), list) and spec["from"]):
             raise _bad(path, f"vars.{name}", "'choice' needs a non-empty 'from' list")
+        if spec["generate"] == "choice" and not all(isinstance(o, (str, int, float)) for o in spec["from"]):
+            raise _bad(path, f"vars.{name}", "'from' must list texts or numbers")
         if spec["generate"] == "code" and spec.get("script", "en") not in ("en", "zh"):
             raise _bad(path, f"vars.{name}", "'script' must be en or zh")
+    for name, spec in raw.items():
+        _check_unlike(name, spec, raw, path)
     return raw
+
+
+def _check_unlike(name: str, spec: dict[str, Any], variables: dict[str, dict[str, Any]], path: Path) -> None:
+    """``unlike: other`` must name a variable drawn earlier, and leave a choice whatever it drew."""
+    other = spec.get("unlike")
+    if other is None:
+        return
+    earlier = list(variables)[:list(variables).index(name)]
+    if spec["generate"] != "choice" or other not in earlier:
+        raise _bad(path, f"vars.{name}", "'unlike' goes on a 'choice' and names a variable defined above it")
+    options = {str(o) for o in spec["from"]}
+    drawn = variables[other]
+    for value in ({str(o) for o in drawn["from"]} if drawn["generate"] == "choice" else {None}):
+        if not options - {value}:
+            raise _bad(path, f"vars.{name}", f"'unlike: {other}' leaves no choice when {other} is {value!r}")
 
 
 def load_script(path: Path) -> BenchScript:

@@ -28,7 +28,7 @@ from localchat.bench.report import (
     write_outputs,
     write_plot,
 )
-from localchat.bench.run import BenchOptions, run_bench
+from localchat.bench.run import BenchOptions, prepare_bench, run_bench
 from localchat.cli import outcomes
 
 
@@ -57,12 +57,13 @@ def show_table(result: BenchResult, console: Console) -> None:
 
 def run_bench_cmd(*, options: dict[str, Any], console: Console, err: Console) -> int:
     """Results on ``console`` (stdout, so --format json/csv pipes); progress and notices on ``err``."""
-    opts = BenchOptions(**options)
+    prepared = prepare_bench(BenchOptions(**options))
+    opts = prepared.opts
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=err, transient=True) as progress:
         task = progress.add_task("starting", total=None)
         result = run_bench(
-            opts, on_start=lambda total: progress.update(task, total=total),
+            prepared, on_start=lambda total: progress.update(task, total=total),
             on_turn=lambda what: progress.update(task, advance=1, description=what),
             on_status=lambda what: progress.update(task, description=what))
     renderers = {"md": to_markdown, "json": to_json, "csv": to_csv}

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
+from rich.table import Column, Table
 
 from localchat.backends.openai_http import backend_for
 from localchat.cli import outcomes
@@ -24,7 +24,8 @@ def show_smoke(console: Console, report: SmokeReport, as_json: bool) -> None:
     if as_json:
         console.print_json(json.dumps(report.as_dict()))
         return
-    table = Table("check", "result", "time", "detail", title=f"smoke: {report.base_url} ({report.model})")
+    table = Table("check", "result", "time", Column("detail", overflow="fold"),
+                  title=f"smoke: {report.base_url} ({report.model})")
     for c in report.checks:
         mark = "[green]pass[/green]" if c.ok else ("[red]FAIL[/red]" if c.required else "[yellow]fail[/yellow]")
         table.add_row(c.name, mark, f"{c.seconds:.2f}s", escape(c.detail))

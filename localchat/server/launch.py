@@ -115,21 +115,40 @@ def launch(model_location: str, *, host: str = "127.0.0.1", port: int = 8080, lo
     return RunningServer(process, host, port, model_location, log_path)
 
 
+FAILURE_MARKS = ("generation thread died", "Traceback (most recent call last)")
+
+
 def _ready_once(client: httpx.Client, server: RunningServer) -> bool:
+    """True once a 1-token completion succeeds. Raises ServerStartError when the server says it
+    can never serve: /health answers 503 (its generation thread died, e.g. the model failed to
+    load), or its log shows a traceback."""
     try:
-        if client.get(f"{server.root_url}/health").status_code != 200:
-            return False
+        health = client.get(f"{server.root_url}/health")
+    except httpx.HTTPError:
+        health = None
+    if (health is not None and health.status_code == 503) or _log_shows_failure(server.log_path):
+        raise ServerStartError(f"mlx_lm.server failed to start (its /health says unavailable, or its log "
+                               f"shows an error); last lines of {server.log_path}:\n{last_lines(server.log_path)}")
+    if health is None or health.status_code != 200:
+        return False
+    try:
         reply = client.post(f"{server.base_url}/chat/completions", json={
             "model": server.model_location, "max_tokens": 1, "temperature": 0.0,
             "messages": [{"role": "user", "content": "Hi"}]})
-    except httpx.HTTPError:
+        return reply.status_code == 200 and bool(reply.json().get("choices"))
+    except (httpx.HTTPError, ValueError, AttributeError):
         return False
-    return reply.status_code == 200 and bool(reply.json().get("choices"))
+
+
+def _log_shows_failure(path: Path) -> bool:
+    tail = last_lines(path, 200)
+    return any(mark in tail for mark in FAILURE_MARKS)
 
 
 def wait_ready(server: RunningServer, timeout_s: float = READY_TIMEOUT_S,
                on_poll: Callable[[float], None] = lambda _: None) -> float:
-    """Poll until a 1-token chat completion succeeds; returns the seconds it took."""
+    """Poll until a 1-token chat completion succeeds; returns the seconds it took. A child that
+    exits or reports a failure ends the wait at once (see ``_ready_once``)."""
     started = time.perf_counter()
     with httpx.Client(timeout=httpx.Timeout(30.0, connect=1.0)) as client:
         while True:
@@ -142,8 +161,8 @@ def wait_ready(server: RunningServer, timeout_s: float = READY_TIMEOUT_S,
                 server.load_s = elapsed
                 return elapsed
             if elapsed > timeout_s:
-                raise ServerStartError(f"mlx_lm.server was not ready after {timeout_s:.0f}s "
-                                       f"(log: {server.log_path})")
+                raise ServerStartError(f"mlx_lm.server was not ready after {timeout_s:.0f}s; last lines of "
+                                       f"{server.log_path}:\n{last_lines(server.log_path)}")
             on_poll(elapsed)
             time.sleep(POLL_S)
 

@@ -16,7 +16,7 @@ import httpx
 from localchat.backends import GenerationParams
 from localchat.backends.openai_http import ServerBackend, describe_http_error
 from localchat.conversation.history import Conversation
-from localchat.conversation.turn import ChatSession
+from localchat.conversation.turn import ChatSession, TurnStatus
 from localchat.demo import RECALL, REMEMBER, copyable_code
 
 
@@ -44,15 +44,29 @@ class SmokeReport:
                 "checks": [asdict(c) for c in self.checks]}
 
 
-def _timed(name: str, run: Callable[[], tuple[bool, str]], required: bool = True) -> Check:
+def _timed(name: str, url: str, run: Callable[[], tuple[bool, str]], required: bool = True) -> Check:
     started = time.perf_counter()
     try:
         ok, detail = run()
     except httpx.HTTPError as exc:
-        ok, detail = False, describe_http_error(exc, name)
+        ok, detail = False, describe_http_error(exc, url)
     except Exception as exc:  # a smoke test reports every failure as a row, never a traceback
         ok, detail = False, f"{type(exc).__name__}: {exc}".splitlines()[0]
     return Check(name, ok, time.perf_counter() - started, detail, required)
+
+
+def _body(response: httpx.Response) -> str:
+    """What a response says, in one short line (an error body is what the user needs to see)."""
+    text = " ".join(response.text.split())
+    return text[:120] + ("…" if len(text) > 120 else "") if text else "(empty body)"
+
+
+def _json_object(response: httpx.Response) -> dict:
+    try:
+        body = response.json()
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
 
 
 def run_smoke(backend: ServerBackend, judge_recall: bool) -> SmokeReport:
@@ -63,30 +77,42 @@ def run_smoke(backend: ServerBackend, judge_recall: bool) -> SmokeReport:
 
     def health():
         r = client.get(f"{root}/health")
-        return r.status_code == 200, f"HTTP {r.status_code} {r.text.strip()[:60]}"
+        return r.status_code == 200, f"HTTP {r.status_code}: {_body(r)}"
 
     def models():
         r = client.get("models")
         if r.status_code == 200 and not r.content.strip():
             return False, ("HTTP 200 with an empty body (mlx_lm.server does this when the HF cache "
                            "directory is missing, ml-explore/mlx-lm#1636; `localchat serve` creates it)")
-        data = r.json().get("data") if r.status_code == 200 else None
-        return isinstance(data, list), f"HTTP {r.status_code}, {len(data or [])} models listed"
+        if r.status_code != 200:
+            return False, f"HTTP {r.status_code}: {_body(r)}"
+        data = _json_object(r).get("data")
+        if not isinstance(data, list):
+            return False, f"HTTP 200, but no 'data' list: {_body(r)}"
+        return True, f"HTTP 200, {len(data)} models listed"
 
     def completion():
         r = client.post("chat/completions", json=backend.request_body(
             [{"role": "user", "content": "Hello"}], params, stream=False))
-        body = r.json() if r.status_code == 200 else {}
-        text = ((body.get("choices") or [{}])[0].get("message") or {}).get("content")
-        return isinstance(text, str) and bool(body.get("usage")), f"HTTP {r.status_code}: {text!r}"
+        if r.status_code != 200:
+            return False, f"HTTP {r.status_code}: {_body(r)}"
+        body = _json_object(r)
+        choices = body.get("choices") if isinstance(body.get("choices"), list) else []
+        message = choices[0].get("message") if choices and isinstance(choices[0], dict) else None
+        text = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(text, str):
+            return False, f"HTTP 200, but no choices[0].message.content: {_body(r)}"
+        usage = "with usage" if isinstance(body.get("usage"), dict) else "NO usage"
+        return usage == "with usage", f"HTTP 200, {usage}: {text!r}"
 
     def streaming():
         result = ChatSession(backend, Conversation(), params).ask("Hello")
+        if result.status in (TurnStatus.ERROR, TurnStatus.INTERRUPTED):
+            return False, result.error or result.status.value
         s = result.stats
-        ok = s.finish_reason in ("stop", "length") and s.ttft_s is not None and not s.estimated
         speed = f"{s.decode_tps:.1f} tok/s" if s.decode_tps else "– tok/s"
-        usage = "usage reported" if not s.estimated else "NO usage from the server"
-        return ok, f"TTFT {s.ttft_s or 0:.3f}s · {speed} · {usage}: {result.text!r}"
+        usage = "NO usage from the server (counts estimated)" if s.estimated else "usage reported"
+        return s.ttft_s is not None and not s.estimated, f"TTFT {s.ttft_s or 0:.3f}s · {speed} · {usage}: {result.text!r}"
 
     turn2 = {}
 
@@ -94,24 +120,32 @@ def run_smoke(backend: ServerBackend, judge_recall: bool) -> SmokeReport:
         code = copyable_code(random.Random())
         chat = ChatSession(backend, Conversation(), params)
         first = chat.ask(REMEMBER["en"][0].format(code=code))
+        if not first.committed:
+            return False, f"turn 1 was not accepted ({first.error or first.status.value}): {first.text!r}"
         second = chat.ask(RECALL["en"])
         turn2["stats"] = second.stats
         answer = f"told {code!r}, answered {second.text!r}"
-        if not first.committed:
-            return False, f"turn 1 was not accepted ({first.stats.finish_reason}); {answer}"
+        if second.status is TurnStatus.ERROR:
+            return False, f"turn 2 failed: {second.error}"
         return (second.text == code) if judge_recall else second.accepted, answer
 
     def cache_hit():
         stats = turn2.get("stats")
-        cached = stats.cached_tokens if stats else 0
-        return cached > 0, f"turn 2 cached_tokens = {cached} of {stats.prompt_tokens if stats else 0}"
+        if stats is None:
+            return False, "no second turn to look at (the recall check failed first)"
+        return stats.cached_tokens > 0, f"turn 2 cached_tokens = {stats.cached_tokens} of {stats.prompt_tokens}"
 
-    report.checks = [
-        _timed("/health", health),
-        _timed("/v1/models", models),
-        _timed("completion", completion),
-        _timed("streaming + usage", streaming),
-        _timed("two-turn recall" + ("" if judge_recall else " (not judged)"), recall),
-        _timed("prompt cache hit on turn 2", cache_hit),
+    checks = [
+        ("/health", f"{root}/health", health),
+        ("/v1/models", f"{backend.url}/models", models),
+        ("completion", f"{backend.url}/chat/completions", completion),
+        ("streaming + usage", f"{backend.url}/chat/completions", streaming),
+        ("two-turn recall" + ("" if judge_recall else " (not judged)"), f"{backend.url}/chat/completions", recall),
+        ("prompt cache hit on turn 2", f"{backend.url}/chat/completions", cache_hit),
     ]
+    report.checks = [_redacted(_timed(name, url, run), backend) for name, url, run in checks]
     return report
+
+
+def _redacted(check: Check, backend: ServerBackend) -> Check:
+    return Check(check.name, check.ok, check.seconds, backend.redact(check.detail), check.required)

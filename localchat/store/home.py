@@ -17,11 +17,18 @@ CONFIG_KEYS = {"records_dir"}
 
 
 def home_dir() -> Path:
+    """The user's localchat directory; one that exists as a file is a usage error, named."""
     if override := os.environ.get("LOCALCHAT_HOME"):
-        return Path(override).expanduser()
-    from platformdirs import user_data_dir
+        path = Path(override).expanduser()
+        where = f"LOCALCHAT_HOME ({path})"
+    else:
+        from platformdirs import user_data_dir
 
-    return Path(user_data_dir("localchat", appauthor=False))
+        path = Path(user_data_dir("localchat", appauthor=False))
+        where = f"localchat's data directory {path}"
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"{where} is a file, not a directory: point LOCALCHAT_HOME at a directory")
+    return path
 
 
 def load_config() -> dict[str, Any]:

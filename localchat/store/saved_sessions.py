@@ -157,10 +157,7 @@ class SessionStore:
                 raise UsageError(f"no saved session named '{name}' (see: localchat sessions list)")
             turns = conn.execute("SELECT user, assistant, stats FROM turns WHERE session_id = ? "
                                  "ORDER BY position", (row[0],)).fetchall()
-        return SavedSession(
-            name=row[1], uid=row[2], model=row[3], backend=row[4], system=row[5], params=json.loads(row[6]),
-            turns=tuple(Turn(u, a, stats_from_dict(json.loads(s)) if s else None) for u, a, s in turns),
-            created=row[7], updated=row[8])
+        return _session_from_rows(row, turns)
 
     def list(self) -> list[SessionSummary]:
         if not self.path.exists():
@@ -175,6 +172,41 @@ class SessionStore:
         with self._connect(write=True) as conn:
             if conn.execute("DELETE FROM sessions WHERE name = ?", (name,)).rowcount == 0:
                 raise UsageError(f"no saved session named '{name}' (see: localchat sessions list)")
+
+
+def _session_from_rows(row: tuple, turns: list[tuple]) -> SavedSession:
+    """A saved session as stored by any version; a damaged field is one error naming it (the
+    turns' figures are only figures: unknown or missing ones are tolerated)."""
+    name = row[1]
+
+    def damaged(field: str, why: str) -> StoreError:
+        return StoreError(f"saved session '{name}' is damaged: {field} {why}; the other sessions are "
+                          f"untouched (remove this one with: localchat sessions rm {name})")
+
+    texts = {"uid": row[2], "backend": row[4], "created": row[7], "updated": row[8]}
+    for field, value in texts.items():
+        if not isinstance(value, str):
+            raise damaged(field, "is not text")
+    for field, value in (("model", row[3]), ("system", row[5])):
+        if value is not None and not isinstance(value, str):
+            raise damaged(field, "is not text")
+    try:
+        params = json.loads(row[6])
+    except (TypeError, ValueError):
+        raise damaged("params", "is not JSON") from None
+    if not isinstance(params, dict):
+        raise damaged("params", "is not a JSON object")
+    loaded = []
+    for position, (user, assistant, stats) in enumerate(turns, 1):
+        if not isinstance(user, str) or not isinstance(assistant, str):
+            raise damaged(f"turn {position}", "has a message that is not text")
+        try:
+            figures = stats_from_dict(json.loads(stats)) if stats else None
+        except (TypeError, ValueError):
+            raise damaged(f"turn {position} stats", "is not JSON") from None
+        loaded.append(Turn(user, assistant, figures))
+    return SavedSession(name=name, uid=row[2], model=row[3], backend=row[4], system=row[5], params=params,
+                        turns=tuple(loaded), created=row[7], updated=row[8])
 
 
 @dataclass
