@@ -55,6 +55,7 @@ class TurnRecord:
     peak_memory_gb: float | None
     finish_reason: str | None  # the runtime's
     status: str  # what became of the turn (localchat.conversation.turn.TurnStatus)
+    error: str | None
     estimated: bool
     cache_miss: bool  # history on, KV reuse on: fewer cached tokens than the previous prompt
 
@@ -88,7 +89,7 @@ def play_conversation(backend: Backend, arm: Arm, script: BenchScript, conversat
             correct=turn.is_correct(result.text) if turn.scored else None, prompt_tokens=s.prompt_tokens,
             cached_tokens=s.cached_tokens, completion_tokens=s.completion_tokens, ttft_s=s.ttft_s,
             prefill_tps=s.prefill_tps, decode_tps=s.decode_tps, total_s=s.total_s,
-            peak_memory_gb=s.peak_memory_gb, finish_reason=s.finish_reason, status=result.status.value,
+            peak_memory_gb=s.peak_memory_gb, finish_reason=s.finish_reason, status=result.status.value, error=result.error,
             estimated=s.estimated, cache_miss=miss))
     return records
 

@@ -3,15 +3,34 @@
 Commands collect options and call the package; errors and outcomes become exit codes here only.
 """
 
+import os
 import sys
 
 
 def main() -> None:
-    """The ``localchat`` command. Ctrl+C while the app itself is still being imported is one
-    line and 130 too (from then on ``app.user_errors`` maps it)."""
+    """The ``localchat`` command. Ctrl+C while the app itself is still being imported or built
+    is one line and 130 too (inside a command, ``app.user_errors`` maps it)."""
     try:
         from localchat.cli.app import app
+
+        app()
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
-        raise SystemExit(130) from None
-    app()
+        _exit_now(130)
+    except BrokenPipeError:  # `localchat chat … | head`: the reader left; nothing more to say
+        _exit_now(141)
+    except SystemExit as done:
+        if done.code in (130, 143):  # interrupted or terminated: everything was cleaned up on the way
+            _exit_now(done.code)
+        raise
+
+
+def _exit_now(code: int) -> None:
+    """Exit with ``code`` at once. After a caught Ctrl+C, CPython may still end the process by
+    SIGINT (exit -2) if a KeyboardInterrupt went through one of its internal code runners."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
-from typer.core import TyperGroup
 from rich.console import Console
 from rich.markup import escape
+from typer.core import TyperGroup
 
 from localchat.backends import DEFAULT_BASE_URL, DEFAULT_TIMEOUT_S
 from localchat.cli import outcomes
@@ -39,6 +39,7 @@ from localchat.cli.options import (
 )
 from localchat.conversation.turn import TrimPolicy
 from localchat.errors import LocalchatError, TerminationRequested
+
 
 def _click_class(name: str) -> type:
     """Click's own exception classes, as the installed Typer has them (it may vendor click)."""
@@ -69,7 +70,14 @@ class OneLineErrors(TyperGroup):
         except ClickException as exc:
             err_console.print(f"[red]error:[/red] {escape(exc.format_message())}")
             sys.exit(exc.exit_code)
+        if code == outcomes.INTERRUPTED:  # Typer's own mapping of a Ctrl+C it caught, silently
+            err_console.print("[yellow]interrupted[/yellow]")
         sys.exit(code if isinstance(code, int) else outcomes.OK)
+
+    def invoke(self, ctx):
+        """Ctrl+C between Typer and a command's ``run`` is the same one line as inside it."""
+        with user_errors():
+            return super().invoke(ctx)
 
 
 app = typer.Typer(
@@ -93,10 +101,10 @@ def user_errors() -> Iterator[None]:
         raise typer.Exit(exc.exit_code) from None
     except TerminationRequested:
         err_console.print("[yellow]terminated (SIGTERM)[/yellow]")
-        raise typer.Exit(outcomes.TERMINATED) from None
+        raise SystemExit(outcomes.TERMINATED) from None  # past click, which maps a 130 of its own
     except KeyboardInterrupt:
         err_console.print("[yellow]interrupted[/yellow]")
-        raise typer.Exit(outcomes.INTERRUPTED) from None
+        raise SystemExit(outcomes.INTERRUPTED) from None
 
 
 def run(target: str, **kwargs: Any) -> None:

@@ -6,6 +6,7 @@ from typing import Any
 
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.measure import Measurement
 from rich.progress import (
     BarColumn,
@@ -77,4 +78,14 @@ def run_bench_cmd(*, options: dict[str, Any], console: Console, err: Console) ->
     if opts.plot:
         write_plot(result, opts.plot)
         err.print(f"wrote {opts.plot}", style="dim")
-    return outcomes.OK
+    return report_failures(result, err)
+
+
+def report_failures(result: BenchResult, err: Console) -> int:
+    """A run whose turns failed (server errors, bad chunks) is shown, and then it is a failure."""
+    failed = [t for t in result.turns if t.status == "error"]
+    if not failed:
+        return outcomes.OK
+    err.print(f"[red]error:[/red] {len(failed)} of {len(result.turns)} turns failed; the first, in "
+              f"{failed[0].arm} ({failed[0].script} turn {failed[0].turn}): {escape(failed[0].error or '?')}")
+    return outcomes.FAILED

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from localchat.cli.render import ChatUI, count
 from localchat.conversation.turn import ChatSession
-from localchat.errors import UsageError
+from localchat.errors import TerminationRequested, UsageError
 from localchat.store.saved_sessions import SessionSaver, StoreError
 
 MULTILINE = '"""'
@@ -49,6 +49,8 @@ class Repl:
         while True:
             try:
                 text = read_input(self.read_line)
+            except TerminationRequested:
+                raise
             except (EOFError, KeyboardInterrupt):
                 self.ui.info("bye")
                 return

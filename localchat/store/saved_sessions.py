@@ -166,7 +166,8 @@ class SessionStore:
             rows = conn.execute("SELECT s.name, COUNT(t.position), s.model, s.backend, s.updated FROM sessions s "
                                 "LEFT JOIN turns t ON t.session_id = s.id GROUP BY s.id "
                                 "ORDER BY s.updated DESC, s.name").fetchall()
-        return [SessionSummary(*row) for row in rows]
+        return [SessionSummary(*(v if v is None or isinstance(v, (str, int)) else "(damaged)" for v in row))
+                for row in rows]
 
     def remove(self, name: str) -> None:
         with self._connect(write=True) as conn:

@@ -1,0 +1,117 @@
+"""The model's context window, signals at any moment, a server that cannot start, and bench
+against a faulty server: each ends cleanly, says what happened, and keeps what it must."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from fakeserver import FakeServer, Reply, sse
+from typer.testing import CliRunner
+
+from localchat.backends import GenerationParams
+from localchat.cli.app import app
+from localchat.conversation.history import Conversation
+from localchat.conversation.turn import ChatSession, TurnStatus
+from localchat.errors import UsageError
+from localchat.server.launch import free_port
+
+runner = CliRunner()
+
+
+def test_a_prompt_over_the_models_context_is_refused_before_anything_is_sent(demo_backend, tmp_path):
+    result = runner.invoke(app, ["chat", "--max-input-chars", "100000", "--record", str(tmp_path),
+                                 "harbor " * 3000])
+    assert result.exit_code == 2, result.stderr
+    assert "over the model's context (1024 tokens less --max-tokens 64)" in result.stderr
+    assert list(tmp_path.iterdir()) == []  # not even a request record: nothing was sent
+
+
+def test_history_is_trimmed_by_whole_turns_to_fit_the_context(demo_backend):
+    session = ChatSession(demo_backend, Conversation("You are a helpful assistant."),
+                          GenerationParams(max_tokens=64))
+    for _ in range(6):
+        session.conversation.commit("Note: " + "harbor river falcon " * 60, "OK")
+    result = session.ask("Remember the code harbor 17. Reply only OK.")
+    assert result.dropped_turns >= 1 and "the model's context" in result.trimmed_for
+    assert result.stats.prompt_tokens <= 1024 - 64
+    assert result.committed and len(session.conversation.turns) == 7 - result.dropped_turns
+
+
+def test_max_tokens_that_leave_no_room_is_a_usage_error(demo_backend):
+    session = ChatSession(demo_backend, Conversation(), GenerationParams(max_tokens=2000))
+    with pytest.raises(UsageError, match="leaves no room"):
+        session.ask("hi")
+
+
+def test_the_users_tighter_budget_still_wins(demo_backend):
+    session = ChatSession(demo_backend, Conversation(), GenerationParams(max_tokens=64))
+    session.trim.max_context_tokens = 30
+    session.conversation.commit("Remember the code harbor 17. Reply only OK.", "OK")
+    result = session.ask("What was the code? Reply with the code only.")
+    assert result.dropped_turns == 1 and result.trimmed_for == "--max-context-tokens"
+
+
+def spawn(*args, **kw):
+    return subprocess.Popen([sys.executable, "-m", "localchat", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **kw)
+
+
+@pytest.mark.parametrize("delay", [0.05, 0.3, 0.8])
+def test_ctrl_c_at_any_moment_is_one_line_and_130(delay):
+    """Early (imports), or while the model loads: never a KeyboardInterrupt traceback."""
+    proc = spawn("chat", "Remember the code harbor 17. Reply only OK.")
+    time.sleep(delay)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert "Traceback" not in err
+    assert proc.returncode in (130, 0), err  # 0: it had already answered
+    if proc.returncode == 130:
+        assert err.strip().splitlines()[-1] == "interrupted"
+
+
+def test_sigterm_mid_reply_discards_the_turn_records_it_and_exits_143(rambling_model, tmp_path):
+    proc = spawn("chat", "-m", str(rambling_model), "--system", "", "--max-tokens", "3000",
+                 "--record", str(tmp_path), "hello")
+    assert proc.stdout.read(20)  # the reply is streaming
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert "Traceback" not in err and "terminated (SIGTERM)" in err
+    response = json.loads(next(tmp_path.glob("*-response.json")).read_text())
+    assert response["status"] == "interrupted" and response["signal"] == "SIGTERM"
+    assert not response["committed"] and next(tmp_path.glob("*-request.json"))
+
+
+def test_serve_with_a_model_that_cannot_load_fails_within_seconds(tmp_path):
+    from localchat.demo import MODEL_DIR
+
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for f in MODEL_DIR.iterdir():
+        (broken / f.name).write_bytes(f.read_bytes())
+    config = json.loads((broken / "config.json").read_text())
+    (broken / "config.json").write_text(json.dumps(config | {"model_type": "nosucharch"}))
+    started = time.monotonic()
+    proc = spawn("serve", "-m", str(broken), "--port", str(free_port()))
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1 and time.monotonic() - started < 30
+    assert "failed to start" in err and "nosucharch" in err  # the log's tail says why
+    assert "Traceback (most recent call last)" not in err.split("last lines of")[0]
+
+
+def test_bench_against_a_server_that_breaks_every_turn_says_so_and_exits_1(tmp_path):
+    fake = FakeServer()
+    try:
+        fake.chat(Reply(chunks=sse({"choices": [None]})))
+        script = tmp_path / "s.yaml"
+        script.write_text("conversations: [{turns: [{user: hi}, {user: again}]}]\n")
+        result = runner.invoke(app, ["bench", "--backend", "server", "--base-url", fake.base_url,
+                                     "--script", str(script), "--history", "on", "--format", "json"])
+    finally:
+        fake.close()
+    assert result.exit_code == 1 and "Traceback" not in result.stderr
+    assert "2 of 2 turns failed" in result.stderr and "'choices[0]' is not an object" in result.stderr
+    assert {t["status"] for t in json.loads(result.stdout)["turns"]} == {TurnStatus.ERROR.value}
