@@ -1,0 +1,250 @@
+"""``localchat import FILE.gguf``: a GGUF file as an MLX model directory that mlx_lm loads.
+
+``reader`` gives every tensor's type and raw blocks, which ``tensors`` maps to MLX, and the
+metadata, from which the config and tokenizer are rebuilt. (``mx.load`` reads GGUF too, but turns
+the K-quants into float16, which is not the model that was shipped.) llama.cpp's converter interleaves the rows of
+llama's q/k projections for its RoPE; they are put back in Hugging Face order, so the directory
+is a plain mlx_lm llama. The directory is written next to its final place and renamed into it:
+an import that fails leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import tempfile
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from localchat.errors import LocalchatError
+from localchat.gguf.reader import GgufFile
+from localchat.gguf.tensors import Quantized, to_mlx
+from localchat.gguf.tokenizer import TokenizerSpec, build_tokenizer, check_tokenizer, save_tokenizer
+
+ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+LAYER_NAMES = {
+    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+}
+TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+SHARD_BYTES = 16 * 2**20
+
+
+class GgufImportError(LocalchatError):
+    """The file cannot be imported faithfully; nothing was written."""
+
+
+@dataclass
+class ImportReport:
+    name: str
+    directory: Path
+    source: Path
+    architecture: str
+    parameters: int
+    tensor_types: dict[str, int] = field(default_factory=dict)
+    bits: int | None = None
+    size_bytes: int = 0
+    max_error: dict[str, float] = field(default_factory=dict)  # tensors stored in a nearest form
+
+
+def tokenizer_spec(meta: dict[str, Any], arch: str) -> TokenizerSpec:
+    def need(key: str) -> Any:
+        if key not in meta:
+            raise GgufImportError(f"the file has no '{key}': its tokenizer cannot be rebuilt")
+        return meta[key]
+
+    return TokenizerSpec(
+        model=need("tokenizer.ggml.model"), pre=meta.get("tokenizer.ggml.pre", "default"),
+        tokens=need("tokenizer.ggml.tokens"), merges=meta.get("tokenizer.ggml.merges") or [],
+        token_types=meta.get("tokenizer.ggml.token_type") or [1] * len(meta["tokenizer.ggml.tokens"]),
+        bos_id=meta.get("tokenizer.ggml.bos_token_id"), eos_id=meta.get("tokenizer.ggml.eos_token_id"),
+        pad_id=meta.get("tokenizer.ggml.padding_token_id"), unk_id=meta.get("tokenizer.ggml.unknown_token_id"),
+        add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+        chat_template=meta.get("tokenizer.chat_template"), context_length=meta.get(f"{arch}.context_length"))
+
+
+def model_config(meta: dict[str, Any], arch: str, names: set[str], vocab: int) -> dict[str, Any]:
+    """mlx_lm's config.json from the GGUF's hyperparameters."""
+    def need(key: str) -> Any:
+        if f"{arch}.{key}" not in meta:
+            raise GgufImportError(f"the file has no '{arch}.{key}'")
+        return meta[f"{arch}.{key}"]
+
+    if "rope_freqs.weight" in names:
+        raise GgufImportError("llama 3 RoPE scaling (a rope_freqs tensor) is not imported yet")
+    heads = need("attention.head_count")
+    hidden = need("embedding_length")
+    config = {
+        "model_type": ARCHITECTURES[arch], "hidden_size": hidden, "num_hidden_layers": need("block_count"),
+        "intermediate_size": need("feed_forward_length"), "num_attention_heads": heads,
+        "num_key_value_heads": meta.get(f"{arch}.attention.head_count_kv", heads),
+        "rms_norm_eps": need("attention.layer_norm_rms_epsilon"), "vocab_size": vocab,
+        "max_position_embeddings": meta.get(f"{arch}.context_length", 4096),
+        "rope_theta": meta.get(f"{arch}.rope.freq_base", 10000.0),
+        "head_dim": meta.get(f"{arch}.attention.key_length", hidden // heads),
+        "tie_word_embeddings": "output.weight" not in names,
+        "attention_bias": "blk.0.attn_q.bias" in names, "mlp_bias": False,
+    }
+    eos = meta.get("tokenizer.ggml.eos_token_id")
+    if eos is not None:
+        config["eos_token_id"] = eos
+    return config
+
+
+def hf_name(gguf_name: str) -> str | None:
+    """``blk.3.attn_q.weight`` → ``model.layers.3.self_attn.q_proj.weight``."""
+    parts = gguf_name.split(".")
+    if parts[0] == "blk" and len(parts) == 4 and parts[2] in LAYER_NAMES:
+        return f"model.layers.{parts[1]}.{LAYER_NAMES[parts[2]]}.{parts[3]}"
+    if len(parts) == 2 and parts[0] in TOP_NAMES:
+        return f"{TOP_NAMES[parts[0]]}.{parts[1]}"
+    return None
+
+
+def unpermute_rows(value: np.ndarray | Quantized, heads: int) -> np.ndarray | Quantized:
+    """Undo llama.cpp's interleaving of each head's rows (q and k of llama only)."""
+    def rows(a: np.ndarray) -> np.ndarray:
+        return a.reshape(heads, a.shape[0] // heads // 2, 2, *a.shape[1:]).swapaxes(1, 2).reshape(a.shape)
+
+    if isinstance(value, Quantized):
+        return Quantized(weight=rows(value.weight), scales=rows(value.scales), biases=rows(value.biases),
+                         bits=value.bits, group_size=value.group_size, max_error=value.max_error)
+    return rows(value)
+
+
+def scale_dtype() -> Any:
+    """float32 scales on Linux (the CPU wheel runs float16 scales ~45× slower); as stored on a Mac."""
+    import mlx.core as mx
+
+    return mx.float16 if sys.platform == "darwin" else mx.float32
+
+
+def converted_tensors(reader: GgufFile, meta: dict[str, Any], arch: str, report: ImportReport,
+                      quant: dict[str, Any]) -> Iterator[tuple[str, Any]]:
+    """Each tensor as its MLX arrays, one at a time (so memory holds one tensor, not the model);
+    ``report`` and ``quant`` (the per-layer quantization) fill in as it goes."""
+    import mlx.core as mx
+
+    heads, kv_heads = meta[f"{arch}.attention.head_count"], meta.get(f"{arch}.attention.head_count_kv")
+    for tensor in reader.tensors:
+        name = hf_name(tensor.name)
+        if name is None:
+            raise GgufImportError(f"tensor '{tensor.name}' has no place in a {arch} model")
+        report.tensor_types[tensor.kind] = report.tensor_types.get(tensor.kind, 0) + 1
+        value = to_mlx(tensor.kind, reader.raw(tensor), tensor.shape)
+        reader.release(tensor)
+        if arch == "llama" and tensor.name.endswith(("attn_q.weight", "attn_k.weight")):
+            value = unpermute_rows(value, heads if "attn_q" in tensor.name else (kv_heads or heads))
+        if not isinstance(value, Quantized):
+            yield name, mx.array(value)
+            continue
+        base = name.removesuffix(".weight")
+        quant[base] = {"group_size": value.group_size, "bits": value.bits}
+        if value.max_error:
+            report.max_error[tensor.name] = value.max_error
+        yield name, mx.array(value.weight)
+        yield f"{base}.scales", mx.array(value.scales).astype(scale_dtype())
+        yield f"{base}.biases", mx.array(value.biases).astype(scale_dtype())
+
+
+def quantization_block(quant: dict[str, Any]) -> dict[str, Any] | None:
+    """The config's ``quantization``: the most common bits as the default, the others per layer."""
+    if not quant:
+        return None
+    common = Counter((q["group_size"], q["bits"]) for q in quant.values()).most_common(1)[0][0]
+    block: dict[str, Any] = {"group_size": common[0], "bits": common[1]}
+    block |= {path: q for path, q in quant.items() if (q["group_size"], q["bits"]) != common}
+    return block
+
+
+def write_shards(arrays: Iterator[tuple[str, Any]], directory: Path) -> None:
+    """``model-N.safetensors`` files of ~``SHARD_BYTES`` each, written as the arrays come (only
+    one shard is in memory), and the index mlx_lm reads."""
+    import mlx.core as mx
+
+    index: dict[str, str] = {}
+    shard: dict[str, Any] = {}
+
+    def flush() -> None:
+        file = f"model-{len(set(index.values())) + 1:05d}.safetensors"
+        mx.save_safetensors(str(directory / file), shard, metadata={"format": "mlx"})
+        index.update({name: file for name in shard})
+        shard.clear()
+
+    for name, value in arrays:
+        shard[name] = value
+        if sum(v.nbytes for v in shard.values()) > SHARD_BYTES:
+            flush()
+    if shard:
+        flush()
+    (directory / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": index}, indent=1))
+
+
+def import_gguf(source: Path, destination: Path, *, on_progress: Callable[[int, int, str], None] = lambda *_: None
+                ) -> ImportReport:
+    """Convert ``source`` into ``destination`` (which must not exist yet)."""
+    try:
+        reader = GgufFile(source)
+    except OSError as exc:
+        raise GgufImportError(f"cannot read {source}: {exc.strerror or exc}") from None
+    try:
+        return _convert(reader, source, destination, on_progress)
+    finally:
+        reader.close()
+
+
+def _convert(reader: GgufFile, source: Path, destination: Path, on_progress: Callable[[int, int, str], None]
+             ) -> ImportReport:
+    meta = reader.metadata
+    arch = meta.get("general.architecture")
+    if arch not in ARCHITECTURES:
+        raise GgufImportError(f"architecture '{arch}' cannot be imported (supported: {', '.join(ARCHITECTURES)})")
+    names = {t.name for t in reader.tensors}
+    spec = tokenizer_spec(meta, arch)
+    config = model_config(meta, arch, names, len(spec.tokens))
+    check_tokenizer(spec)
+    report = ImportReport(name=destination.name, directory=destination, source=source, architecture=arch,
+                          parameters=sum(int(t.n_elements) for t in reader.tensors))
+    quant: dict[str, Any] = {}
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{destination.name}-", dir=destination.parent))
+    try:
+        write_shards(_counted(converted_tensors(reader, meta, arch, report, quant), len(reader.tensors),
+                              on_progress), staging)
+        if block := quantization_block(quant):
+            config["quantization"] = config["quantization_config"] = block
+            report.bits = block["bits"]
+        (staging / "config.json").write_text(json.dumps(config, indent=2))
+        save_tokenizer(build_tokenizer(spec), staging, spec)  # after the weights: their peaks do not add
+        report.size_bytes = sum(p.stat().st_size for p in staging.iterdir())
+        (staging / "import.json").write_text(json.dumps(_as_json(report), indent=2))
+        staging.chmod(0o755)
+        staging.rename(destination)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return report
+
+
+def _counted(arrays: Iterator[tuple[str, Any]], tensors: int, on_progress: Callable[[int, int, str], None]
+             ) -> Iterator[tuple[str, Any]]:
+    """The arrays, telling ``on_progress`` (done, total, name) as each tensor's weight passes."""
+    done = 0
+    for name, value in arrays:
+        if not name.endswith((".scales", ".biases")):
+            done += 1
+            on_progress(done, tensors, name)
+        yield name, value
+
+
+def _as_json(report: ImportReport) -> dict[str, Any]:
+    return {"source": str(report.source), "architecture": report.architecture, "tensor_types": report.tensor_types,
+            "bits": report.bits, "parameters": report.parameters, "max_error": report.max_error}
