@@ -20,10 +20,11 @@ from localchat.yamlfile import read_yaml
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 BUNDLED_PREFIX = "bundled:"
+PACKAGE_GGUF_PREFIX = "gguf-package:"  # gguf-package:DISTRIBUTION/PATH/IN/IT.gguf, imported on first use
 DEMO_MODEL = "demo"  # the bundled toy: the one model smoke and bench judge on its answers
 DEFAULT_MODEL = DEMO_MODEL
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-ENTRY_FIELDS = {"id", "aliases", "source", "description", "defaults", "chat_template_kwargs"}
+ENTRY_FIELDS = {"id", "aliases", "source", "description", "defaults", "chat_template_kwargs", "imported"}
 DEFAULT_FIELDS = {"system": (str, type(None)), "temperature": (int, float), "max_tokens": (int,)}
 
 
@@ -35,6 +36,7 @@ class ModelEntry:
     aliases: tuple[str, ...] = ()
     defaults: dict[str, Any] = field(default_factory=dict)
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    imported: dict[str, Any] | None = None  # what `localchat import` recorded: file, bits, types
 
 
 @dataclass(frozen=True)
@@ -43,7 +45,7 @@ class ModelRef:
 
     id: str
     location: str
-    kind: str  # "bundled" | "local" | "hub"
+    kind: str  # "bundled" | "local" | "hub" | "package-gguf" (a GGUF in an installed package)
     entry: ModelEntry | None = None
 
     @property
@@ -96,21 +98,38 @@ def _parse_entry(raw: Any, index: int, path: Path) -> ModelEntry:
     description = raw.get("description", "")
     if not isinstance(description, str):
         raise _fail(path, where, "field 'description' must be a string")
+    imported = raw.get("imported")
+    if imported is not None and not isinstance(imported, dict):
+        raise _fail(path, where, "field 'imported' must be a mapping")
     return ModelEntry(id=raw["id"], source=raw["source"], description=description, aliases=tuple(aliases),
-                      defaults=defaults, chat_template_kwargs=kwargs)
+                      defaults=defaults, chat_template_kwargs=kwargs, imported=imported)
 
 
-def load_registry(path: Path | None = None) -> list[ModelEntry]:
-    path = path or models_file()
+def user_models_file() -> Path:
+    """The user's own registry (``localchat import`` writes it), laid over models.yaml."""
+    from localchat.store.home import home_dir
+
+    return home_dir() / "models.yaml"
+
+
+def read_registry_file(path: Path) -> list[ModelEntry]:
     data = read_yaml(path)
     if not isinstance(data, dict) or not isinstance(data.get("models"), list):
         raise _fail(path, "top level", "expected a mapping with a 'models' list")
-    entries = [_parse_entry(raw, i, path) for i, raw in enumerate(data["models"], 1)]
+    return [_parse_entry(raw, i, path) for i, raw in enumerate(data["models"], 1)]
+
+
+def load_registry(path: Path | None = None) -> list[ModelEntry]:
+    """models.yaml, then the user's imported models; no name may mean two models."""
+    entries = read_registry_file(path or models_file())
+    user = user_models_file() if path is None else None
+    if user is not None and user.is_file():
+        entries += read_registry_file(user)
     seen: dict[str, str] = {}
     for entry in entries:
         for name in (entry.id, *entry.aliases):
             if name in seen:
-                raise _fail(path, f"entry ({entry.id})", f"name '{name}' is already used by {seen[name]}")
+                raise _fail(user or path, f"entry ({entry.id})", f"name '{name}' is already used by {seen[name]}")
             seen[name] = entry.id
     return entries
 
@@ -118,6 +137,10 @@ def load_registry(path: Path | None = None) -> list[ModelEntry]:
 def _entry_location(entry: ModelEntry) -> tuple[str, str]:
     if entry.source.startswith(BUNDLED_PREFIX):
         return str(PACKAGE_DIR / entry.source[len(BUNDLED_PREFIX):]), "bundled"
+    if entry.source.startswith(PACKAGE_GGUF_PREFIX):
+        from localchat.store.home import home_dir
+
+        return str(home_dir() / "models" / entry.id), "package-gguf"
     if REPO_ID.match(entry.source) and not Path(entry.source).expanduser().exists():
         return entry.source, "hub"
     return str(Path(entry.source).expanduser()), "local"
@@ -164,7 +187,12 @@ def check_model_dir(path: Path, name: str) -> Path:
 
 
 def local_dir(ref: ModelRef, allow_download: bool = False) -> Path:
-    """The directory to load ``ref`` from; a hub model must be cached unless downloads are allowed."""
+    """The directory to load ``ref`` from; a hub model must be cached unless downloads are allowed,
+    a GGUF shipped in a package is imported the first time."""
+    if ref.kind == "package-gguf":
+        from localchat.gguf.package import ensure_imported
+
+        return check_model_dir(ensure_imported(ref.entry, Path(ref.location)), ref.id)
     if ref.kind != "hub":
         return check_model_dir(Path(ref.location), ref.id)
     snapshot = hub_snapshot(ref.location)

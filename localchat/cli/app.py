@@ -283,6 +283,18 @@ def sessions_export(
     run("localchat.cli.sessions:export_session", name=name, fmt=format.value)
 
 
+@app.command("import")
+def import_cmd(
+    file: Annotated[Optional[Path], typer.Argument(help="A GGUF file (llama.cpp, LM Studio, a download).",
+                                                   show_default=False)] = None,
+    name: Annotated[Optional[str], typer.Option(help="The name for -m [default: from the file name].")] = None,
+    from_ollama: Annotated[Optional[str], typer.Option(help="Import ollama's MODEL[:TAG] from ~/.ollama (read-only).")] = None,
+) -> None:
+    """Turn a GGUF file into an MLX model without loss; then -m NAME works everywhere."""
+    run("localchat.cli.importing:run_import", file=file, name=name, from_ollama=from_ollama, console=out_console(),
+        err=err_console)
+
+
 @app.command()
 def models() -> None:
     """List models.yaml entries: present locally?, size on disk, quantization bits."""

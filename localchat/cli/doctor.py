@@ -31,6 +31,9 @@ def show_model_list(console: Console) -> None:
         console.print(f"  {e.source}", style="dim", markup=False)
         if e.description:
             console.print(f"  {e.description}", markup=False)
+        if e.imported:
+            console.print(f"  from {e.imported.get('file')} ({e.imported.get('tensor_types')})", style="dim",
+                          markup=False)
 
 
 def show_models(console: Console) -> None:

@@ -10,6 +10,7 @@ differently from the model's training is worse than none.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +60,7 @@ def check_tokenizer(spec: TokenizerSpec) -> None:
 
 def build_tokenizer(spec: TokenizerSpec) -> Any:
     """A ``transformers.PreTrainedTokenizerFast`` that tokenizes as the GGUF's model expects."""
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")  # not "PyTorch was not found"
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 

