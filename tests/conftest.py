@@ -36,3 +36,23 @@ def rambling_model(tmp_path_factory):
 
     return build_random_model(tmp_path_factory.mktemp("models") / "rambling", hidden=64, layers=1,
                               intermediate=128, heads=2)
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """SmolLM2-135M-Instruct imported once per machine, keyed by its GGUF's hash (~2 s to redo)."""
+    import hashlib
+
+    from localchat.gguf.convert import import_gguf
+    from localchat.gguf.package import package_file
+    from localchat.registry import resolve
+
+    source = package_file(resolve("smollm2").entry.source)
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
+    cache = Path.home() / ".cache" / "localchat-tests" / f"smollm2-{digest}"
+    if not (cache / "config.json").is_file():
+        import shutil
+
+        shutil.rmtree(cache, ignore_errors=True)
+        import_gguf(source, cache)
+    return cache
