@@ -40,12 +40,13 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--quick", action="store_true", help="a small model (for a fast look)")
     parser.add_argument("--variant", choices=["bf16", "q4"], default="q4")
+    parser.add_argument("--model", help="a real model (models.yaml id or directory) instead of random weights")
     args = parser.parse_args()
     from mlx_lm import load
 
     env = collect()
     print(f"hardware: {env.hardware_label} · mlx {env.mlx_version} · mlx-lm {env.mlx_lm_version}")
-    path = model_dir(args.variant, "quick" if args.quick else "full")
+    path = model_dir(args.variant, "quick" if args.quick else "full", args.model)
     model, tokenizer = load(str(path))
     log = Path(tempfile.gettempdir()) / "localchat-bench-server.log"
     server = launch(str(path), port=free_port(), log_path=log)

@@ -25,6 +25,7 @@ from localchat.bench.script import (
     builtin_scripts,
     load_script,
     script_from_session,
+    script_path,
 )
 from localchat.environment import collect
 from localchat.errors import LocalchatError, UsageError
@@ -194,7 +195,7 @@ def bench_scripts(opts: BenchOptions) -> list[BenchScript]:
         saved = default_store().load(name)
         replays.append(script_from_session(saved.name, saved.system, [t.user for t in saved.turns]))
     paths = opts.scripts or (() if replays else tuple(builtin_scripts()))
-    return [load_script(p) for p in paths] + replays
+    return [load_script(script_path(p)) for p in paths] + replays
 
 
 @dataclass(frozen=True)

@@ -157,7 +157,7 @@ def _check_placeholders(script: BenchScript, path: Path) -> None:
     names = set(script.variables)
     for c, turns in enumerate(script.conversations, 1):
         for i, turn in enumerate(turns, 1):
-            for text in (turn.user, turn.expect or ""):
+            for text in (turn.user, turn.expect or "", turn.expect_regex or ""):
                 for used in re.findall(r"\{(\w+)\}", text):
                     if used not in names:
                         raise _bad(path, f"conversation {c}, turn {i}", f"unknown variable {{{used}}}")
@@ -185,7 +185,13 @@ def plan(script: BenchScript, seed: int, repeat: int, conversation: int) -> list
             return None
         return re.sub(r"\{(\w+)\}", lambda m: values.get(m.group(1), m.group(0)), text)
 
-    return [PlannedTurn(fill(t.user), fill(t.expect), t.expect_regex)
+    def fill_regex(pattern: str | None) -> str | None:
+        if pattern is None:
+            return None
+        return re.sub(r"\{(\w+)\}", lambda m: re.escape(values[m.group(1)]) if m.group(1) in values else m.group(0),
+                      pattern)
+
+    return [PlannedTurn(fill(t.user), fill(t.expect), fill_regex(t.expect_regex))
             for t in script.conversations[conversation]]
 
 
@@ -199,4 +205,13 @@ def script_from_session(name: str, system: str | None, user_turns: list[str]) ->
 
 
 def builtin_scripts() -> list[Path]:
+    """The default scripts (written for the demo model); ``real/`` holds ones for real assistants."""
     return sorted(SCRIPTS_DIR.glob("*.yaml"))
+
+
+def script_path(given: Path) -> Path:
+    """A script file, or the name of a built-in one (``name-recall``, ``recall-en``)."""
+    if given.exists() or given.suffix or len(given.parts) > 1:
+        return given
+    found = sorted(SCRIPTS_DIR.rglob(f"{given.name}.yaml"))
+    return found[0] if found else given

@@ -225,7 +225,7 @@ def bench(
     model: ModelOpt = None,
     backend: Annotated[BenchBackend, typer.Option(help="Which backend(s) to run.")] = BenchBackend.inproc,
     history: Annotated[HistoryArms, typer.Option(help="History on, off, or both (side by side).")] = HistoryArms.both,
-    script: Annotated[Optional[list[Path]], typer.Option("--script", help="A bench script (YAML); repeatable [default: the built-in scripts].")] = None,
+    script: Annotated[Optional[list[Path]], typer.Option("--script", help="A bench script (YAML), or a built-in one's name (name-recall); repeatable [default: the built-in scripts].")] = None,
     repeat: Annotated[int, typer.Option(min=1, help="Measured repeats (each draws new codes).")] = 1,
     warmup: Annotated[int, typer.Option(min=0, help="Unmeasured repeats first.")] = 0,
     temperature: Annotated[float, typer.Option(callback=check_temperature, help="Fixed for the whole run, and recorded.")] = 0.0,
