@@ -3,6 +3,7 @@ pass of a GGUF's own dequantized weights (Hugging Face layout) to compare the im
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import gguf
@@ -45,11 +46,12 @@ def permute(w: np.ndarray, heads: int) -> np.ndarray:
 
 
 def write_tiny_gguf(path: Path, arch: str, kind: str, *, seed: int = 0, hidden: int = 64, layers: int = 2,
-                    heads: int = 4, kv_heads: int = 2, ffn: int = 128) -> dict[str, np.ndarray]:
+                    heads: int = 4, kv_heads: int = 2, ffn: int = 128,
+                    rope_factors: np.ndarray | None = None, spm=None) -> dict[str, np.ndarray]:
     """A random model of ``arch`` whose matrices are stored as ``kind``; returns the HF-layout float
     weights the GGUF holds once dequantized (the reference's weights)."""
     rng = np.random.default_rng(seed)
-    tokens, merges, types = tiny_vocab()
+    tokens, merges, types = tiny_vocab() if spm is None else (spm.tokens, [], spm.types)
     vocab = len(tokens)
     head_dim = 64 if arch == "qwen3" else hidden // heads  # qwen3 may set key_length apart from hidden/heads
     writer = gguf.GGUFWriter(str(path), arch)
@@ -64,10 +66,14 @@ def write_tiny_gguf(path: Path, arch: str, kind: str, *, seed: int = 0, hidden: 
     if arch == "qwen3":
         writer.add_key_length(head_dim)
         writer.add_value_length(head_dim)
-    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_model("gpt2" if spm is None else "llama")
     writer.add_tokenizer_pre("default")
     writer.add_token_list(tokens)
-    writer.add_token_merges(merges)
+    if spm is None:
+        writer.add_token_merges(merges)
+    else:
+        writer.add_token_scores(spm.scores)
+        writer.add_add_space_prefix(True)
     writer.add_token_types(types)
     writer.add_bos_token_id(0)
     writer.add_eos_token_id(2)
@@ -108,6 +114,9 @@ def write_tiny_gguf(path: Path, arch: str, kind: str, *, seed: int = 0, hidden: 
         tensor(p + "ffn_up.weight", b + "mlp.up_proj.weight", (ffn, hidden), kind)
         tensor(p + "ffn_down.weight", b + "mlp.down_proj.weight", (hidden, ffn), kind)
     tensor("output_norm.weight", "model.norm.weight", (hidden,), "F32")
+    if rope_factors is not None:
+        writer.add_tensor("rope_freqs.weight", rope_factors.astype(np.float32))
+        reference["rope_factors"] = rope_factors.astype(np.float64)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -153,7 +162,7 @@ def forward(weights: dict[str, np.ndarray], ids: list[int], arch: str, eps: floa
     w = weights
     x = w["model.embed_tokens.weight"][ids]
     n = len(ids)
-    inv = theta ** (-np.arange(0, head_dim, 2) / head_dim)
+    inv = theta ** (-np.arange(0, head_dim, 2) / head_dim) / w.get("rope_factors", 1.0)
     angles = np.outer(np.arange(n), inv)
     cos, sin = np.cos(np.concatenate([angles, angles], -1)), np.sin(np.concatenate([angles, angles], -1))
 
@@ -165,7 +174,7 @@ def forward(weights: dict[str, np.ndarray], ids: list[int], arch: str, eps: floa
         rotated = np.concatenate([-v[..., half:], v[..., :half]], -1)
         return v * cos[:, None, :] + rotated * sin[:, None, :]
 
-    layers = len({k.split(".")[2] for k in w if k.startswith("model.layers.")})
+    layers = len({k.split(".")[2] for k in w if k.startswith("model.layers.")})  # noqa: C401
     for i in range(layers):
         b = f"model.layers.{i}."
         h = norm(x, w[b + "input_layernorm.weight"])
@@ -188,3 +197,50 @@ def forward(weights: dict[str, np.ndarray], ids: list[int], arch: str, eps: floa
         x = x + (gate / (1 + np.exp(-gate)) * up) @ w[b + "mlp.down_proj.weight"].T
     x = norm(x, w["model.norm.weight"])
     return x @ w.get("lm_head.weight", w["model.embed_tokens.weight"]).T
+
+
+def llama3_factors(head_dim: int, theta: float = 10000.0, factor: float = 32.0) -> np.ndarray:
+    """llama.cpp's rope_freqs for Llama 3's scaling (low 1, high 4, original context 8192)."""
+    out = []
+    for freq in theta ** (-np.arange(0, head_dim, 2) / head_dim):
+        wavelen = 2 * np.pi / freq
+        if wavelen < 8192 / 4:
+            out.append(1.0)
+        elif wavelen > 8192:
+            out.append(factor)
+        else:
+            smooth = (8192 / wavelen - 1) / 3
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(out)
+
+
+@dataclass
+class SentencePieceVocab:
+    processor: object
+    tokens: list[str]
+    scores: list[float]
+    types: list[int]
+
+
+def train_sentencepiece(vocab_size: int = 300) -> SentencePieceVocab:
+    """A small SentencePiece BPE model trained as Llama's was (identity normalization, spaces
+    kept, digits split, byte fallback), with its pieces, scores and GGUF token types."""
+    import io
+    import random
+
+    import sentencepiece as spm
+
+    rng = random.Random(0)
+    words = ("the quick brown fox jumps over the lazy dog harbor river falcon maple copper violet "
+             "summit canyon lantern meadow 12345 67 hello world 港口 河流 月亮").split()
+    corpus = [" ".join(rng.choice(words) for _ in range(12)) for _ in range(3000)]
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(corpus), model_writer=model, vocab_size=vocab_size, model_type="bpe",
+        byte_fallback=True, character_coverage=1.0, bos_id=1, eos_id=2, unk_id=0, pad_id=-1,
+        normalization_rule_name="identity", remove_extra_whitespaces=False, split_digits=True,
+        allow_whitespace_only_pieces=True, minloglevel=2)
+    sp = spm.SentencePieceProcessor(model_proto=model.getvalue())
+    n = sp.get_piece_size()
+    types = [2 if sp.is_unknown(i) else 3 if sp.is_control(i) else 6 if sp.is_byte(i) else 1 for i in range(n)]
+    return SentencePieceVocab(sp, [sp.id_to_piece(i) for i in range(n)], [sp.get_score(i) for i in range(n)], types)

@@ -9,9 +9,18 @@ import gguf
 import mlx.core as mx
 import numpy as np
 import pytest
+from gguf_reference import (
+    T,
+    encode,
+    forward,
+    llama3_factors,
+    permute_back,
+    random_blocks,
+    train_sentencepiece,
+    write_tiny_gguf,
+)
 from typer.testing import CliRunner
 
-from gguf_reference import T, encode, forward, permute_back, random_blocks, write_tiny_gguf
 from localchat.cli.app import app
 from localchat.gguf.convert import GgufImportError, hf_name, import_gguf
 from localchat.gguf.reader import GgufFile
@@ -78,6 +87,41 @@ def test_a_synthetic_model_imports_with_the_logits_of_its_gguf(tmp_path, arch, k
     np.testing.assert_allclose(got, expected, atol=2e-4 * max(1.0, np.abs(expected).max()), rtol=0)
     config = json.loads((tmp_path / "out" / "config.json").read_text())
     assert config["model_type"] == arch and config["max_position_embeddings"] == 256
+
+
+def test_llama3_rope_scaling_is_read_from_rope_freqs(tmp_path):
+    factors = llama3_factors(16)
+    assert factors.min() == 1.0 and factors.max() == 32.0 and ((factors > 1) & (factors < 32)).any()  # all 3 regimes
+    reference = write_tiny_gguf(tmp_path / "m.gguf", "llama", "Q8_0", rope_factors=factors)
+    import_gguf(tmp_path / "m.gguf", tmp_path / "out")
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["rope_scaling"] == {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                                      "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    ids = list(range(3, 40, 3))
+    expected = forward(reference, ids, "llama")
+    np.testing.assert_allclose(imported_logits(tmp_path / "out", ids), expected,
+                               atol=2e-4 * np.abs(expected).max(), rtol=0)
+
+
+def test_rope_freqs_of_another_shape_are_refused(tmp_path):
+    write_tiny_gguf(tmp_path / "m.gguf", "llama", "Q8_0", rope_factors=np.linspace(1, 8, 8))
+    with pytest.raises(GgufImportError, match="not Llama 3's RoPE scaling"):
+        import_gguf(tmp_path / "m.gguf", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_sentencepiece_vocabulary_tokenizes_as_sentencepiece_does(tmp_path):
+    vocab = train_sentencepiece()
+    write_tiny_gguf(tmp_path / "m.gguf", "llama", "Q8_0", spm=vocab)
+    import_gguf(tmp_path / "m.gguf", tmp_path / "out")
+    from mlx_lm.utils import load_tokenizer
+
+    tokenizer = load_tokenizer(tmp_path / "out")
+    for text in ("the quick brown fox", "Hello world!", "  two  spaces", "港口 17 and 月亮", "emoji 🎉 ok",
+                 "tab\there\nnewline", "harborriver"):
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        assert ids == vocab.processor.encode(text), text
+        assert tokenizer.decode(ids) == text
 
 
 def test_a_refused_file_leaves_nothing_behind(tmp_path):
@@ -160,7 +204,6 @@ def smollm2_reference(path: Path) -> dict[str, np.ndarray]:
 
 def test_smollm2_logits_equal_the_numpy_reference(smollm2):
     from localchat.gguf.package import package_file
-
     from localchat.registry import resolve
 
     ids = [1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198]

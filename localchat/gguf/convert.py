@@ -65,6 +65,8 @@ def tokenizer_spec(meta: dict[str, Any], arch: str) -> TokenizerSpec:
         model=need("tokenizer.ggml.model"), pre=meta.get("tokenizer.ggml.pre", "default"),
         tokens=need("tokenizer.ggml.tokens"), merges=meta.get("tokenizer.ggml.merges") or [],
         token_types=meta.get("tokenizer.ggml.token_type") or [1] * len(meta["tokenizer.ggml.tokens"]),
+        scores=meta.get("tokenizer.ggml.scores") or [],
+        add_space_prefix=bool(meta.get("tokenizer.ggml.add_space_prefix", meta.get("tokenizer.ggml.model") == "llama")),
         bos_id=meta.get("tokenizer.ggml.bos_token_id"), eos_id=meta.get("tokenizer.ggml.eos_token_id"),
         pad_id=meta.get("tokenizer.ggml.padding_token_id"), unk_id=meta.get("tokenizer.ggml.unknown_token_id"),
         add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
@@ -78,8 +80,6 @@ def model_config(meta: dict[str, Any], arch: str, names: set[str], vocab: int) -
             raise GgufImportError(f"the file has no '{arch}.{key}'")
         return meta[f"{arch}.{key}"]
 
-    if "rope_freqs.weight" in names:
-        raise GgufImportError("llama 3 RoPE scaling (a rope_freqs tensor) is not imported yet")
     heads = need("attention.head_count")
     hidden = need("embedding_length")
     config = {
@@ -97,6 +97,34 @@ def model_config(meta: dict[str, Any], arch: str, names: set[str], vocab: int) -
     if eos is not None:
         config["eos_token_id"] = eos
     return config
+
+
+LLAMA3_SCALING = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+
+def llama3_rope_scaling(factors: np.ndarray, head_dim: int, theta: float) -> dict[str, Any]:
+    """Llama 3.x's RoPE scaling, from the ``rope_freqs`` tensor llama.cpp stores (one divisor per
+    frequency): its largest divisor is the factor; the rest must be what Meta's formula gives with
+    the published low/high frequency factors and original context, or the file is refused."""
+    import math
+
+    factor = float(factors.max())
+    low, high, original = (LLAMA3_SCALING[k] for k in ("low_freq_factor", "high_freq_factor",
+                                                       "original_max_position_embeddings"))
+    expected = []
+    for freq in theta ** (-np.arange(0, head_dim, 2) / head_dim):
+        wavelen = 2 * math.pi / freq
+        if wavelen < original / high:
+            expected.append(1.0)
+        elif wavelen > original / low:
+            expected.append(factor)
+        else:
+            smooth = (original / wavelen - low) / (high - low)
+            expected.append(1 / ((1 - smooth) / factor + smooth))
+    if factors.shape != (head_dim // 2,) or not np.allclose(factors, expected, rtol=1e-4):
+        raise GgufImportError("the rope_freqs tensor is not Llama 3's RoPE scaling with its published "
+                              "parameters; it cannot be imported faithfully")
+    return {"rope_type": "llama3", "factor": factor, **LLAMA3_SCALING}
 
 
 def hf_name(gguf_name: str) -> str | None:
@@ -135,6 +163,8 @@ def converted_tensors(reader: GgufFile, meta: dict[str, Any], arch: str, report:
 
     heads, kv_heads = meta[f"{arch}.attention.head_count"], meta.get(f"{arch}.attention.head_count_kv")
     for tensor in reader.tensors:
+        if tensor.name == "rope_freqs.weight":  # read into the config (see llama3_rope_scaling)
+            continue
         name = hf_name(tensor.name)
         if name is None:
             raise GgufImportError(f"tensor '{tensor.name}' has no place in a {arch} model")
@@ -210,9 +240,13 @@ def _convert(reader: GgufFile, source: Path, destination: Path, on_progress: Cal
     names = {t.name for t in reader.tensors}
     spec = tokenizer_spec(meta, arch)
     config = model_config(meta, arch, names, len(spec.tokens))
+    rope = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
+    if rope is not None:
+        factors = to_mlx(rope.kind, reader.raw(rope), rope.shape)
+        config["rope_scaling"] = llama3_rope_scaling(np.asarray(factors), config["head_dim"], config["rope_theta"])
     check_tokenizer(spec)
     report = ImportReport(name=destination.name, directory=destination, source=source, architecture=arch,
-                          parameters=sum(int(t.n_elements) for t in reader.tensors))
+                          parameters=sum(int(t.n_elements) for t in reader.tensors if t.name != "rope_freqs.weight"))
     quant: dict[str, Any] = {}
     destination.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{destination.name}-", dir=destination.parent))

@@ -3,7 +3,9 @@
 GPT-2-style byte-level BPE (``tokenizer.ggml.model == "gpt2"``): the vocabulary and merges from
 the file, and the pre-tokenizer llama.cpp picks by ``tokenizer.ggml.pre``. SmolLM's splits every
 digit first, then applies GPT-2's regex (transformers' own GGUF conversion does not split digits,
-and gives other ids). Control tokens become special tokens, user-defined ones added tokens.
+and gives other ids). SentencePiece vocabularies (``"llama"``: Llama 2, Mistral, Gemma's kin):
+BPE whose merges follow the pieces' scores, "▁" for spaces and byte fallback, as transformers'
+``LlamaConverter`` builds them. Control tokens become special tokens, user-defined ones added tokens.
 A vocabulary or pre-tokenizer not listed here is refused: a tokenizer that splits text
 differently from the model's training is worse than none.
 """
@@ -27,7 +29,8 @@ PRE_TOKENIZERS: dict[str, tuple[str, ...]] = {
     "llama-bpe": (LLAMA3_SPLIT,), "llama3": (LLAMA3_SPLIT,), "qwen2": (QWEN2_SPLIT,),
     "deepseek-r1-qwen": (QWEN2_SPLIT,),
 }
-CONTROL, USER_DEFINED = 3, 4
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, BYTE = 1, 2, 3, 4, 6
+MODELS = ("gpt2", "llama")
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,8 @@ class TokenizerSpec:
     tokens: list[str]
     merges: list[str]
     token_types: list[int]
+    scores: list[float]
+    add_space_prefix: bool
     bos_id: int | None
     eos_id: int | None
     pad_id: int | None
@@ -50,8 +55,12 @@ class TokenizerSpec:
 
 def check_tokenizer(spec: TokenizerSpec) -> None:
     """Refuse, before anything is written, a tokenizer that cannot be rebuilt faithfully."""
-    if spec.model != "gpt2":
-        raise LocalchatError(f"tokenizer '{spec.model}' cannot be rebuilt yet (only gpt2-style byte-level BPE)")
+    if spec.model not in MODELS:
+        raise LocalchatError(f"tokenizer '{spec.model}' cannot be rebuilt (known: {', '.join(MODELS)})")
+    if spec.model == "llama":
+        if len(spec.scores) != len(spec.tokens):
+            raise LocalchatError("the file's SentencePiece vocabulary has no scores for its pieces")
+        return
     if spec.pre not in PRE_TOKENIZERS:
         raise LocalchatError(f"pre-tokenizer '{spec.pre}' is unknown here (known: {', '.join(sorted(PRE_TOKENIZERS))})")
     if not spec.merges:
@@ -61,17 +70,11 @@ def check_tokenizer(spec: TokenizerSpec) -> None:
 def build_tokenizer(spec: TokenizerSpec) -> Any:
     """A ``transformers.PreTrainedTokenizerFast`` that tokenizes as the GGUF's model expects."""
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")  # not "PyTorch was not found"
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import AddedToken
     from transformers import PreTrainedTokenizerFast
 
     check_tokenizer(spec)
-    vocab = {token: i for i, token in enumerate(spec.tokens)}
-    merges = [tuple(m.split(" ", 1)) for m in spec.merges]
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
-    splits = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in PRE_TOKENIZERS[spec.pre]]
-    tok.pre_tokenizer = pre_tokenizers.Sequence([*splits, pre_tokenizers.ByteLevel(add_prefix_space=False,
-                                                                                   use_regex=False)])
-    tok.decoder = decoders.ByteLevel()
+    tok = _sentencepiece_bpe(spec) if spec.model == "llama" else _byte_level_bpe(spec)
     added = [AddedToken(t, special=kind == CONTROL, normalized=False)
              for t, kind in zip(spec.tokens, spec.token_types) if kind in (CONTROL, USER_DEFINED)]
     tok.add_tokens(added)
@@ -84,6 +87,44 @@ def build_tokenizer(spec: TokenizerSpec) -> Any:
     if spec.chat_template:
         hf.chat_template = spec.chat_template
     return hf
+
+
+def _byte_level_bpe(spec: TokenizerSpec) -> Any:
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {token: i for i, token in enumerate(spec.tokens)}
+    merges = [tuple(m.split(" ", 1)) for m in spec.merges]
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
+    splits = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in PRE_TOKENIZERS[spec.pre]]
+    tok.pre_tokenizer = pre_tokenizers.Sequence([*splits, pre_tokenizers.ByteLevel(add_prefix_space=False,
+                                                                                   use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    return tok
+
+
+def sentencepiece_merges(tokens: list[str], scores: list[float]) -> list[tuple[str, str]]:
+    """BPE merges of a SentencePiece vocabulary: every split of a piece into two pieces, the
+    merges of higher-scored pieces first (transformers' ``SentencePieceExtractor``)."""
+    vocab = {token: i for i, token in enumerate(tokens)}
+    merges = []
+    for piece, score in zip(tokens, scores):
+        local = [(piece[:i], piece[i:]) for i in range(1, len(piece)) if piece[:i] in vocab and piece[i:] in vocab]
+        merges += [(left, right, score) for left, right in sorted(local, key=lambda m: (vocab[m[0]], vocab[m[1]]))]
+    return [(left, right) for left, right, _ in sorted(merges, key=lambda m: m[2], reverse=True)]
+
+
+def _sentencepiece_bpe(spec: TokenizerSpec) -> Any:
+    from tokenizers import Tokenizer, decoders, models, normalizers
+
+    vocab = {token: i for i, token in enumerate(spec.tokens)}
+    unk = spec.tokens[spec.unk_id] if spec.unk_id is not None and 0 <= spec.unk_id < len(spec.tokens) else None
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=sentencepiece_merges(spec.tokens, spec.scores), unk_token=unk,
+                               fuse_unk=True, byte_fallback=BYTE in spec.token_types))
+    spaces = normalizers.Replace(" ", "▁")
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), spaces]) if spec.add_space_prefix else spaces
+    strip = [decoders.Strip(" ", 1, 0)] if spec.add_space_prefix else []
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), *strip])
+    return tok
 
 
 def save_tokenizer(hf: Any, directory, spec: TokenizerSpec) -> None:
