@@ -198,6 +198,7 @@ def main() -> None:
                         help="model for the growth part (the CPU wheel's 4-bit prefill is very slow)")
     parser.add_argument("--model", help="a real model (models.yaml id or directory) instead of random weights")
     parser.add_argument("--turn-tokens", type=int, default=200, help="prompt tokens each growth turn adds")
+    parser.add_argument("--no-growth", action="store_true", help="the A/B part only")
     args = parser.parse_args()
     size = "quick" if args.quick else "full"
     env = collect()
@@ -211,6 +212,8 @@ def main() -> None:
         print(f"  TTFT          raw {r['raw_ttft'] * 1e3:7.1f}ms  localchat {r['ours_ttft'] * 1e3:7.1f}ms  "
               f"ratio {r['ours_ttft'] / r['raw_ttft']:.3f}, +{(r['ours_ttft'] - r['raw_ttft']) * 1e3:.1f} ms "
               "(target ≤ 1.02× + 10 ms)")
+    if args.no_growth:
+        return
     from mlx_lm import load
 
     model, tokenizer = load(str(model_dir(args.growth_variant, size, args.model)))

@@ -99,3 +99,13 @@ def test_json_mode_sends_the_instruction_and_judges_the_reply(smollm2, tmp_path)
     assert result.exit_code == (1 if response["status"] == "invalid-json" else 0)
     if response["status"] == "committed":
         assert isinstance(json.loads(result.stdout)["answer"], str)
+
+
+def test_the_repl_keeps_a_real_reply_and_sends_no_system_message(smollm2, tmp_path):
+    result = runner.invoke(app, ["chat", "-m", str(smollm2), "--max-tokens", "12", "--record", str(tmp_path)],
+                           input="What is the capital of France?\n/history\n/quit\n")
+    assert result.exit_code == 0, result.stderr
+    assert "Paris" in result.stdout
+    assert "history: 2 messages" in result.stderr and "system:" not in result.stderr
+    request = json.loads(next(tmp_path.glob("*-request.json")).read_text())
+    assert [m["role"] for m in request["messages"]] == ["user"]  # the template adds SmolLM's own
