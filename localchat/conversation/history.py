@@ -83,15 +83,18 @@ class Conversation:
 
     def plan_trim(self, prompt: str, *, max_turns: int | None = None, max_tokens: int | None = None,
                   count_tokens: Callable[[list[Message]], int | None] | None = None,
-                  limit: str = "--max-context-tokens") -> int:
+                  limit: str = "--max-context-tokens", required: bool = True) -> int:
         """How many of the oldest whole turns the next request must leave out to fit the limits;
-        ``limit`` names the token budget in the messages (the user's, or the model's window)."""
+        ``limit`` names the token budget in the messages (the user's, or the model's window).
+        When nothing can count tokens, a ``required`` budget is an error, another one is skipped."""
         drop = max(0, len(self.turns) - max_turns) if max_turns is not None else 0
         if max_tokens is None or count_tokens is None:
             return drop
         while True:
             tokens = count_tokens(self.preview(prompt, drop=drop))
             if tokens is None:
+                if not required:
+                    return drop
                 raise UsageError(f"{limit} needs the model's tokenizer: pass --model "
                                  "with a model that is on this machine")
             if tokens <= max_tokens:

@@ -16,7 +16,7 @@ from enum import Enum
 from typing import Any
 
 from localchat.backends import Backend, Finished, GenerationParams, Message, Progress, TextChunk
-from localchat.conversation.history import DEFAULT_MAX_INPUT_CHARS, Conversation, build_messages, validate_input
+from localchat.conversation.history import DEFAULT_MAX_INPUT_CHARS, Conversation, validate_input
 from localchat.conversation.jsonmode import AnswerSchema
 from localchat.conversation.records import TurnRecorder
 from localchat.conversation.stats import Ledger, TurnClock, TurnStats, stats_to_dict
@@ -208,12 +208,10 @@ class ChatSession:
 
     def _plan_trim(self, prompt: str) -> TrimPlan:
         budget = self.token_budget()
-        count = self.backend.count_tokens if budget else None
-        if budget and not budget.required and count(build_messages(prompt, None)) is None:
-            budget, count = None, None  # a server model with no local tokenizer: nothing can count
         drop = self.conversation.plan_trim(
             prompt, max_turns=self.trim.max_turns, max_tokens=budget.tokens if budget else None,
-            count_tokens=count, limit=budget.limit if budget else "--max-context-tokens")
+            count_tokens=self.backend.count_tokens if budget else None,
+            limit=budget.limit if budget else "--max-context-tokens", required=budget.required if budget else True)
         by_turns = self.conversation.plan_trim(prompt, max_turns=self.trim.max_turns)
         if drop == 0:
             return TrimPlan(0, None)
