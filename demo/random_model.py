@@ -1,4 +1,5 @@
-"""Random-weight qwen2 models for benchmarks and tests (any size; real mlx_lm code paths).
+"""Random-weight qwen2 models for benchmarks and tests (any size; real mlx_lm code paths), and a
+hybrid one (lfm2: short convolutions with a few attention layers), whose cache cannot be trimmed.
 
 They reuse the demo model's tokenizer and chat template. With ``never_stop`` the output layer
 (untied) can only score tokens that are plain ASCII letters, so greedy decoding never ends the
@@ -75,4 +76,34 @@ def build_random_model(out: Path, *, hidden: int, layers: int, intermediate: int
         convert(str(staging), str(out), quantize=True, q_bits=quantize_bits, q_group_size=64,
                 dtype="float32")
         shutil.rmtree(staging)
+    return out
+
+
+def build_hybrid_model(out: Path, *, hidden: int = 64, layers: int = 4, heads: int = 4, seed: int = 0,
+                       dtype: str = "float32") -> Path:
+    """A random lfm2 model: every other layer a gated short convolution (mlx_lm's ``ArraysCache``,
+    which cannot be trimmed), the rest attention. It loads with ``mlx_lm.load`` like a real one."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.models import lfm2
+
+    demo_config = json.loads((DEMO_DIR / "config.json").read_text())
+    config = {
+        "model_type": "lfm2", "vocab_size": demo_config["vocab_size"], "hidden_size": hidden,
+        "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": heads,
+        "max_position_embeddings": 4096, "norm_eps": 1e-5, "conv_bias": False, "conv_L_cache": 3,
+        "block_dim": hidden, "block_multiple_of": 16, "block_ffn_dim_multiplier": 1.0,
+        "block_auto_adjust_ff_dim": False, "block_ff_dim": 2 * hidden,
+        "full_attn_idxs": list(range(1, layers, 2)), "eos_token_id": demo_config["eos_token_id"],
+        "tie_word_embeddings": True,
+    }
+    mx.random.seed(seed)
+    model = lfm2.Model(lfm2.ModelArgs.from_dict(config))
+    weights = {k: v.astype(getattr(mx, dtype)) for k, v in tree_flatten(model.parameters())}
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    _copy_tokenizer(out, config["max_position_embeddings"])
     return out

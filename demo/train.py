@@ -125,7 +125,7 @@ def log(group, message: str) -> None:
         print(message, flush=True)
 
 
-def relaunch_with_workers(argv: list[str], workers: int) -> int:
+def relaunch_with_workers(argv: list[str], workers: int, module: str = "demo.train") -> int:
     """Data-parallel training on this machine's cores: one process per worker, joined by MLX's
     ring backend over loopback (started directly: mlx.launch's output relay busy-waits a core)."""
     from localchat.server.launch import free_port
@@ -133,7 +133,7 @@ def relaunch_with_workers(argv: list[str], workers: int) -> int:
     ports = [free_port() for _ in range(workers)]
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as hostfile:
         json.dump([[f"127.0.0.1:{port}"] for port in ports], hostfile)
-    command = [sys.executable, "-m", "demo.train", *argv]
+    command = [sys.executable, "-m", module, *argv]
     procs = [subprocess.Popen(command, env=os.environ | {"MLX_RANK": str(rank), "MLX_HOSTFILE": hostfile.name},
                               stdout=None if rank == 0 else subprocess.DEVNULL)
              for rank in range(workers)]
@@ -179,6 +179,24 @@ def save_float_model(model: nn.Module, tok, config: dict, path: Path) -> None:
     mx.save_safetensors(str(path / "model.safetensors"), weights, metadata={"format": "mlx"})
     (path / "config.json").write_text(json.dumps(config, indent=2))
     save_tokenizer(tok, path)
+
+
+def save_quantized(model: nn.Module, tok, config: dict, args) -> None:
+    """``args.out`` replaced by the model quantized with mlx_lm's convert (float32 scales, which
+    the CPU wheel decodes far faster than float16 ones); ``args.keep_float`` keeps the float one."""
+    with tempfile.TemporaryDirectory() as tmp:
+        float_dir, quant_dir = Path(tmp) / "float", Path(tmp) / "q4"
+        save_float_model(model, tok, config, float_dir)
+        convert(str(float_dir), str(quant_dir), quantize=True, q_bits=4,
+                q_group_size=args.group_size, dtype="float32",
+                quant_predicate=quant_predicate(args.embedding_bits, args.attention_bits, args.group_size))
+        if args.keep_float:
+            shutil.rmtree(args.keep_float, ignore_errors=True)
+            shutil.copytree(float_dir, args.keep_float)
+        save_tokenizer(tok, quant_dir)  # convert re-saves it through AutoTokenizer: write ours again
+        if args.out.exists():
+            shutil.rmtree(args.out)
+        shutil.copytree(quant_dir, args.out)
 
 
 def parse_args(argv=None):
@@ -257,20 +275,7 @@ def main(argv=None) -> dict | None:
     if group.rank() != 0:
         return None
 
-    with tempfile.TemporaryDirectory() as tmp:
-        float_dir, quant_dir = Path(tmp) / "float", Path(tmp) / "q4"
-        save_float_model(model, tok, config, float_dir)
-        convert(str(float_dir), str(quant_dir), quantize=True, q_bits=4,
-                q_group_size=args.group_size, dtype="float32",
-                quant_predicate=quant_predicate(args.embedding_bits, args.attention_bits, args.group_size))
-        if args.keep_float:
-            shutil.rmtree(args.keep_float, ignore_errors=True)
-            shutil.copytree(float_dir, args.keep_float)
-        save_tokenizer(tok, quant_dir)  # convert re-saves it through AutoTokenizer: write ours again
-        if args.out.exists():
-            shutil.rmtree(args.out)
-        shutil.copytree(quant_dir, args.out)
-
+    save_quantized(model, tok, config, args)
     qmodel, qtok = load(str(args.out))
     check_tokenizer_round_trip(tok, qtok)
     figures = evaluate(qmodel, qtok, n=args.eval_n, seed=args.seed + 10_000)

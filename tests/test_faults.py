@@ -112,6 +112,14 @@ STREAM_FAULTS = {
     "silence": (Reply(chunks=[b": hi\n\n"], pause_s=3.0), "sent nothing for 1s"),
     "bytes trickled with no newline": (Reply(chunks=[b"d"] * 14, pause_s=0.2), "made no progress"),
     "unparsable keepalive counts": (Reply(chunks=[b": keepalive x/y\n\n"] * 12, pause_s=0.25), "made no progress"),
+    "reasoning is a number": (Reply(chunks=sse({"choices": [{"delta": {"reasoning": 3}}]})),
+                              "'choices[0].delta.reasoning' is not text"),
+    "reasoning_content is a list": (Reply(chunks=sse({"choices": [{"delta": {"reasoning_content": ["x"]}}]})),
+                                    "'choices[0].delta.reasoning_content' is not text"),
+    "cut inside the reasoning": (Reply(chunks=[b'data: {"choices": [{"delta": {"reasoning": "hmm"}}]}\n\n']),
+                                 "ended before the reply finished"),
+    "reasoning, then only comments": (Reply(chunks=[b'data: {"choices": [{"delta": {"reasoning": "hmm"}}]}\n\n']
+                                            + [b": ping\n\n"] * 12, pause_s=0.25), "made no progress"),
 }
 
 
@@ -224,6 +232,9 @@ USAGE_FAULTS = {
     "no-history with a prompt": (["chat", "--no-history", "x"], "--no-history is for the REPL"),
     "a REPL command as the prompt": (["chat", "/quit"], "/quit is a REPL command"),
     "another REPL command": (["chat", "/history"], "/history is a REPL command"),
+    "the think command as the prompt": (["chat", "/think on"], "/think is a REPL command"),
+    "think given a value": (["chat", "--think=yes", "x"], "--think"),
+    "bench think maybe": (["bench", "--think", "maybe"], "--think"),
     "empty prompt": (["chat", ""], "empty input"),
     "blank prompt": (["chat", "   \n "], "empty input"),
     "prompt over the limit": (["chat", "--max-input-chars", "5", "123456"], "over the limit of 5"),

@@ -30,8 +30,8 @@ class SpyBackend:
         self.calls.append(sorted(p.name for p in self.directory.glob("*.json")) if self.directory.exists() else [])
         return self.backend.stream(messages, params)
 
-    def count_tokens(self, messages):
-        return self.backend.count_tokens(messages)
+    def count_tokens(self, messages, think=None):
+        return self.backend.count_tokens(messages, think)
 
     def context_length(self):
         return self.backend.context_length()

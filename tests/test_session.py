@@ -68,8 +68,8 @@ class FailingAfterFirstChunk:
             if isinstance(event, TextChunk) and event.text:
                 raise self.exc
 
-    def count_tokens(self, messages):
-        return self.inner.count_tokens(messages)
+    def count_tokens(self, messages, think=None):
+        return self.inner.count_tokens(messages, think)
 
     def context_length(self):
         return self.inner.context_length()

@@ -5,6 +5,7 @@ import pytest
 from localchat.backends import Finished
 from localchat.cli.render import stats_line
 from localchat.conversation.stats import (
+    STATS_VERSION,
     Ledger,
     TurnClock,
     TurnStats,
@@ -72,13 +73,14 @@ def test_ledger_sums_and_medians_every_turn():
 def test_stored_figures_round_trip_with_their_version():
     stats = TurnStats(prompt_tokens=9, ttft_s=0.1, finish_reason="stop", runtime={"mlx_lm_prompt_tps": 5.0})
     stored = stats_to_dict(stats)
-    assert stored["version"] == 1
+    assert stored["version"] == STATS_VERSION == 2  # 2 added ttfa_s and the reasoning tokens
     assert stats_from_dict(stored) == stats
 
 
 def test_figures_from_another_version_keep_what_fits():
     """Unknown fields are ignored, missing ones take defaults, wrongly typed ones are dropped."""
-    stored = {"version": 7, "prompt_tokens": 12, "reasoning_tokens": 40, "ttft_s": "fast",
-              "estimated": 1, "runtime": {"x": "y"}, "completion_tokens": True}
+    stored = {"version": 7, "prompt_tokens": 12, "speculative_tokens": 40, "ttft_s": "fast",
+              "estimated": 1, "runtime": {"x": "y"}, "completion_tokens": True, "reasoning_tokens": "many"}
     assert stats_from_dict(stored) == TurnStats(prompt_tokens=12)
+    assert stats_from_dict({"version": 1, "prompt_tokens": 3}) == TurnStats(prompt_tokens=3)  # before thinking
     assert stats_from_dict(["not", "a", "mapping"]) is None

@@ -1,8 +1,9 @@
 """Backends translate the history builder's messages into a stream of events.
 
-A backend yields ``TextChunk`` items (and ``Progress`` while a long prompt is prefilled) and
-ends with one ``Finished``; it never times, prints or touches history. The in-process backend runs mlx_lm; the server backend speaks HTTP to an
-OpenAI-compatible server such as ``mlx_lm.server``.
+A backend yields ``ReasoningChunk`` items (a thinking model's reasoning), ``TextChunk`` items (the
+answer), ``Progress`` while a long prompt is prefilled, and ends with one ``Finished``; it never
+times, prints or touches history. The in-process backend runs mlx_lm; the server backend speaks
+HTTP to an OpenAI-compatible server such as ``mlx_lm.server``.
 """
 
 from __future__ import annotations
@@ -23,10 +24,20 @@ class GenerationParams:
     max_tokens: int = 256
     seed: int | None = None
     response_format: dict | None = None  # OpenAI structured output; sent only over HTTP
+    think: bool | None = None  # the template's enable_thinking; None: the model's own default
 
 
 @dataclass(frozen=True)
 class TextChunk:
+    """Answer text: what is shown as the reply and committed to history."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class ReasoningChunk:
+    """Reasoning text of a thinking model: shown apart, kept beside the turn, never committed."""
+
     text: str
 
 
@@ -48,11 +59,13 @@ class Finished:
     cached_tokens: int = 0
     estimated: bool = False  # token counts from a local tokenizer, not from the runtime
     cache_miss_tokens: int = 0  # tokens the KV cache held but the new prompt did not share
+    reasoning_tokens: int = 0  # completion tokens from the think start marker to its end marker
+    reasoning_estimated: bool = False  # counted by re-tokenizing the reasoning text (HTTP)
     peak_memory_gb: float | None = None
     runtime: dict[str, float] = field(default_factory=dict)  # e.g. mlx_lm prompt_tps
 
 
-Event = Union[TextChunk, Progress, Finished]
+Event = Union[ReasoningChunk, TextChunk, Progress, Finished]
 
 
 class Backend(Protocol):
@@ -61,13 +74,26 @@ class Backend(Protocol):
 
     def stream(self, messages: list[Message], params: GenerationParams) -> Iterator[Event]: ...
 
-    def count_tokens(self, messages: list[Message]) -> int | None: ...
+    def count_tokens(self, messages: list[Message], think: bool | None = None) -> int | None: ...
 
     def context_length(self) -> int | None:
         """The model's context window in tokens, when it is known."""
         ...
 
     def close(self) -> None: ...
+
+
+def chat_template_of(backend: Backend) -> str | None:
+    """The model's chat template source, when the backend has the model's tokenizer here."""
+    tokenizer = getattr(backend, "tokenizer", None)
+    template = getattr(tokenizer, "chat_template", None)
+    return template if isinstance(template, str) else None
+
+
+def template_kwargs(defaults: dict[str, Any], think: bool | None) -> dict[str, Any]:
+    """The model's chat-template arguments (models.yaml), with ``--think/--no-think`` laid over
+    them as ``enable_thinking`` (mlx_lm's tokenizer renames it for families that call it otherwise)."""
+    return defaults if think is None else {**defaults, "enable_thinking": think}
 
 
 def chat_template_ids(tokenizer: Any, messages: list[Message], chat_template_kwargs: dict[str, Any]) -> list[int]:

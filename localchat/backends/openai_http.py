@@ -3,7 +3,9 @@
 Made for ``mlx_lm.server`` and fine with vLLM, llama-server or LM Studio. Token counts come from
 the server's ``usage`` (requested with ``stream_options.include_usage``); when a server sends
 none, they are counted with the local tokenizer (or, lacking one, from the chunks) and labelled
-estimates. The API key is a Bearer header only: validated before any request, never printed,
+estimates. Reasoning (``delta.reasoning`` from mlx_lm.server, ``delta.reasoning_content`` from
+vLLM, llama-server or DeepSeek) becomes ``ReasoningChunk`` events; no server reports how many
+tokens it took, so they are counted with the local tokenizer and labelled an estimate. The API key is a Bearer header only: validated before any request, never printed,
 logged or recorded, and cut out of anything a server sends back.
 
 A turn ends with one line when the server makes no progress for ``timeout_s``: no bytes at all
@@ -26,8 +28,10 @@ from localchat.backends import (
     GenerationParams,
     Message,
     Progress,
+    ReasoningChunk,
     TextChunk,
     chat_template_ids,
+    template_kwargs,
 )
 from localchat.backends.sse import ChatChunk, KeepAlive, StreamError, Usage, error_message, iter_stream
 from localchat.errors import LocalchatError, UsageError
@@ -148,14 +152,14 @@ class ServerBackend:
             body["seed"] = params.seed
         if params.response_format is not None:
             body["response_format"] = params.response_format
-        if self.chat_template_kwargs:
-            body["chat_template_kwargs"] = self.chat_template_kwargs
+        if kwargs := template_kwargs(self.chat_template_kwargs, params.think):
+            body["chat_template_kwargs"] = kwargs
         return body
 
-    def count_tokens(self, messages: list[Message]) -> int | None:
+    def count_tokens(self, messages: list[Message], think: bool | None = None) -> int | None:
         if self.tokenizer is None:
             return None
-        return len(chat_template_ids(self.tokenizer, messages, self.chat_template_kwargs))
+        return len(chat_template_ids(self.tokenizer, messages, template_kwargs(self.chat_template_kwargs, think)))
 
     def context_length(self) -> int | None:
         """The registry model's own config when it is on this machine; else what the server's
@@ -180,8 +184,7 @@ class ServerBackend:
 
     def stream(self, messages: list[Message], params: GenerationParams) -> Iterator[Event]:
         url = f"{self.url}/chat/completions"
-        parts: list[str] = []
-        finish, usage, chunks = None, None, 0
+        reply = _Reply()
         watch = _ProgressWatch(self.timeout_s, url)
         try:
             with self.client.stream("POST", "chat/completions",
@@ -193,20 +196,14 @@ class ServerBackend:
                             yield Progress(item.processed, item.total)
                         continue
                     watch.chunk(item)
-                    usage = item.usage or usage
-                    finish = item.finish_reason or finish
-                    if item.content:
-                        text = self.redact(item.content)
-                        parts.append(text)
-                        chunks += 1
-                        yield TextChunk(text)
+                    yield from reply.add(item, self.redact)
         except httpx.HTTPError as exc:
             raise ServerError(describe_http_error(exc, url, self.timeout_s)) from None
         except StreamError as exc:
             raise StreamError(self.redact(str(exc))) from None
-        if finish is None:
+        if reply.finish is None:
             raise StreamError(f"the stream from {url} ended before the reply finished")
-        yield self._finished(finish, usage, messages, "".join(parts), chunks)
+        yield self._finished(reply, messages, params.think)
 
     def _check_response(self, response: httpx.Response, url: str) -> None:
         if response.status_code >= 400:
@@ -216,18 +213,71 @@ class ServerBackend:
             raise StreamError(f"{url} answered with one JSON body, not a stream: it does not support "
                               '"stream": true')
 
-    def _finished(self, finish: str, usage: Usage | None, messages: list[Message], text: str,
-                  chunks: int) -> Finished:
-        if usage:
-            return Finished(finish_reason=finish, prompt_tokens=usage.prompt_tokens,
-                            completion_tokens=usage.completion_tokens, cached_tokens=usage.cached_tokens)
-        prompt = self.count_tokens(messages)
-        completion = len(self.tokenizer.encode(text, add_special_tokens=False)) if self.tokenizer else chunks
-        return Finished(finish_reason=finish, prompt_tokens=prompt or 0, completion_tokens=completion,
-                        estimated=True)
+    def _finished(self, reply: _Reply, messages: list[Message], think: bool | None) -> Finished:
+        reasoning = self._count_reasoning(reply, messages, think)
+        if reply.usage:
+            return Finished(finish_reason=reply.finish, prompt_tokens=reply.usage.prompt_tokens,
+                            completion_tokens=reply.usage.completion_tokens, cached_tokens=reply.usage.cached_tokens,
+                            reasoning_tokens=reasoning, reasoning_estimated=bool(reasoning))
+        prompt = self.count_tokens(messages, think)
+        completion = self._count_text(reply.text) + reasoning if self.tokenizer else reply.chunks + reasoning
+        return Finished(finish_reason=reply.finish, prompt_tokens=prompt or 0, completion_tokens=completion,
+                        estimated=True, reasoning_tokens=reasoning, reasoning_estimated=bool(reasoning))
+
+    def _count_text(self, text: str) -> int:
+        return len(self.tokenizer.encode(text, add_special_tokens=False)) if text else 0
+
+    def _count_reasoning(self, reply: _Reply, messages: list[Message], think: bool | None) -> int:
+        """Reasoning tokens as the in-process backend counts them (markers included), from the
+        reasoning text and the local tokenizer's think markers; without a tokenizer, the chunks."""
+        tokenizer, reasoning = self.tokenizer, reply.reasoning
+        if not reasoning:
+            return 0
+        if tokenizer is None or not getattr(tokenizer, "has_thinking", False):
+            return reply.reasoning_chunks
+        from localchat.backends.reasoning import opens_reasoning
+
+        markers = self._count_text(tokenizer.think_end)
+        prompt_ids = chat_template_ids(tokenizer, messages, template_kwargs(self.chat_template_kwargs, think))
+        if not opens_reasoning(tokenizer, prompt_ids):
+            markers += self._count_text(tokenizer.think_start)
+        return self._count_text(reasoning) + markers
 
     def close(self) -> None:
         self.client.close()
+
+
+class _Reply:
+    """What a stream has said so far: the answer, the reasoning, the last figures."""
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+        self.reasoning_parts: list[str] = []
+        self.finish: str | None = None
+        self.usage: Usage | None = None
+        self.chunks = self.reasoning_chunks = 0
+
+    @property
+    def text(self) -> str:
+        return "".join(self.parts)
+
+    @property
+    def reasoning(self) -> str:
+        return "".join(self.reasoning_parts)
+
+    def add(self, item: ChatChunk, redact: Callable[[str], str]) -> Iterator[Event]:
+        self.usage = item.usage or self.usage
+        self.finish = item.finish_reason or self.finish
+        if item.reasoning:
+            text = redact(item.reasoning)
+            self.reasoning_parts.append(text)
+            self.reasoning_chunks += 1
+            yield ReasoningChunk(text)
+        if item.content:
+            text = redact(item.content)
+            self.parts.append(text)
+            self.chunks += 1
+            yield TextChunk(text)
 
 
 class _ProgressWatch:

@@ -1,6 +1,6 @@
 """``localchat bench`` core: run scripted conversations through arms and return data, never print.
 
-An arm is (backend, history on/off, KV reuse on/off). Every arm plays the same conversations with
+An arm is (backend, history on/off, KV reuse on/off, thinking on/off or the model's default). Every arm plays the same conversations with
 the same variable draws, through the same ChatSession as ``localchat chat``, so the figures are the
 ones a user sees. With history on, total input over N turns grows as N·S + T·N(N+1)/2; the summary
 fits S and T to the measured prompt tokens.
@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
-from localchat.backends import Backend, GenerationParams
+from localchat.backends import Backend, GenerationParams, chat_template_of
 from localchat.bench.script import BenchScript, plan
-from localchat.conversation.history import Conversation
+from localchat.conversation.history import Conversation, template_reads_reasoning
 from localchat.conversation.turn import ChatSession
 
 
@@ -23,11 +23,18 @@ class Arm:
     backend: str  # "inproc" | "server"
     history: bool
     cache_reuse: bool = True
+    think: bool | None = None  # None: the model's default (nothing is sent)
 
     @property
     def label(self) -> str:
         reuse = "" if self.cache_reuse else " no-reuse"
-        return f"{self.backend} history-{'on' if self.history else 'off'}{reuse}"
+        think = "" if self.think is None else f" think-{'on' if self.think else 'off'}"
+        return f"{self.backend} history-{'on' if self.history else 'off'}{reuse}{think}"
+
+    @property
+    def family(self) -> str:
+        """The label without the thinking setting: arms that differ only in it are compared."""
+        return replace(self, think=None).label
 
 
 @dataclass(frozen=True)
@@ -36,12 +43,14 @@ class TurnRecord:
     backend: str
     history: bool
     cache_reuse: bool
+    think: bool | None
     script: str
     repeat: int
     conversation: int
     turn: int
     user: str
     answer: str
+    reasoning: str
     expected: str | None
     scored: bool
     correct: bool | None
@@ -49,6 +58,9 @@ class TurnRecord:
     cached_tokens: int
     completion_tokens: int
     ttft_s: float | None
+    ttfa_s: float | None  # time to the first answer token
+    reasoning_tokens: int
+    reasoning_estimated: bool
     prefill_tps: float | None
     decode_tps: float | None
     total_s: float
@@ -74,7 +86,8 @@ Progress = Callable[[str, int, str, int], None]  # (arm label, repeat, script, t
 
 def play_conversation(backend: Backend, arm: Arm, script: BenchScript, conversation: int, repeat: int,
                       bench: BenchPlan, on_turn: Progress) -> list[TurnRecord]:
-    session = ChatSession(backend, Conversation(script.system), bench.params, use_history=arm.history)
+    history = Conversation(script.system, reasoning_in_history=template_reads_reasoning(chat_template_of(backend)))
+    session = ChatSession(backend, history, replace(bench.params, think=arm.think), use_history=arm.history)
     records: list[TurnRecord] = []
     for i, turn in enumerate(plan(script, bench.seed, repeat, conversation), 1):
         on_turn(arm.label, repeat, script.name, i)
@@ -83,11 +96,13 @@ def play_conversation(backend: Backend, arm: Arm, script: BenchScript, conversat
         previous = records[-1].prompt_tokens if records else None
         miss = arm.history and arm.cache_reuse and previous is not None and s.cached_tokens < previous
         records.append(TurnRecord(
-            arm=arm.label, backend=arm.backend, history=arm.history, cache_reuse=arm.cache_reuse,
+            arm=arm.label, backend=arm.backend, history=arm.history, cache_reuse=arm.cache_reuse, think=arm.think,
             script=script.name, repeat=repeat, conversation=conversation, turn=i, user=turn.user,
-            answer=result.text, expected=turn.expect or turn.expect_regex, scored=turn.scored,
-            correct=turn.is_correct(result.text) if turn.scored else None, prompt_tokens=s.prompt_tokens,
-            cached_tokens=s.cached_tokens, completion_tokens=s.completion_tokens, ttft_s=s.ttft_s,
+            answer=result.text, reasoning=result.reasoning, expected=turn.expect or turn.expect_regex,
+            scored=turn.scored, correct=turn.is_correct(result.text) if turn.scored else None,
+            prompt_tokens=s.prompt_tokens, cached_tokens=s.cached_tokens, completion_tokens=s.completion_tokens,
+            ttft_s=s.ttft_s, ttfa_s=s.ttfa_s, reasoning_tokens=s.reasoning_tokens,
+            reasoning_estimated=s.reasoning_estimated,
             prefill_tps=s.prefill_tps, decode_tps=s.decode_tps, total_s=s.total_s,
             peak_memory_gb=s.peak_memory_gb, finish_reason=s.finish_reason, status=result.status.value, error=result.error,
             estimated=s.estimated, cache_miss=miss))
@@ -121,11 +136,18 @@ def summarize_arm(records: list[TurnRecord]) -> dict:
     scored = [r for r in records if r.scored]
     correct = sum(bool(r.correct) for r in scored)
     ttft = [r.ttft_s for r in records if r.ttft_s is not None]
+    ttfa = [r.ttfa_s for r in records if r.ttfa_s is not None]
     decode = [r.decode_tps for r in records if r.decode_tps is not None]
     return {
         "turns": len(records), "scored": len(scored), "correct": correct,
         "accuracy": correct / len(scored) if scored else None,
         "ttft_median_s": _median(ttft), "ttft_p90_s": _p90(ttft),
+        "ttfa_median_s": _median(ttfa), "ttfa_p90_s": _p90(ttfa),
+        "total_s_median": _median([r.total_s for r in records]),
+        "completion_tokens_total": sum(r.completion_tokens for r in records),
+        "reasoning_tokens_total": sum(r.reasoning_tokens for r in records),
+        "reasoning_tokens_mean": statistics.fmean(r.reasoning_tokens for r in records) if records else None,
+        "reasoning_estimated": any(r.reasoning_estimated for r in records),
         "decode_tps_median": _median(decode), "decode_tps_p90": _p90(decode),
         "prompt_tokens_total": sum(r.prompt_tokens for r in records),
         "cached_tokens_total": sum(r.cached_tokens for r in records),
@@ -181,6 +203,22 @@ def compare(on: dict, off: dict) -> dict:
     }
 
 
+def thinking_cost(on: dict, off: dict) -> dict:
+    """Thinking on vs off, for one backend and history setting: what the reasoning costs and buys."""
+    def ratio(a, b):
+        return a / b if a is not None and b else None
+
+    return {
+        "accuracy_difference": (on["accuracy"] - off["accuracy"])
+        if on["accuracy"] is not None and off["accuracy"] is not None else None,
+        "ttft_ratio": ratio(on["ttft_median_s"], off["ttft_median_s"]),
+        "ttfa_ratio": ratio(on["ttfa_median_s"], off["ttfa_median_s"]),
+        "completion_token_ratio": ratio(on["completion_tokens_total"], off["completion_tokens_total"]),
+        "total_time_ratio": ratio(on["total_s_median"], off["total_s_median"]),
+        "reasoning_tokens_per_turn": on["reasoning_tokens_mean"],
+    }
+
+
 def reuse_savings(reuse: dict, no_reuse: dict) -> dict:
     return {
         "prefilled_tokens_saved": no_reuse["prefilled_tokens_total"] - reuse["prefilled_tokens_total"],
@@ -205,16 +243,24 @@ class BenchResult:
         return [r for r in self.turns if r.arm == arm]
 
     def summary(self) -> dict:
+        """Per arm, then each pair of arms that differ in one setting: history on vs off (keyed by
+        backend, and thinking when set), KV reuse on vs off, thinking on vs off."""
         arms = {arm: summarize_arm(self.records(arm)) for arm in self.arms}
         growth = {arm: fit_growth(self.records(arm)) for arm in self.arms}
-        comparisons, savings = {}, {}
-        for backend in ("inproc", "server"):
-            on, off = f"{backend} history-on", f"{backend} history-off"
-            if on in arms and off in arms:
-                comparisons[backend] = compare(arms[on], arms[off])
-            if on in arms and f"{on} no-reuse" in arms:
-                savings[backend] = reuse_savings(arms[on], arms[f"{on} no-reuse"])
-        return {"arms": arms, "growth": growth, "history_on_vs_off": comparisons, "kv_reuse": savings}
+        comparisons, savings, thinking = {}, {}, {}
+        for label, arm in self._arm_settings().items():
+            key = label.replace(" history-on", "")
+            if arm.history and arm.cache_reuse and (off := replace(arm, history=False).label) in arms:
+                comparisons[key] = compare(arms[label], arms[off])
+            if arm.history and arm.cache_reuse and (plain := replace(arm, cache_reuse=False).label) in arms:
+                savings[key] = reuse_savings(arms[label], arms[plain])
+            if arm.think is True and (off := replace(arm, think=False).label) in arms:
+                thinking[arm.family] = thinking_cost(arms[label], arms[off])
+        return {"arms": arms, "growth": growth, "history_on_vs_off": comparisons, "kv_reuse": savings,
+                "think_on_vs_off": thinking}
+
+    def _arm_settings(self) -> dict[str, Arm]:
+        return {r.arm: Arm(r.backend, r.history, r.cache_reuse, r.think) for r in self.turns}
 
     def as_dict(self) -> dict:
         return {"schema": "localchat.bench.arms/1", "environment": self.environment, "settings": self.settings,

@@ -25,14 +25,16 @@ def summary_rows(result: BenchResult) -> list[list[str]]:
     rows = []
     for arm, s in result.summary()["arms"].items():
         acc = f"{_f(s['accuracy'], '.0%')} ({s['correct']}/{s['scored']})"
+        think = f"{'~' if s['reasoning_estimated'] else ''}{_f(s['reasoning_tokens_mean'], '.1f')}"
         rows.append([arm, acc, _f(s["ttft_median_s"], ".1f", 1e3), _f(s["ttft_p90_s"], ".1f", 1e3),
+                     _f(s["ttfa_median_s"], ".1f", 1e3), think, _f(s["total_s_median"], ".2f"),
                      _f(s["decode_tps_median"], ".1f"), _f(s["decode_tps_p90"], ".1f"),
                      str(s["prompt_tokens_total"]), str(s["cached_tokens_total"]), str(s["cache_misses"])])
     return rows
 
 
-SUMMARY_HEADERS = ["arm", "accuracy", "TTFT med ms", "TTFT p90 ms", "tok/s med", "tok/s p90",
-                   "prompt tokens", "cached", "cache misses"]
+SUMMARY_HEADERS = ["arm", "accuracy", "TTFT med ms", "TTFT p90 ms", "TTFA med ms", "think tok/turn", "total med s",
+                   "tok/s med", "tok/s p90", "prompt tokens", "cached", "cache misses"]
 
 
 def comparison_lines(result: BenchResult) -> list[str]:
@@ -52,6 +54,12 @@ def comparison_lines(result: BenchResult) -> list[str]:
     for backend, k in summary["kv_reuse"].items():
         lines.append(f"{backend}: KV reuse prefilled {_f(k['prefilled_ratio'], '.0%')} of the tokens "
                      f"no-reuse did ({k['prefilled_tokens_saved']} saved), TTFT ×{_f(k['ttft_ratio'], '.2f')}")
+    for family, t in summary["think_on_vs_off"].items():
+        lines.append(f"{family}: thinking on vs off: accuracy {_f(t['accuracy_difference'], '+.0%')}, "
+                     f"TTFT ×{_f(t['ttft_ratio'], '.2f')}, time to first answer ×{_f(t['ttfa_ratio'], '.2f')}, "
+                     f"output tokens ×{_f(t['completion_token_ratio'], '.2f')} "
+                     f"({_f(t['reasoning_tokens_per_turn'], '.1f')} reasoning tokens a turn), "
+                     f"total time a turn ×{_f(t['total_time_ratio'], '.2f')}")
     return lines
 
 
@@ -107,16 +115,18 @@ def write_plot(result: BenchResult, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax_ttft, ax_tokens) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for arm in result.arms:
-        records = result.records(arm)
-        ttft = per_turn_medians(records, "ttft_s")
-        tokens = per_turn_medians(records, "prompt_tokens")
-        ax_ttft.plot(list(ttft), [v * 1e3 for v in ttft.values()], marker="o", label=arm)
-        ax_tokens.plot(list(tokens), list(tokens.values()), marker="o", label=arm)
-    ax_ttft.set(title="TTFT per turn (median)", xlabel="turn", ylabel="ms")
-    ax_tokens.set(title="prompt tokens per turn (median)", xlabel="turn", ylabel="tokens")
-    for ax in (ax_ttft, ax_tokens):
+    thinking = any(r.reasoning_tokens for r in result.turns)
+    fig, axes = plt.subplots(1, 3 if thinking else 2, figsize=(15 if thinking else 11, 4.2))
+    panels = [("ttft_s", 1e3, "TTFT per turn (median)", "ms"),
+              ("prompt_tokens", 1, "prompt tokens per turn (median)", "tokens")]
+    if thinking:
+        panels.insert(1, ("ttfa_s", 1e3, "time to first answer token per turn (median)", "ms"))
+    for ax, (key, scale, title, unit) in zip(axes, panels):
+        for arm in result.arms:
+            values = per_turn_medians(result.records(arm), key)
+            ax.plot(list(values), [v * scale for v in values.values()], marker="o", label=arm)
+        ax.set(title=title, xlabel="turn", ylabel=unit)
+    for ax in axes:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(f"localchat bench · {environment_line(result)[:150]}", fontsize=8)

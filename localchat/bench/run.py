@@ -55,14 +55,17 @@ class BenchOptions:
     format: str = "table"
     plot: Path | None = None
     replay: tuple[str, ...] = ()  # saved session names
+    think: str | None = None  # on | off | both; None: the model's default, nothing sent
 
 
 def arms_for(opts: BenchOptions) -> list[Arm]:
     backends = ["inproc", "server"] if opts.backend == "both" else [opts.backend]
     histories = [True, False] if opts.history == "both" else [opts.history == "on"]
-    arms = [Arm(b, h) for b in backends for h in histories]
+    thinks = {None: [None], "both": [True, False], "on": [True], "off": [False]}[opts.think]
+    arms = [Arm(b, h, think=t) for b in backends for h in histories for t in thinks]
     if opts.no_cache_reuse and "inproc" in backends and True in histories:
-        arms.insert(1, Arm("inproc", True, cache_reuse=False))
+        for think in reversed(thinks):
+            arms.insert(1, Arm("inproc", True, cache_reuse=False, think=think))
     return arms
 
 
@@ -125,6 +128,8 @@ def rerun_command(opts: BenchOptions) -> str:
         args += ["--replay", name]
     if opts.no_cache_reuse:
         args.append("--no-cache-reuse")
+    if opts.think:
+        args += ["--think", opts.think]
     if opts.base_url:
         args += ["--base-url", opts.base_url]
     return shlex.join(args)

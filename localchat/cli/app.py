@@ -32,6 +32,7 @@ from localchat.cli.options import (
     ModelOptions,
     OutputOptions,
     StorageOptions,
+    ThinkOpt,
     TimeoutOpt,
     check_base_url,
     check_seed,
@@ -136,6 +137,8 @@ def chat(
     top_p: Annotated[float, typer.Option(callback=_top_p, help="Nucleus sampling, in (0, 1].")] = 1.0,
     max_tokens: Annotated[Optional[int], typer.Option(min=1, help="Longest reply, in tokens.")] = None,
     seed: Annotated[Optional[int], typer.Option(callback=check_seed, help="Random seed for sampling (set before each turn).")] = None,
+    think: ThinkOpt = None,
+    show_thinking: Annotated[bool, typer.Option("--show-thinking", help="Stream a thinking model's reasoning (dim, on stderr) instead of a one-line counter.")] = False,
     no_history: Annotated[bool, typer.Option("--no-history", help="REPL only: send each question alone.")] = False,
     max_turns: Annotated[Optional[int], typer.Option(min=0, help="Keep at most N past turns (oldest dropped first).")] = None,
     max_context_tokens: Annotated[Optional[int], typer.Option(min=1, help="Drop oldest turns until the request fits N tokens.")] = None,
@@ -154,11 +157,12 @@ def chat(
         model=ModelOptions(model=model, backend=backend.value, base_url=base_url, api_key=api_key, timeout_s=timeout,
                            allow_download=allow_download, cache_reuse=not no_cache_reuse),
         generation=GenerationOptions(system=system, temperature=temperature, top_p=top_p,
-                                     max_tokens=max_tokens, seed=seed),
+                                     max_tokens=max_tokens, seed=seed, think=think),
         history=not no_history,
         trim=TrimPolicy(max_turns=max_turns, max_context_tokens=max_context_tokens,
                         max_input_chars=max_input_chars),
-        output=OutputOptions(stats=stats, json_answer=json_answer, json_schema=json_schema),
+        output=OutputOptions(stats=stats, json_answer=json_answer, json_schema=json_schema,
+                             show_thinking=show_thinking),
         storage=StorageOptions(record=record, resume=resume),
     )
 
@@ -213,6 +217,12 @@ class HistoryArms(str, Enum):
     both = "both"
 
 
+class ThinkArms(str, Enum):
+    on = "on"
+    off = "off"
+    both = "both"
+
+
 class OutputFormat(str, Enum):
     table = "table"
     md = "md"
@@ -237,12 +247,13 @@ def bench(
     format: Annotated[OutputFormat, typer.Option("--format", help="What to print.")] = OutputFormat.table,
     plot: Annotated[Optional[Path], typer.Option(help="Write a PNG of TTFT and prompt tokens per turn (needs --extra plot).")] = None,
     replay: Annotated[Optional[list[str]], typer.Option("--replay", help="Replay a saved session's user turns as a script; repeatable.")] = None,
+    think: Annotated[Optional[ThinkArms], typer.Option(help="Thinking on, off, or both (side by side: what reasoning costs) [default: the model's own].")] = None,
 ) -> None:
     """History on vs off at a fixed temperature: what history costs (tokens, TTFT) and buys (answers)."""
     opts = dict(model=model, backend=backend.value, history=history.value, scripts=tuple(script or ()),
                         repeat=repeat, warmup=warmup, temperature=temperature, seed=seed, max_tokens=max_tokens,
                         no_cache_reuse=no_cache_reuse, base_url=base_url, out=out, format=format.value,
-                        plot=plot, replay=tuple(replay or ()))
+                        plot=plot, replay=tuple(replay or ()), think=think.value if think else None)
     run("localchat.cli.bench:run_bench_cmd", options=opts, console=out_console(), err=err_console)
 
 

@@ -46,10 +46,11 @@ def show_table(result: BenchResult, console: Console) -> None:
         console.print(table)
     else:
         console.print("localchat bench", style="italic")
-        for arm, accuracy, ttft, ttft_p90, tps, tps_p90, prompt, cached, misses in rows:
+        for arm, accuracy, ttft, ttft_p90, ttfa, think, total, tps, tps_p90, prompt, cached, misses in rows:
             console.print(arm, style="bold", markup=False)
             console.print(f"  accuracy {accuracy}\n  TTFT med {ttft} ms · p90 {ttft_p90} ms · tok/s med {tps} · "
-                          f"p90 {tps_p90}\n  prompt tokens {prompt} · cached {cached} · cache misses {misses}",
+                          f"p90 {tps_p90}\n  TTFA med {ttfa} ms · think {think} tokens a turn · total med {total} s"
+                          f"\n  prompt tokens {prompt} · cached {cached} · cache misses {misses}",
                           markup=False)
     for line in comparison_lines(result):
         console.print(line, markup=False, highlight=False)
@@ -78,6 +79,9 @@ def run_bench_cmd(*, options: dict[str, Any], console: Console, err: Console) ->
     if opts.plot:
         write_plot(result, opts.plot)
         err.print(f"wrote {opts.plot}", style="dim")
+    if opts.think and not any(t.reasoning_tokens for t in result.turns):
+        err.print(f"[yellow]no turn reasoned: {escape(prepared.ref.id)} seems to have no thinking mode, so "
+                  "--think changed nothing (try -m demo-think)[/yellow]")
     return report_failures(result, err)
 
 

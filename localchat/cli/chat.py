@@ -11,12 +11,12 @@ from typing import Any
 
 from rich.console import Console
 
-from localchat.backends import Backend, GenerationParams
+from localchat.backends import Backend, GenerationParams, chat_template_of
 from localchat.cli import outcomes
 from localchat.cli.options import ChatOptions
 from localchat.cli.render import ChatUI
 from localchat.cli.repl import REPL_COMMANDS, Repl
-from localchat.conversation.history import Conversation, validate_input
+from localchat.conversation.history import Conversation, template_reads_reasoning, validate_input
 from localchat.conversation.jsonmode import (
     AnswerSchema,
     default_schema,
@@ -72,6 +72,7 @@ def generation_params(ref: ModelRef | None, opts: ChatOptions) -> GenerationPara
         top_p=gen.top_p,
         max_tokens=gen.max_tokens or _default(ref, "max_tokens", DEFAULT_MAX_TOKENS),
         seed=gen.seed,
+        think=gen.think,
     )
 
 
@@ -99,11 +100,20 @@ def resumed(opts: ChatOptions) -> SavedSession | None:
 
 
 def conversation_for(ref: ModelRef | None, opts: ChatOptions, schema: AnswerSchema | None,
-                     saved: SavedSession | None) -> Conversation:
+                     saved: SavedSession | None, backend: Backend) -> Conversation:
     system = saved.system if saved else system_message(ref, opts)
     if schema and schema.instruction not in (system or ""):
         system = with_instruction(system, schema)
-    return Conversation(system, list(saved.turns) if saved else [])
+    return Conversation(system, list(saved.turns) if saved else [],
+                        reasoning_in_history=template_reads_reasoning(chat_template_of(backend)))
+
+
+def warn_if_thinking_is_moot(backend: Backend, think: bool | None, ui: ChatUI) -> None:
+    """--think/--no-think on a model whose tokenizer has no think markers changes nothing: say so."""
+    tokenizer = getattr(backend, "tokenizer", None)
+    if think is not None and tokenizer is not None and not getattr(tokenizer, "has_thinking", False):
+        ui.notice(f"{backend.model_id} has no thinking mode (no think markers in its tokenizer): "
+                  f"--{'think' if think else 'no-think'} changes nothing")
 
 
 def load_local_tokenizer(ref: ModelRef) -> Any:
@@ -152,7 +162,7 @@ def open_backend(opts: ChatOptions, ui: ChatUI) -> tuple[ModelRef | None, Backen
 
 def run_chat(*, opts: ChatOptions, prompt: str | None, err: Console) -> int:
     """Answer ``prompt``, or run the REPL when it is None; the exit code."""
-    ui = ChatUI(err=err, show_stats=opts.output.stats,
+    ui = ChatUI(err=err, show_stats=opts.output.stats, show_thinking=opts.output.show_thinking,
                 json_mode=opts.output.json_answer or opts.output.json_schema is not None)
     status = chat_with_ui(opts=opts, prompt=prompt, ui=ui)
     return outcomes.OK if status is None else outcomes.turn_exit(status)
@@ -173,7 +183,8 @@ def chat_with_ui(*, opts: ChatOptions, prompt: str | None, ui: ChatUI) -> TurnSt
     params = generation_params(ref, opts)
     if schema and opts.model.backend == "server":
         params = replace(params, response_format=schema.response_format())
-    session = ChatSession(backend=backend, conversation=conversation_for(ref, opts, schema, saved),
+    warn_if_thinking_is_moot(backend, params.think, ui)
+    session = ChatSession(backend=backend, conversation=conversation_for(ref, opts, schema, saved, backend),
                           params=params, use_history=opts.history, trim=opts.trim, schema=schema,
                           recorder=recorder)
     if saved:
@@ -187,7 +198,7 @@ def chat_with_ui(*, opts: ChatOptions, prompt: str | None, ui: ChatUI) -> TurnSt
                                  opts.model.model or (ref.id if ref else None), name=saved.name if saved else None)
             Repl(session, ui, saver=saver).run()
             return None
-        result = session.ask(text, ui.text, ui.progress)
+        result = session.ask(text, ui.text, ui.progress, ui.reasoning)
         ui.end_turn(result, session.params.max_tokens)
         return result.status
     finally:

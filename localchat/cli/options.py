@@ -75,6 +75,10 @@ BaseUrlOpt = Annotated[str, typer.Option(envvar="LOCALCHAT_BASE_URL", callback=c
                                          help="OpenAI-compatible base URL.")]
 ApiKeyOpt = Annotated[Optional[str], typer.Option(envvar="LOCALCHAT_API_KEY", show_default=False, callback=check_api_key,
                                                   help="Bearer token for remote servers (never printed or recorded).")]
+ThinkOpt = Annotated[Optional[bool], typer.Option(
+    "--think/--no-think", show_default=False,
+    help="A thinking model reasons before it answers, or answers directly (the template's enable_thinking) "
+         "[default: the model's own].")]
 TimeoutOpt = Annotated[float, typer.Option(callback=check_timeout, envvar="LOCALCHAT_TIMEOUT",
                                            help="Give up on a server that makes no progress for this many seconds.")]
 
@@ -106,6 +110,7 @@ class GenerationOptions:
     top_p: float = 1.0
     max_tokens: int | None = None
     seed: int | None = None
+    think: bool | None = None  # --think/--no-think; None: the model's default (models.yaml, then the template's)
 
 
 @dataclass(frozen=True)
@@ -113,6 +118,7 @@ class OutputOptions:
     stats: bool = True
     json_answer: bool = False
     json_schema: Path | None = None
+    show_thinking: bool = False
 
 
 @dataclass(frozen=True)

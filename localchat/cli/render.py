@@ -1,6 +1,8 @@
-"""Everything the chat shows: streamed text on stdout, figures and notices on stderr.
+"""Everything the chat shows: the streamed answer on stdout, reasoning, figures and notices on stderr.
 
-The REPL and single-prompt mode call this UI; the session and backends never print.
+The REPL and single-prompt mode call this UI; the session and backends never print. A thinking
+model's reasoning never reaches stdout, so a pipe gets only the answer: on a terminal it is folded
+into one line that counts while the model thinks, or streamed dim with ``--show-thinking``.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ HELP = """Commands (typed alone on a line; nothing here is sent to the model):
   /preview TEXT    the exact messages and token count the next request would send
   /reset           forget every turn, keep the system message
   /stats           figures for this session
+  /think on|off    let a thinking model reason first, or answer directly
   /save [NAME]     save the conversation (resume: localchat chat --resume NAME)
   /help            this text
   /quit            leave (Ctrl+D too)
@@ -40,11 +43,15 @@ def _memory(gb: float | None) -> str | None:
 
 
 def stats_line(stats: TurnStats) -> str:
-    """One line of figures: ``[TTFT 0.42s · 41.2 tok/s · in 274 (cached 256) · out 52 · …]``."""
+    """One line of figures: ``[TTFT 0.42s · 41.2 tok/s · in 274 (cached 256) · out 52 · …]``; a
+    turn that thought adds its time to the first answer token and its reasoning tokens after TTFT."""
     est = "~" if stats.estimated else ""
     cached = f" (cached {stats.cached_tokens})" if stats.cached_tokens else ""
+    thought = [f"answer {stats.ttfa_s:.2f}s" if stats.ttfa_s is not None else "no answer",
+               f"think {'~' if stats.reasoning_estimated else ''}{stats.reasoning_tokens}"] if stats.thought else []
     parts = [
         f"TTFT {stats.ttft_s:.2f}s" if stats.ttft_s is not None else "TTFT –",
+        *thought,
         f"{stats.decode_tps:.1f} tok/s" if stats.decode_tps is not None else None,
         f"in {est}{stats.prompt_tokens}{cached}" if stats.prompt_tokens else None,
         f"out {est}{stats.completion_tokens}" if stats.completion_tokens else None,
@@ -63,20 +70,44 @@ def _failed_before_first_token(result: TurnResult) -> bool:
 
 class ChatUI:
     def __init__(self, out: TextIO | None = None, err: Console | None = None, show_stats: bool = True,
-                 json_mode: bool = False):
+                 json_mode: bool = False, show_thinking: bool = False):
         self.out = out or sys.stdout
         self.err = err or Console(stderr=True, highlight=False, soft_wrap=True)
         self.show_stats = show_stats
         self.json_mode = json_mode  # stdout gets validated JSON only, pretty-printed, once complete
+        self.show_thinking = show_thinking
         self._progress_shown = False
+        self._thinking = 0  # reasoning chunks shown (or counted) in this turn
 
     def text(self, chunk: str) -> None:
-        """Streamed reply text, flushed as it comes (held back in JSON mode)."""
+        """Streamed answer text, flushed as it comes (held back in JSON mode)."""
         self._clear_progress()
+        self._end_thinking()
         if self.json_mode:
             return
         self.out.write(chunk)
         self.out.flush()
+
+    def reasoning(self, chunk: str) -> None:
+        """Reasoning, on stderr only: streamed dim with --show-thinking, else a counter on a terminal."""
+        self._clear_progress()
+        self._thinking += 1
+        if self.show_thinking:
+            self.err.print(chunk, style="dim", end="", markup=False, highlight=False)
+        elif self.err.is_terminal:
+            self.err.file.write(f"\r\x1b[2K\x1b[2mthinking… {self._thinking}\x1b[0m")
+            self.err.file.flush()
+
+    def _end_thinking(self) -> None:
+        """Close what the reasoning left on stderr: the dim block's line, or the counter."""
+        if not self._thinking:
+            return
+        if self.show_thinking:
+            self.err.print()
+        elif self.err.is_terminal:
+            self.err.file.write("\r\x1b[2K")
+            self.err.file.flush()
+        self._thinking = 0
 
     def progress(self, progress: Progress) -> None:
         """``prefill 41 %`` on one line of a terminal's stderr while a long prompt is processed."""
@@ -92,6 +123,7 @@ class ChatUI:
 
     def end_turn(self, result: TurnResult, max_tokens: int) -> None:
         self._clear_progress()
+        self._end_thinking()
         if self.json_mode:
             self._json_reply(result)
         elif result.text:
@@ -107,12 +139,14 @@ class ChatUI:
             if result.text:
                 self.notice("the partial reply above is incomplete and was not added to history")
         elif status is TurnStatus.CUT:
-            self.notice(f"reply cut at --max-tokens {max_tokens}: not added to history "
+            where = " inside its reasoning" if result.reasoning and not result.text else ""
+            self.notice(f"reply cut at --max-tokens {max_tokens}{where}: not added to history "
                         "(raise --max-tokens)")
         elif status is TurnStatus.INVALID:
             self.error(f"invalid JSON reply, not added to history: {result.invalid}")
         elif status is TurnStatus.EMPTY:
-            self.notice("empty reply: not added to history")
+            self.notice("the model reasoned but gave no answer: not added to history" if result.reasoning
+                        else "empty reply: not added to history")
         if result.dropped_turns:
             self.notice(f"left the {count(result.dropped_turns, 'oldest turn')} out of this request to fit "
                         f"{result.trimmed_for}")
@@ -150,6 +184,10 @@ class ChatUI:
             f"cached {fmt(s['cached_share'], '.0%')} · TTFT mean {fmt(s['ttft_mean_s'], '.2f')}s "
             f"median {fmt(s['ttft_median_s'], '.2f')}s · tok/s mean {fmt(s['decode_tps_mean'], '.1f')} "
             f"median {fmt(s['decode_tps_median'], '.1f')}", markup=False)
+        if s.get("reasoning_tokens"):
+            est = "~" if s["reasoning_estimated"] else ""
+            self.err.print(f"reasoning tokens {est}{s['reasoning_tokens']} · time to first answer token median "
+                           f"{fmt(s['ttfa_median_s'], '.2f')}s (turns that thought)", markup=False)
         if last and last.runtime:
             figures = " · ".join(f"{k} {v:.1f}" for k, v in last.runtime.items())
             self.err.print(f"last turn, as the runtime reports it: {figures}", style="dim", markup=False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from localchat.cli.render import ChatUI, count
 from localchat.conversation.turn import ChatSession
@@ -10,7 +11,7 @@ from localchat.errors import TerminationRequested, UsageError
 from localchat.store.saved_sessions import SessionSaver, StoreError
 
 MULTILINE = '"""'
-REPL_COMMANDS = ("/history", "/preview", "/reset", "/stats", "/save", "/help", "/quit", "/exit")
+REPL_COMMANDS = ("/history", "/preview", "/reset", "/stats", "/think", "/save", "/help", "/quit", "/exit")
 
 
 def read_input(read_line: Callable[[str], str]) -> str:
@@ -39,8 +40,8 @@ class Repl:
         self.read_line = read_line
         self.saver = saver
         self.commands: dict[str, Callable[[str], bool]] = dict(zip(REPL_COMMANDS, (
-            self._history, self._preview, self._reset, self._stats, self._save, self._help, self._quit,
-            self._quit)))
+            self._history, self._preview, self._reset, self._stats, self._think, self._save, self._help,
+            self._quit, self._quit)))
 
     def run(self) -> None:
         if self.read_line is input:
@@ -70,7 +71,7 @@ class Repl:
                 return True
             return command(arg.strip())
         try:
-            result = self.session.ask(text, self.ui.text, self.ui.progress)
+            result = self.session.ask(text, self.ui.text, self.ui.progress, self.ui.reasoning)
         except UsageError as exc:
             self.ui.error(str(exc))
             return True
@@ -91,7 +92,7 @@ class Repl:
         except UsageError as exc:
             self.ui.error(str(exc))
             return True
-        tokens = self.session.backend.count_tokens(messages)
+        tokens = self.session.backend.count_tokens(messages, self.session.params.think)
         counted = f", {count(tokens, 'token')}" if tokens is not None else ""
         self.ui.messages(messages, f"preview: {count(len(messages), 'message')}{counted} (history unchanged)")
         return True
@@ -104,6 +105,17 @@ class Repl:
     def _stats(self, _: str) -> bool:
         ledger = self.session.ledger
         self.ui.ledger(ledger.summary(), ledger.turns[-1] if ledger.turns else None)
+        return True
+
+    def _think(self, arg: str) -> bool:
+        """``/think on|off``: the next turns reason first or answer directly (``/think`` alone says which)."""
+        choices = {"on": True, "off": False}
+        if arg not in choices:
+            current = {True: "on", False: "off", None: "the model's default"}[self.session.params.think]
+            self.ui.info(f"thinking: {current} (usage: /think on|off)")
+            return True
+        self.session.params = replace(self.session.params, think=choices[arg])
+        self.ui.info(f"thinking {arg} from the next turn")
         return True
 
     def _save(self, arg: str) -> bool:

@@ -33,6 +33,8 @@ def show_session(console: Console, name: str) -> None:
         console.print(f"[cyan]system[/cyan]: {escape(saved.system)}")
     for i, turn in enumerate(saved.turns, 1):
         console.print(f"{i:>3}. [cyan]user[/cyan]: {escape(turn.user)}")
+        if turn.reasoning:
+            console.print(f"     [cyan]reasoning[/cyan]: {escape(turn.reasoning)}", style="dim")
         console.print(f"     [cyan]assistant[/cyan]: {escape(turn.assistant)}")
         if turn.stats:
             console.print("     " + stats_line(turn.stats), style="dim", markup=False)

@@ -2,6 +2,8 @@
 
 Order is always system → accepted past turns → current question; the system message appears
 once. A turn enters the history only after its reply finished cleanly (see ``Conversation.commit``).
+A thinking model's reasoning is kept beside its turn; it goes back to the model (as the assistant
+message's ``reasoning_content``) only when the model's chat template reads that field.
 """
 
 from __future__ import annotations
@@ -40,15 +42,25 @@ def validate_input(text: str, max_chars: int = DEFAULT_MAX_INPUT_CHARS) -> str:
 @dataclass(frozen=True)
 class Turn:
     user: str
-    assistant: str
+    assistant: str  # the answer only
     stats: TurnStats | None = field(default=None, compare=False)  # the turn's figures, for saving
+    reasoning: str = field(default="", compare=False)  # kept beside the answer, not in it
 
-    def messages(self) -> list[Message]:
-        return [{"role": "user", "content": self.user}, {"role": "assistant", "content": self.assistant}]
+    def messages(self, with_reasoning: bool = False) -> list[Message]:
+        answer: Message = {"role": "assistant", "content": self.assistant}
+        if with_reasoning and self.reasoning:
+            answer["reasoning_content"] = self.reasoning
+        return [{"role": "user", "content": self.user}, answer]
 
 
-def turn_messages(turns: list[Turn] | tuple[Turn, ...]) -> list[Message]:
-    return [m for turn in turns for m in turn.messages()]
+def turn_messages(turns: list[Turn] | tuple[Turn, ...], with_reasoning: bool = False) -> list[Message]:
+    return [m for turn in turns for m in turn.messages(with_reasoning)]
+
+
+def template_reads_reasoning(chat_template: str | None) -> bool:
+    """Whether a chat template renders the assistant's ``reasoning_content`` (its own convention
+    then decides which turns' reasoning the model sees again)."""
+    return bool(chat_template) and "reasoning_content" in chat_template
 
 
 @dataclass
@@ -57,9 +69,10 @@ class Conversation:
 
     system: str | None = None
     turns: list[Turn] = field(default_factory=list)
+    reasoning_in_history: bool = False  # see template_reads_reasoning
 
     def history(self) -> list[Message]:
-        return turn_messages(self.turns)
+        return turn_messages(self.turns, self.reasoning_in_history)
 
     def messages(self) -> list[Message]:
         """What ``/history`` shows: the system message and every accepted turn."""
@@ -71,12 +84,14 @@ class Conversation:
         ``drop`` leaves out that many of the oldest turns (see ``plan_trim``).
         """
         kept = self.turns[drop:] if use_history else []
-        return build_messages(prompt, self.system, turn_messages(kept))
+        return build_messages(prompt, self.system, turn_messages(kept, self.reasoning_in_history))
 
-    def commit(self, prompt: str, reply: str, drop: int = 0, stats: TurnStats | None = None) -> None:
-        """Accept a turn; the turns trimmed from its request leave the history only now."""
+    def commit(self, prompt: str, reply: str, drop: int = 0, stats: TurnStats | None = None,
+               reasoning: str = "") -> None:
+        """Accept a turn (its answer; the reasoning beside it); the turns trimmed from its request
+        leave the history only now."""
         del self.turns[:drop]
-        self.turns.append(Turn(prompt, reply, stats))
+        self.turns.append(Turn(prompt, reply, stats, reasoning))
 
     def reset(self) -> None:
         self.turns.clear()

@@ -1,8 +1,10 @@
 """The one clock and the one stats type, shared by every backend.
 
 TTFT runs from the moment a turn is submitted (templating and tokenization included) to the
-first visible text; decode speed is (completion_tokens - 1) / (t_last - t_first). The runtime's
-own figures (mlx_lm's prompt_tps/generation_tps) travel beside ours, labelled as the runtime's.
+first visible text of any kind, reasoning or answer; TTFA (time to first answer) to the first
+answer text, so a thinking model's TTFA - TTFT is how long it thought before answering. Decode
+speed is (completion_tokens - 1) / (t_last - t_first) over both kinds. The runtime's own figures
+(mlx_lm's prompt_tps/generation_tps) travel beside ours, labelled as the runtime's.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 
 from localchat.backends import Finished
 
-STATS_VERSION = 1
+STATS_VERSION = 2  # 2: ttfa_s, reasoning_tokens, reasoning_estimated
 
 
 @dataclass(frozen=True)
@@ -24,6 +26,7 @@ class TurnStats:
     cached_tokens: int = 0
     completion_tokens: int = 0
     ttft_s: float | None = None
+    ttfa_s: float | None = None  # time to the first answer text (equal to TTFT when nothing was reasoned)
     prefill_tps: float | None = None  # tokens actually prefilled (prompt - cached) / TTFT
     decode_tps: float | None = None
     total_s: float = 0.0
@@ -31,7 +34,13 @@ class TurnStats:
     finish_reason: str | None = None  # the runtime's ("stop", "length"); None when it never said
     estimated: bool = False
     cache_miss_tokens: int = 0
+    reasoning_tokens: int = 0
+    reasoning_estimated: bool = False
     runtime: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def thought(self) -> bool:
+        return self.reasoning_tokens > 0
 
 
 def stats_to_dict(stats: TurnStats) -> dict[str, Any]:
@@ -50,7 +59,8 @@ def stats_from_dict(data: Any) -> TurnStats | None:
 _OPTIONAL_NUMBER = (int, float, type(None))
 _STORED_TYPES: dict[str, tuple[type, ...]] = {
     "prompt_tokens": (int,), "cached_tokens": (int,), "completion_tokens": (int,), "cache_miss_tokens": (int,),
-    "ttft_s": _OPTIONAL_NUMBER, "prefill_tps": _OPTIONAL_NUMBER, "decode_tps": _OPTIONAL_NUMBER,
+    "ttft_s": _OPTIONAL_NUMBER, "ttfa_s": _OPTIONAL_NUMBER, "reasoning_tokens": (int,),
+    "reasoning_estimated": (bool,), "prefill_tps": _OPTIONAL_NUMBER, "decode_tps": _OPTIONAL_NUMBER,
     "peak_memory_gb": _OPTIONAL_NUMBER, "total_s": (int, float), "finish_reason": (str, type(None)),
     "estimated": (bool,), "runtime": (dict,),
 }
@@ -75,25 +85,43 @@ class TurnClock:
         self.now = now
         self.submitted = now()
         self.first: float | None = None
+        self.first_answer: float | None = None
         self.last: float | None = None
         self.parts: list[str] = []
+        self.reasoning_parts: list[str] = []
 
     @property
     def text(self) -> str:
+        """The answer."""
         return "".join(self.parts)
 
+    @property
+    def reasoning(self) -> str:
+        return "".join(self.reasoning_parts)
+
     def on_text(self, text: str) -> None:
-        if not text:
-            return
+        """Answer text."""
+        if text:
+            now = self._tick()
+            self.first_answer = now if self.first_answer is None else self.first_answer
+            self.parts.append(text)
+
+    def on_reasoning(self, text: str) -> None:
+        if text:
+            self._tick()
+            self.reasoning_parts.append(text)
+
+    def _tick(self) -> float:
         now = self.now()
         self.first = now if self.first is None else self.first
         self.last = now
-        self.parts.append(text)
+        return now
 
     def finish(self, done: Finished | None) -> TurnStats:
         """Close the clock; ``done`` is None when the stream broke before the runtime reported."""
         end = self.now()
         ttft = self.first - self.submitted if self.first is not None else None
+        ttfa = self.first_answer - self.submitted if self.first_answer is not None else None
         prefilled = (done.prompt_tokens - done.cached_tokens) if done else 0
         decode = None
         if done and self.first is not None and self.last is not None and self.last > self.first \
@@ -104,6 +132,7 @@ class TurnClock:
             cached_tokens=done.cached_tokens if done else 0,
             completion_tokens=done.completion_tokens if done else 0,
             ttft_s=ttft,
+            ttfa_s=ttfa,
             prefill_tps=prefilled / ttft if ttft and prefilled > 0 else None,
             decode_tps=decode,
             total_s=end - self.submitted,
@@ -111,6 +140,8 @@ class TurnClock:
             finish_reason=done.finish_reason if done else None,
             estimated=done.estimated if done else False,
             cache_miss_tokens=done.cache_miss_tokens if done else 0,
+            reasoning_tokens=done.reasoning_tokens if done else 0,
+            reasoning_estimated=done.reasoning_estimated if done else False,
             runtime=dict(done.runtime) if done else {},
         )
 
@@ -126,6 +157,7 @@ class Ledger:
 
     def summary(self) -> dict[str, float | int | None]:
         ttfts = [t.ttft_s for t in self.turns if t.ttft_s is not None]
+        ttfas = [t.ttfa_s for t in self.turns if t.thought and t.ttfa_s is not None]
         speeds = [t.decode_tps for t in self.turns if t.decode_tps is not None]
         tokens_in = sum(t.prompt_tokens for t in self.turns)
         cached = sum(t.cached_tokens for t in self.turns)
@@ -138,4 +170,7 @@ class Ledger:
             "ttft_median_s": statistics.median(ttfts) if ttfts else None,
             "decode_tps_mean": statistics.fmean(speeds) if speeds else None,
             "decode_tps_median": statistics.median(speeds) if speeds else None,
+            "reasoning_tokens": sum(t.reasoning_tokens for t in self.turns),
+            "reasoning_estimated": any(t.reasoning_estimated for t in self.turns),
+            "ttfa_median_s": statistics.median(ttfas) if ttfas else None,  # over turns that thought
         }

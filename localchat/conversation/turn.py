@@ -1,9 +1,12 @@
 """One chat turn, end to end: input → history builder → backend → clock → checks → commit.
 
-The session never prints; callers pass ``on_text`` to see the reply as it streams and get a
-``TurnResult`` back, with one ``TurnStatus``. A turn is committed only when its reply ended with
-the runtime's ``finish_reason == "stop"``, has non-empty text and, in JSON mode, validates
-against the schema; errors, truncation and Ctrl+C leave the history unchanged. With a recorder,
+The session never prints; callers pass ``on_text`` (and ``on_reasoning``) to see the reply as it
+streams and get a ``TurnResult`` back, with one ``TurnStatus``. A turn is committed only when its
+reply ended with the runtime's ``finish_reason == "stop"``, has a non-empty answer and, in JSON
+mode, its answer validates against the schema; errors, truncation (inside the reasoning or after
+it) and Ctrl+C leave the history unchanged. Only the answer is committed: a thinking model's
+reasoning is kept beside the turn (records, saved sessions) and sent back only when the model's
+template asks for it (see ``Conversation.reasoning_in_history``). With a recorder,
 the request record is written before the call and the response record before the commit.
 """
 
@@ -13,9 +16,10 @@ import traceback
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
+from functools import partial
 from typing import Any
 
-from localchat.backends import Backend, Finished, GenerationParams, Message, Progress, TextChunk
+from localchat.backends import Backend, Finished, GenerationParams, Message, Progress, ReasoningChunk, TextChunk
 from localchat.conversation.history import DEFAULT_MAX_INPUT_CHARS, Conversation, validate_input
 from localchat.conversation.jsonmode import AnswerSchema
 from localchat.conversation.records import TurnRecorder
@@ -39,7 +43,7 @@ class TurnStatus(str, Enum):
 class TurnResult:
     prompt: str
     messages: list[Message]  # exactly what was sent
-    text: str
+    text: str  # the answer
     stats: TurnStats
     status: TurnStatus
     dropped_turns: int = 0
@@ -48,6 +52,7 @@ class TurnResult:
     trace: str | None = field(default=None, repr=False)  # an unexpected failure's traceback
     answer: Any = None  # JSON mode: the parsed, valid reply
     invalid: str | None = None  # JSON mode: why the reply failed validation
+    reasoning: str = ""  # a thinking model's reasoning, apart from the answer
 
     @property
     def committed(self) -> bool:
@@ -97,7 +102,8 @@ class ChatSession:
         return self.conversation.preview(prompt, self.use_history, self._plan_trim(prompt).drop)
 
     def ask(self, prompt: str, on_text: Callable[[str], None] = lambda _: None,
-            on_progress: Callable[[Progress], None] = lambda _: None) -> TurnResult:
+            on_progress: Callable[[Progress], None] = lambda _: None,
+            on_reasoning: Callable[[str], None] = lambda _: None) -> TurnResult:
         """Run one turn. Raises UsageError for input that must not be sent (nothing changes) and
         RecordError when a turn record cannot be written (see ``localchat.conversation.records``).
         SIGTERM (``TerminationRequested``) ends the turn as interrupted, records it, then goes on up."""
@@ -108,13 +114,13 @@ class ChatSession:
         record_id = self.recorder.request(self._request_record(messages)) if self.recorder else None
         outcome = _StreamOutcome()
         try:
-            self._stream(messages, clock, on_text, on_progress, outcome)
+            self._stream(messages, clock, _Listeners(on_text, on_reasoning, on_progress), outcome)
         except TerminationRequested:
             outcome.failure, outcome.terminated = TurnStatus.INTERRUPTED, True
         stats = clock.finish(outcome.done)
         self.ledger.add(stats)
         result = self._judged(TurnResult(
-            prompt=prompt, messages=messages, text=clock.text, stats=stats,
+            prompt=prompt, messages=messages, text=clock.text, reasoning=clock.reasoning, stats=stats,
             status=outcome.failure or TurnStatus.COMMITTED, dropped_turns=trim.drop, trimmed_for=trim.limit,
             error=outcome.error, trace=outcome.trace))
         if self.recorder and record_id is not None:
@@ -122,11 +128,11 @@ class ChatSession:
         if outcome.terminated:
             raise TerminationRequested()
         if result.committed:
-            self.conversation.commit(prompt, result.text, trim.drop, stats)
+            self.conversation.commit(prompt, result.text, trim.drop, stats, reasoning=result.reasoning)
         return result
 
-    def _stream(self, messages: list[Message], clock: TurnClock, on_text: Callable[[str], None],
-                on_progress: Callable[[Progress], None], outcome: _StreamOutcome) -> None:
+    def _stream(self, messages: list[Message], clock: TurnClock, listeners: _Listeners,
+                outcome: _StreamOutcome) -> None:
         """Feed the backend's events to the clock; what happened goes into ``outcome``. No
         exception but SIGTERM's leaves a turn: an unexpected one is an error with its traceback."""
         events = self.backend.stream(messages, self.params)
@@ -135,9 +141,13 @@ class ChatSession:
                 if isinstance(event, TextChunk):
                     clock.on_text(event.text)
                     if event.text:
-                        on_text(event.text)
+                        listeners.on_text(event.text)
+                elif isinstance(event, ReasoningChunk):
+                    clock.on_reasoning(event.text)
+                    if event.text:
+                        listeners.on_reasoning(event.text)
                 elif isinstance(event, Progress):
-                    on_progress(event)
+                    listeners.on_progress(event)
                 elif isinstance(event, Finished):
                     outcome.done = event
         except TerminationRequested:
@@ -184,7 +194,7 @@ class ChatSession:
     @staticmethod
     def _response_record(result: TurnResult, terminated: bool = False) -> dict[str, Any]:
         return {
-            "text": result.text, "status": result.status.value, "finish_reason": result.stats.finish_reason,
+            "text": result.text, "reasoning": result.reasoning or None, "status": result.status.value, "finish_reason": result.stats.finish_reason,
             "committed": result.committed, "error": result.error, "invalid": result.invalid,
             "signal": "SIGTERM" if terminated else None,
             "dropped_turns": result.dropped_turns, "stats": stats_to_dict(result.stats),
@@ -210,12 +220,19 @@ class ChatSession:
         budget = self.token_budget()
         drop = self.conversation.plan_trim(
             prompt, max_turns=self.trim.max_turns, max_tokens=budget.tokens if budget else None,
-            count_tokens=self.backend.count_tokens if budget else None,
+            count_tokens=partial(self.backend.count_tokens, think=self.params.think) if budget else None,
             limit=budget.limit if budget else "--max-context-tokens", required=budget.required if budget else True)
         by_turns = self.conversation.plan_trim(prompt, max_turns=self.trim.max_turns)
         if drop == 0:
             return TrimPlan(0, None)
         return TrimPlan(drop, budget.limit if budget and drop > by_turns else "--max-turns")
+
+
+@dataclass(frozen=True)
+class _Listeners:
+    on_text: Callable[[str], None]
+    on_reasoning: Callable[[str], None]
+    on_progress: Callable[[Progress], None]
 
 
 @dataclass

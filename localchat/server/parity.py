@@ -1,7 +1,8 @@
 """``localchat parity``: the same greedy conversation in-process and through mlx_lm.server.
 
 Both sides go through the same ChatSession; they must send the same number of prompt tokens and
-get the same replies. The first difference is named (turn, reply token).
+get the same replies (a thinking model's reasoning and answer alike). The first difference is
+named (turn, reply token).
 """
 
 from __future__ import annotations
@@ -42,12 +43,15 @@ def compare(model: str, inproc_results: list[TurnResult], server_results: list[T
     for i, (a, b) in enumerate(zip(inproc_results, server_results), 1):
         report.turns.append({"turn": i, "inproc_prompt_tokens": a.stats.prompt_tokens,
                              "server_prompt_tokens": b.stats.prompt_tokens,
-                             "inproc_text": a.text, "server_text": b.text})
+                             "inproc_text": a.text, "server_text": b.text,
+                             "inproc_reasoning": a.reasoning, "server_reasoning": b.reasoning})
         if report.first_difference:
             continue
         if a.stats.prompt_tokens != b.stats.prompt_tokens:
             report.first_difference = (f"turn {i}: prompt tokens {a.stats.prompt_tokens} in-process "
                                        f"vs {b.stats.prompt_tokens} via the server")
+        elif a.reasoning != b.reasoning:
+            report.first_difference = f"turn {i}, reasoning: {a.reasoning!r} vs {b.reasoning!r}"
         elif a.text != b.text:
             ta, tb = tokenizer.encode(a.text), tokenizer.encode(b.text)
             k = next((j for j, (x, y) in enumerate(zip(ta, tb)) if x != y), min(len(ta), len(tb)))

@@ -47,6 +47,7 @@ MIGRATIONS = [
         PRIMARY KEY (session_id, position)
     );
     """,
+    "ALTER TABLE turns ADD COLUMN reasoning TEXT",  # a thinking model's reasoning, beside the answer
 ]
 
 
@@ -144,9 +145,9 @@ class SessionStore:
                 (session.name, session.uid, created, _now(), session.model, session.backend, session.system,
                  json.dumps(session.params)))
             conn.executemany(
-                "INSERT INTO turns (session_id, position, user, assistant, stats) VALUES (?, ?, ?, ?, ?)",
-                [(cursor.lastrowid, i, t.user, t.assistant, json.dumps(stats_to_dict(t.stats)) if t.stats else None)
-                 for i, t in enumerate(session.turns)])
+                "INSERT INTO turns (session_id, position, user, assistant, stats, reasoning) VALUES (?, ?, ?, ?, ?, ?)",
+                [(cursor.lastrowid, i, t.user, t.assistant, json.dumps(stats_to_dict(t.stats)) if t.stats else None,
+                  t.reasoning or None) for i, t in enumerate(session.turns)])
             return row is not None
 
     def load(self, name: str) -> SavedSession:
@@ -155,7 +156,7 @@ class SessionStore:
                                "FROM sessions WHERE name = ?", (name,)).fetchone()
             if row is None:
                 raise UsageError(f"no saved session named '{name}' (see: localchat sessions list)")
-            turns = conn.execute("SELECT user, assistant, stats FROM turns WHERE session_id = ? "
+            turns = conn.execute("SELECT user, assistant, stats, reasoning FROM turns WHERE session_id = ? "
                                  "ORDER BY position", (row[0],)).fetchall()
         return _session_from_rows(row, turns)
 
@@ -198,14 +199,16 @@ def _session_from_rows(row: tuple, turns: list[tuple]) -> SavedSession:
     if not isinstance(params, dict):
         raise damaged("params", "is not a JSON object")
     loaded = []
-    for position, (user, assistant, stats) in enumerate(turns, 1):
+    for position, (user, assistant, stats, reasoning) in enumerate(turns, 1):
         if not isinstance(user, str) or not isinstance(assistant, str):
             raise damaged(f"turn {position}", "has a message that is not text")
+        if reasoning is not None and not isinstance(reasoning, str):
+            raise damaged(f"turn {position} reasoning", "is not text")
         try:
             figures = stats_from_dict(json.loads(stats)) if stats else None
         except (TypeError, ValueError):
             raise damaged(f"turn {position} stats", "is not JSON") from None
-        loaded.append(Turn(user, assistant, figures))
+        loaded.append(Turn(user, assistant, figures, reasoning or ""))
     return SavedSession(name=name, uid=row[2], model=row[3], backend=row[4], system=row[5], params=params,
                         turns=tuple(loaded), created=row[7], updated=row[8])
 
@@ -249,6 +252,7 @@ def export_json(session: SavedSession) -> str:
         "created": session.created, "updated": session.updated,
         "messages": system_first(session.system, turn_messages(session.turns)),
         "turn_stats": [stats_to_dict(t.stats) if t.stats else None for t in session.turns],
+        "turn_reasoning": [t.reasoning or None for t in session.turns],
     }, ensure_ascii=False, indent=2)
 
 
@@ -259,5 +263,8 @@ def export_markdown(session: SavedSession) -> str:
     if session.system:
         lines += ["## System", "", session.system, ""]
     for i, turn in enumerate(session.turns, 1):
-        lines += [f"## Turn {i}", "", f"**User:** {turn.user}", "", f"**Assistant:** {turn.assistant}", ""]
+        lines += [f"## Turn {i}", "", f"**User:** {turn.user}", ""]
+        if turn.reasoning:
+            lines += ["<details><summary>Reasoning</summary>", "", turn.reasoning, "", "</details>", ""]
+        lines += [f"**Assistant:** {turn.assistant}", ""]
     return "\n".join(lines)
