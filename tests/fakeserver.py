@@ -45,8 +45,12 @@ GOOD = sse(delta("Hi"), delta(" there", "stop"), {"choices": [], "usage": USAGE}
 
 
 class FakeServer:
+    """``replies[path]`` is one Reply, or a list of them served in turn (cycling)."""
+
     def __init__(self) -> None:
-        self.replies: dict[str, Reply] = {}
+        self.replies: dict[str, Reply | list[Reply]] = {}
+        self.served: dict[str, int] = {}
+        self._lock = threading.Lock()
         self.requests: list[tuple[str, dict[str, str], bytes]] = []
         server = self
 
@@ -59,8 +63,8 @@ class FakeServer:
                 body = self.rfile.read(length) if length else b""
                 server.requests.append((self.path, dict(self.headers), body))
                 path = self.path.split("?")[0].rstrip("/")
-                reply = server.replies.get(path) or Reply(404, [b'{"error": "not found"}'],
-                                                          {"Content-Type": "application/json"})
+                reply = server.pick(path) or Reply(404, [b'{"error": "not found"}'],
+                                                   {"Content-Type": "application/json"})
                 self.send_response(reply.status)
                 for key, value in reply.headers.items():
                     self.send_header(key, value)
@@ -89,7 +93,15 @@ class FakeServer:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
 
-    def chat(self, reply: Reply) -> None:
+    def pick(self, path: str) -> Reply | None:
+        reply = self.replies.get(path)
+        if isinstance(reply, list):
+            with self._lock:
+                n = self.served[path] = self.served.get(path, -1) + 1
+            return reply[n % len(reply)]
+        return reply
+
+    def chat(self, reply: Reply | list[Reply]) -> None:
         self.replies["/v1/chat/completions"] = reply
 
     def close(self) -> None:

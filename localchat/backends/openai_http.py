@@ -251,31 +251,22 @@ class _Reply:
     """What a stream has said so far: the answer, the reasoning, the last figures."""
 
     def __init__(self) -> None:
-        self.parts: list[str] = []
-        self.reasoning_parts: list[str] = []
+        self.text = self.reasoning = ""
         self.finish: str | None = None
         self.usage: Usage | None = None
         self.chunks = self.reasoning_chunks = 0
-
-    @property
-    def text(self) -> str:
-        return "".join(self.parts)
-
-    @property
-    def reasoning(self) -> str:
-        return "".join(self.reasoning_parts)
 
     def add(self, item: ChatChunk, redact: Callable[[str], str]) -> Iterator[Event]:
         self.usage = item.usage or self.usage
         self.finish = item.finish_reason or self.finish
         if item.reasoning:
             text = redact(item.reasoning)
-            self.reasoning_parts.append(text)
+            self.reasoning += text
             self.reasoning_chunks += 1
             yield ReasoningChunk(text)
         if item.content:
             text = redact(item.content)
-            self.parts.append(text)
+            self.text += text
             self.chunks += 1
             yield TextChunk(text)
 

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field, replace
 from localchat.backends import Backend, GenerationParams, chat_template_of
 from localchat.bench.script import BenchScript, plan
 from localchat.conversation.history import Conversation, template_reads_reasoning
+from localchat.conversation.stats import percentile
 from localchat.conversation.turn import ChatSession
 
 
@@ -125,13 +126,6 @@ def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def _p90(values: list[float]) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(0.9 * (len(ordered) - 1)))]
-
-
 def summarize_arm(records: list[TurnRecord]) -> dict:
     scored = [r for r in records if r.scored]
     correct = sum(bool(r.correct) for r in scored)
@@ -141,14 +135,14 @@ def summarize_arm(records: list[TurnRecord]) -> dict:
     return {
         "turns": len(records), "scored": len(scored), "correct": correct,
         "accuracy": correct / len(scored) if scored else None,
-        "ttft_median_s": _median(ttft), "ttft_p90_s": _p90(ttft),
-        "ttfa_median_s": _median(ttfa), "ttfa_p90_s": _p90(ttfa),
+        "ttft_median_s": _median(ttft), "ttft_p90_s": percentile(ttft, 0.9),
+        "ttfa_median_s": _median(ttfa), "ttfa_p90_s": percentile(ttfa, 0.9),
         "total_s_median": _median([r.total_s for r in records]),
         "completion_tokens_total": sum(r.completion_tokens for r in records),
         "reasoning_tokens_total": sum(r.reasoning_tokens for r in records),
         "reasoning_tokens_mean": statistics.fmean(r.reasoning_tokens for r in records) if records else None,
         "reasoning_estimated": any(r.reasoning_estimated for r in records),
-        "decode_tps_median": _median(decode), "decode_tps_p90": _p90(decode),
+        "decode_tps_median": _median(decode), "decode_tps_p90": percentile(decode, 0.9),
         "prompt_tokens_total": sum(r.prompt_tokens for r in records),
         "cached_tokens_total": sum(r.cached_tokens for r in records),
         "prefilled_tokens_total": sum(r.prompt_tokens - r.cached_tokens for r in records),

@@ -257,6 +257,57 @@ def bench(
     run("localchat.cli.bench:run_bench_cmd", options=opts, console=out_console(), err=err_console)
 
 
+class LoadHistory(str, Enum):
+    on = "on"
+    off = "off"
+    both = "both"
+
+
+def _positive(value: Optional[float]) -> Optional[float]:
+    import math
+
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise typer.BadParameter("must be a finite number of seconds > 0")
+    return value
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def load(
+    ctx: typer.Context,
+    base_url: BaseUrlOpt = DEFAULT_BASE_URL,
+    model: ModelOpt = None,
+    api_key: ApiKeyOpt = None,
+    users: Annotated[int, typer.Option(min=1, max=256, help="Concurrent simulated users.")] = 1,
+    sweep: Annotated[Optional[str], typer.Option(help="Several runs, e.g. 1,2,4,8 users (instead of --users).")] = None,
+    script: Annotated[Optional[Path], typer.Option(help="A bench script the users play, or a built-in one's name [default: recall-en].")] = None,
+    turns: Annotated[Optional[int], typer.Option(min=1, help="Turns a conversation (cut short, or padded before the last, scored turn).")] = None,
+    think_time: Annotated[float, typer.Option(min=0.0, help="Seconds a user waits between turns.")] = 0.0,
+    history: Annotated[LoadHistory, typer.Option(help="History on, off, or both (a run each).")] = LoadHistory.both,
+    duration: Annotated[Optional[float], typer.Option(callback=_positive, help="No request starts after this many seconds of a run.")] = None,
+    conversations: Annotated[int, typer.Option(min=1, help="Conversations each user plays in a run.")] = 2,
+    temperature: Annotated[float, typer.Option(callback=check_temperature, help="Fixed for the whole run.")] = 0.0,
+    max_tokens: Annotated[int, typer.Option(min=1, help="Longest reply, in tokens.")] = 64,
+    seed: Annotated[Optional[int], typer.Option(callback=check_seed, help="Send this seed (mlx_lm.server then serves requests one at a time) [default: none sent].")] = None,
+    slo_ttft: Annotated[Optional[float], typer.Option(callback=_positive, help="TTFT objective in seconds (goodput, knee).")] = None,
+    slo_tpot: Annotated[Optional[float], typer.Option(callback=_positive, help="Time-per-output-token objective in seconds (goodput).")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Write results.json, requests.csv and summary.md here.")] = None,
+    plot: Annotated[Optional[Path], typer.Option(help="Write a PNG of throughput and TTFT against users (needs --extra plot).")] = None,
+    launch: Annotated[bool, typer.Option("--launch", help="Start mlx_lm.server here (server args after --), stop it at the end.")] = False,
+    timeout: TimeoutOpt = DEFAULT_TIMEOUT_S,
+) -> None:
+    """Many simulated users with multi-turn history against an OpenAI-compatible server."""
+    from localchat.load.sweep import LoadOptions, parse_sweep
+
+    with user_errors():
+        counts = parse_sweep(sweep) if sweep else (users,)
+    opts = LoadOptions(base_url=base_url, model=model, api_key=api_key, users=counts, script=script, turns=turns,
+                       think_time_s=think_time, history=history.value, duration_s=duration,
+                       conversations=conversations, temperature=temperature, max_tokens=max_tokens, seed=seed,
+                       slo_ttft_s=slo_ttft, slo_tpot_s=slo_tpot, out=out, plot=plot, launch=launch,
+                       server_args=tuple(ctx.args), timeout_s=timeout)
+    run("localchat.cli.load:run_load_cmd", opts=opts, console=out_console(), err=err_console)
+
+
 sessions_app = typer.Typer(help="Saved conversations (/save NAME in the REPL, chat --resume NAME).",
                            no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(sessions_app, name="sessions")

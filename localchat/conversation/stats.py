@@ -89,6 +89,7 @@ class TurnClock:
         self.last: float | None = None
         self.parts: list[str] = []
         self.reasoning_parts: list[str] = []
+        self.arrivals: list[float] = []  # every chunk of text, either kind
 
     @property
     def text(self) -> str:
@@ -115,7 +116,12 @@ class TurnClock:
         now = self.now()
         self.first = now if self.first is None else self.first
         self.last = now
+        self.arrivals.append(now)
         return now
+
+    def gaps(self) -> tuple[float, ...]:
+        """Inter-chunk latencies (ITL): one gap between consecutive chunks, about one a token."""
+        return tuple(b - a for a, b in zip(self.arrivals, self.arrivals[1:]))
 
     def finish(self, done: Finished | None) -> TurnStats:
         """Close the clock; ``done`` is None when the stream broke before the runtime reported."""
@@ -144,6 +150,19 @@ class TurnClock:
             reasoning_estimated=done.reasoning_estimated if done else False,
             runtime=dict(done.runtime) if done else {},
         )
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """The nearest-rank percentile (``q`` in 0..1) that bench and load both report; None when empty."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def percentiles(values: list[float]) -> dict[str, float | None]:
+    """p50, p90 and p99 of ``values``."""
+    return {f"p{round(q * 100)}": percentile(values, q) for q in (0.5, 0.9, 0.99)}
 
 
 @dataclass

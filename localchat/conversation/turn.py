@@ -53,6 +53,7 @@ class TurnResult:
     answer: Any = None  # JSON mode: the parsed, valid reply
     invalid: str | None = None  # JSON mode: why the reply failed validation
     reasoning: str = ""  # a thinking model's reasoning, apart from the answer
+    token_gaps_s: tuple[float, ...] = field(default=(), repr=False)  # ITL, from the clock
 
     @property
     def committed(self) -> bool:
@@ -121,6 +122,7 @@ class ChatSession:
         self.ledger.add(stats)
         result = self._judged(TurnResult(
             prompt=prompt, messages=messages, text=clock.text, reasoning=clock.reasoning, stats=stats,
+            token_gaps_s=clock.gaps(),
             status=outcome.failure or TurnStatus.COMMITTED, dropped_turns=trim.drop, trimmed_for=trim.limit,
             error=outcome.error, trace=outcome.trace))
         if self.recorder and record_id is not None:

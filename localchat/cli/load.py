@@ -1,0 +1,107 @@
+"""``localchat load`` on the terminal: a live line of users, requests and errors, then the table.
+
+Ctrl+C (or SIGTERM) stops every user, shows what was measured and writes it marked partial.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from dataclasses import dataclass
+
+from rich import box
+from rich.console import Console
+from rich.markup import escape
+from rich.measure import Measurement
+from rich.table import Table
+
+from localchat.cli import outcomes
+from localchat.errors import TerminationRequested, raise_on_sigterm
+from localchat.load.report import TABLE_HEADERS, environment_line, sweep_lines, table_rows, write_outputs, write_plot
+from localchat.load.run import Run
+from localchat.load.sweep import LoadOptions, LoadResult, Target, check_options, make_plan, new_result, run_load
+
+
+@dataclass
+class Counts:
+    done: int = 0
+    errors: int = 0
+
+
+def show(result: LoadResult, console: Console) -> None:
+    """The runs as a table when it fits the terminal, else one block a run: nothing is cut."""
+    rows = table_rows(result)
+    table = Table(title="localchat load", box=box.SIMPLE_HEAD)
+    for i, header in enumerate(TABLE_HEADERS):
+        table.add_column(header, no_wrap=True, justify="left" if i < 2 else "right")
+    for row in rows:
+        table.add_row(*row)
+    if Measurement.get(console, console.options.update_width(10_000), table).maximum <= console.width:
+        console.print(table)
+    else:
+        console.print("localchat load", style="italic")
+        for row in rows:
+            console.print(f"{row[0]} users, history {row[1]}", style="bold", markup=False)
+            console.print("  " + " · ".join(f"{h} {v}" for h, v in zip(TABLE_HEADERS[2:], row[2:])), markup=False)
+    for line in sweep_lines(result):
+        console.print(line, markup=False, highlight=False)
+    console.print(environment_line(result), style="dim", markup=False, highlight=False)
+
+
+def run_load_cmd(*, opts: LoadOptions, console: Console, err: Console) -> int:
+    check_options(opts)
+    plan = make_plan(opts)
+    raise_on_sigterm()
+    interrupted: KeyboardInterrupt | None = None
+    with err.status("starting …") as status, Target(opts, on_status=status.update) as target:
+        result = new_result(opts, target)
+        counts, lock = Counts(), threading.Lock()
+
+        def heard(record) -> None:
+            with lock:
+                counts.done += 1
+                counts.errors += not record.ok
+                status.update(f"{current.users} users · history {'on' if current.history else 'off'} · "
+                              f"requests {counts.done} · errors {counts.errors}")
+
+        def started(run: Run) -> None:
+            nonlocal current
+            current = run
+            run.on_request = heard
+            status.update(f"{run.users} users · history {'on' if run.history else 'off'} · starting")
+
+        current = None
+        try:
+            run_load(opts, result, target, plan, on_run=started)
+        except KeyboardInterrupt as exc:  # TerminationRequested too
+            interrupted = exc
+    return finish(result, opts, console, err, interrupted)
+
+
+def finish(result: LoadResult, opts: LoadOptions, console: Console, err: Console,
+           interrupted: KeyboardInterrupt | None) -> int:
+    if result.runs:
+        show(result, console)
+    if opts.out:
+        for path in write_outputs(result, opts.out):
+            err.print(f"wrote {path}{' (partial)' if result.partial else ''}", style="dim")
+    if opts.plot and result.runs:
+        write_plot(result, opts.plot)
+        err.print(f"wrote {opts.plot}", style="dim")
+    if interrupted is not None:
+        signal = "SIGTERM" if isinstance(interrupted, TerminationRequested) else "Ctrl+C"
+        err.print(f"[yellow]stopped by {signal}: the figures above are partial[/yellow]")
+        return outcomes.TERMINATED if signal == "SIGTERM" else outcomes.INTERRUPTED
+    return report_failures(result, err)
+
+
+def report_failures(result: LoadResult, err: Console) -> int:
+    records = [r for run in result.runs for r in run.records]
+    failed = [r for r in records if not r.ok]
+    if not failed:
+        return outcomes.OK
+    kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(Counter(r.error_kind for r in failed).items()))
+    err.print(f"[red]error:[/red] {len(failed)} of {len(records)} requests failed ({kinds}); the first: "
+              f"{escape(failed[0].error or failed[0].status)}")
+    return outcomes.FAILED
+

@@ -1,0 +1,121 @@
+"""A load result rendered: the sweep table, Markdown, CSV, JSON and the plot.
+
+``--out DIR`` writes ``results.json`` (schema ``localchat.load/1``: environment fingerprint, settings,
+every run's figures, the sweep's knee and batching gain, and ``partial`` when the run was stopped),
+``requests.csv`` (one row per request) and ``summary.md``; ``--plot`` adds a PNG.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from dataclasses import asdict, fields
+from pathlib import Path
+from typing import Any
+
+from localchat.load.metrics import RequestRecord
+from localchat.load.sweep import LoadResult
+
+TABLE_HEADERS = ["users", "history", "requests", "errors", "req/s", "out tok/s", "TTFT p50 ms", "TTFT p99 ms",
+                 "TPOT p50 ms", "ITL p50 ms", "e2e p99 s", "goodput", "accuracy"]
+
+
+def _f(value: Any, spec: str = ".1f", scale: float = 1.0) -> str:
+    return "–" if value is None else format(value * scale, spec)
+
+
+def table_rows(result: LoadResult) -> list[list[str]]:
+    rows = []
+    for s in result.summaries():
+        acc = s["accuracy"]
+        rows.append([str(s["users"]) + (" (partial)" if s["partial"] else ""), s["history"], str(s["requests"]),
+                     str(s["requests"] - s["ok"]), _f(s["request_rate"], ".2f"), _f(s["output_tps"]),
+                     _f(s["ttft_s"]["p50"], ".0f", 1e3), _f(s["ttft_s"]["p99"], ".0f", 1e3),
+                     _f(s["tpot_s"]["p50"], ".1f", 1e3), _f(s["itl_s"]["p50"], ".1f", 1e3),
+                     _f(s["e2e_s"]["p99"], ".2f"), _f(s["goodput"]["share"], ".0%"),
+                     f"{_f(acc['rate'], '.0%')} ({acc['correct']}/{acc['scored']})"])
+    return rows
+
+
+def sweep_lines(result: LoadResult) -> list[str]:
+    """The knee, the batching gain, and how the prefix cache fills as the turns go by."""
+    lines = []
+    slo = result.settings["slo_ttft_s"]
+    for history, figures in result.sweep().items():
+        gains = ", ".join(f"{users} users ×{_f(g, '.2f')}" for users, g in figures["batching_gain"].items())
+        knee = (f"TTFT p99 first exceeds {slo:g}s at {figures['knee_users']} users" if figures["knee_users"]
+                else f"TTFT p99 stays within {slo:g}s" if slo else "no --slo-ttft: no knee")
+        lines.append(f"history {history}: batching gain (output tokens/s ÷ 1 user) {gains}; {knee}")
+    for s in result.summaries():
+        if s["history"] == "on":
+            hits = " · ".join(f"turn {n} {_f(t['cached_tokens_mean'], '.0f')}/{_f(t['prompt_tokens_mean'], '.0f')}"
+                              for n, t in s["by_turn"].items())
+            lines.append(f"{s['users']} users, history on: cached/prompt tokens by turn: {hits}")
+    return lines
+
+
+def environment_line(result: LoadResult) -> str:
+    e = result.environment
+    return (f"{e['model']} at {e['server']}{' (launched here)' if e['launched'] else ''}, on {e['hardware']}, "
+            f"mlx {e['mlx_version']}, mlx-lm {e['mlx_lm_version']}, localchat {e['localchat_version']}; "
+            f"{e['batching']}; {e['date']}")
+
+
+def to_markdown(result: LoadResult) -> str:
+    head = "| " + " | ".join(TABLE_HEADERS) + " |\n|" + "---|" * len(TABLE_HEADERS) + "\n"
+    body = "".join("| " + " | ".join(row) + " |\n" for row in table_rows(result))
+    status = ["", "**Partial: the run was stopped before it finished.**"] if result.partial else []
+    return "\n".join(["# localchat load", *status, "", f"Measured on: {environment_line(result)}", "",
+                      head + body, *[f"- {line}" for line in sweep_lines(result)], ""])
+
+
+def to_csv(result: LoadResult) -> str:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=[f.name for f in fields(RequestRecord)])
+    writer.writeheader()
+    for run in result.runs:
+        for record in run.records:
+            writer.writerow(asdict(record))
+    return buffer.getvalue()
+
+
+def write_outputs(result: LoadResult, out: Path) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, text in (("results.json", json.dumps(result.as_dict(), indent=2, ensure_ascii=False)),
+                       ("requests.csv", to_csv(result)), ("summary.md", to_markdown(result))):
+        (out / name).write_text(text, encoding="utf-8")
+        written.append(out / name)
+    return written
+
+
+def write_plot(result: LoadResult, path: Path) -> None:
+    """Throughput, and TTFT p50/p99, against the number of users, history on and off."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_tps, ax_ttft) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for history in ("on", "off"):
+        runs = [s for s in result.summaries() if s["history"] == history]
+        if not runs:
+            continue
+        users = [s["users"] for s in runs]
+        ax_tps.plot(users, [s["output_tps"] or 0 for s in runs], marker="o", label=f"history {history}")
+        for q, style in (("p50", "-"), ("p99", "--")):
+            ax_ttft.plot(users, [(s["ttft_s"][q] or 0) * 1e3 for s in runs], style, marker="o",
+                         label=f"history {history} {q}")
+    if result.settings["slo_ttft_s"]:
+        ax_ttft.axhline(result.settings["slo_ttft_s"] * 1e3, color="grey", linewidth=0.8, label="TTFT SLO")
+    ax_tps.set(title="aggregate output tokens/s", xlabel="users", ylabel="tokens/s")
+    ax_ttft.set(title="TTFT", xlabel="users", ylabel="ms")
+    for ax in (ax_tps, ax_ttft):
+        ax.set_xscale("log", base=2)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"localchat load · {environment_line(result)[:160]}", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,205 @@
+"""``localchat load`` around the runs: options checked up front, the server (given or launched),
+one run per (concurrency, history setting), and what a sweep adds: the knee and the batching gain."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from localchat.backends import DEFAULT_BASE_URL, DEFAULT_TIMEOUT_S, GenerationParams
+from localchat.bench.run import check_outputs
+from localchat.bench.script import SCRIPTS_DIR, load_script, script_path
+from localchat.environment import collect
+from localchat.errors import LocalchatError, UsageError
+from localchat.load.metrics import Slo, summarize
+from localchat.load.run import LoadPlan, Run, RunResult
+from localchat.registry import DEFAULT_MODEL, ModelRef, resolve
+
+SCHEMA = "localchat.load/1"
+DEFAULT_SCRIPT = SCRIPTS_DIR / "recall-en.yaml"
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    base_url: str = DEFAULT_BASE_URL
+    model: str | None = None
+    api_key: str | None = None
+    users: tuple[int, ...] = (1,)  # one run each: --users N, or --sweep 1,2,4,8
+    script: Path | None = None
+    turns: int | None = None
+    think_time_s: float = 0.0
+    history: str = "both"  # on | off | both
+    duration_s: float | None = None
+    conversations: int = 2  # per user
+    temperature: float = 0.0
+    max_tokens: int = 64
+    seed: int | None = None  # sent only when given: a seeded request is not batched by mlx_lm.server
+    slo_ttft_s: float | None = None
+    slo_tpot_s: float | None = None
+    out: Path | None = None
+    plot: Path | None = None
+    launch: bool = False
+    server_args: tuple[str, ...] = ()
+    timeout_s: float = DEFAULT_TIMEOUT_S
+
+
+@dataclass
+class LoadResult:
+    environment: dict
+    settings: dict
+    runs: list[RunResult] = field(default_factory=list)
+
+    @property
+    def partial(self) -> bool:
+        return any(run.partial for run in self.runs)
+
+    def summaries(self) -> list[dict]:
+        slo = Slo(self.settings["slo_ttft_s"], self.settings["slo_tpot_s"])
+        return [{"users": run.users, "history": "on" if run.history else "off", "partial": run.partial,
+                 **summarize(run.records, run.gaps, run.wall_s, slo)} for run in self.runs]
+
+    def sweep(self) -> dict:
+        """Per history setting: the knee (fewest users whose TTFT p99 exceeds the SLO) and the
+        batching gain (aggregate output tokens/s at N users ÷ at 1 user)."""
+        by_history: dict[str, list[dict]] = {}
+        for s in self.summaries():
+            by_history.setdefault(s["history"], []).append(s)
+        slo = self.settings["slo_ttft_s"]
+        figures = {}
+        for history, runs in by_history.items():
+            single = next((r["output_tps"] for r in runs if r["users"] == 1), None)
+            over = [r["users"] for r in runs if slo is not None and (r["ttft_s"]["p99"] or 0) > slo]
+            figures[history] = {
+                "knee_users": min(over) if over else None,
+                "batching_gain": {str(r["users"]): r["output_tps"] / single if single and r["output_tps"] else None
+                                  for r in runs},
+            }
+        return figures
+
+    def as_dict(self) -> dict:
+        return {"schema": SCHEMA, "partial": self.partial, "environment": self.environment,
+                "settings": self.settings, "runs": self.summaries(), "sweep": self.sweep()}
+
+
+def parse_sweep(text: str) -> tuple[int, ...]:
+    try:
+        users = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise UsageError(f"--sweep takes whole numbers separated by commas, e.g. 1,2,4,8 (got {text!r})") from None
+    if not users or any(n < 1 or n > 256 for n in users) or len(set(users)) != len(users):
+        raise UsageError(f"--sweep {text}: each number of users must be from 1 to 256, once")
+    return tuple(sorted(users))
+
+
+def check_options(opts: LoadOptions) -> None:
+    """Everything that can be refused before a server is started or contacted."""
+    if opts.duration_s is not None and not opts.duration_s > 0:
+        raise UsageError("--duration must be a number of seconds > 0")
+    if opts.think_time_s < 0:
+        raise UsageError("--think-time must be ≥ 0 seconds")
+    if opts.launch and opts.base_url != DEFAULT_BASE_URL:
+        raise UsageError("--launch starts its own server: leave out --base-url")
+    if opts.server_args and not opts.launch:
+        raise UsageError(f"server arguments after -- ({' '.join(opts.server_args)}) need --launch")
+    for name in ("slo_ttft_s", "slo_tpot_s"):
+        value = getattr(opts, name)
+        if value is not None and not value > 0:
+            raise UsageError(f"--{name.removesuffix('_s').replace('_', '-')} must be a number of seconds > 0")
+    check_outputs(opts)  # --out and --plot, as bench checks them
+
+
+def make_plan(opts: LoadOptions) -> LoadPlan:
+    script = load_script(script_path(opts.script) if opts.script else DEFAULT_SCRIPT)
+    params = GenerationParams(temperature=opts.temperature, max_tokens=opts.max_tokens, seed=opts.seed)
+    return LoadPlan(script=script, conversations=opts.conversations, turns=opts.turns,
+                    think_time_s=opts.think_time_s, duration_s=opts.duration_s, params=params,
+                    seed=opts.seed or 0, slo=Slo(opts.slo_ttft_s, opts.slo_tpot_s))
+
+
+def environment_block(opts: LoadOptions, ref: ModelRef | None, base_url: str) -> dict:
+    env = collect()
+    return env.as_dict() | {
+        "hardware": env.hardware_label, "model": ref.id if ref else (opts.model or "the server's model"),
+        "server": base_url, "launched": opts.launch, "server_args": list(opts.server_args),
+        "seed_sent": opts.seed is not None,
+        "batching": ("requests carry a seed: mlx_lm.server serves them one at a time" if opts.seed is not None
+                     else "no seed sent: mlx_lm.server may batch the users' requests"),
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def known_model(name: str | None, launch: bool) -> ModelRef | None:
+    if launch:
+        return resolve(name or DEFAULT_MODEL)
+    try:
+        return resolve(name) if name else None
+    except UsageError:
+        return None  # a name only the server knows (vLLM's served model name, say)
+
+
+class Target:
+    """The server under load: the one given, or one launched (and stopped) here."""
+
+    def __init__(self, opts: LoadOptions, on_status: Callable[[str], None]):
+        self.opts, self.on_status = opts, on_status
+        self.ref = known_model(opts.model, opts.launch)
+        self.server = None
+        self.base_url = opts.base_url
+
+    def __enter__(self) -> Target:
+        if self.opts.launch:
+            from localchat.server.launch import free_port, start_ready
+
+            self.server = start_ready(self.ref, port=free_port(), extra=self.opts.server_args, on_poll=self.on_status)
+            self.base_url = self.server.base_url
+        self._check_reachable()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.server is not None:
+            self.server.stop()
+
+    def backend(self):
+        from localchat.backends.openai_http import backend_for
+
+        return backend_for(self.base_url, self.ref, name=self.opts.model, api_key=self.opts.api_key,
+                           timeout_s=self.opts.timeout_s)
+
+    def _check_reachable(self) -> None:
+        import httpx
+
+        from localchat.backends.openai_http import describe_http_error
+
+        backend = self.backend()
+        try:
+            backend.client.get("models", timeout=5.0)
+        except httpx.HTTPError as exc:
+            raise LocalchatError(describe_http_error(exc, backend.url)) from None
+        finally:
+            backend.close()
+
+
+def history_settings(opts: LoadOptions) -> list[bool]:
+    return [True, False] if opts.history == "both" else [opts.history == "on"]
+
+
+def run_load(opts: LoadOptions, result: LoadResult, target: Target, plan: LoadPlan,
+             on_run: Callable[[Run], None] = lambda _: None) -> LoadResult:
+    """Every run of the sweep, in order, into ``result`` (so an interrupted sweep keeps what it
+    measured); ``on_run`` hears each run as it starts."""
+    for users in opts.users:
+        for history in history_settings(opts):
+            run = Run(plan, users, history, target.backend)
+            on_run(run)
+            result.runs.append(run.result)
+            run.execute()
+    return result
+
+
+def new_result(opts: LoadOptions, target: Target) -> LoadResult:
+    settings = json.loads(json.dumps(asdict(opts) | {"api_key": "[set]" if opts.api_key else None}, default=str))
+    return LoadResult(environment_block(opts, target.ref, target.base_url), settings)
