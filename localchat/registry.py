@@ -11,6 +11,7 @@ import json
 import math
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -266,3 +267,17 @@ def describe(entry: ModelEntry) -> ModelInfo:
     if path is None or not (path / "config.json").is_file():
         return ModelInfo(entry, False, None, None)
     return ModelInfo(entry, True, directory_size(path), quantization_bits(path))
+
+
+def local_tokenizer_loader(ref: ModelRef | None) -> Callable[[], Any] | None:
+    """Loads the model's tokenizer from this machine (for token estimates over HTTP), or None when
+    the model is unknown or not here; nothing is loaded until it is called."""
+    if ref is None or (ref.kind == "hub" and hub_snapshot(ref.location) is None):
+        return None
+
+    def load() -> Any:
+        from mlx_lm.utils import load_tokenizer
+
+        return load_tokenizer(local_dir(ref))
+
+    return load

@@ -88,6 +88,16 @@ def test_the_table_shows_both_settings_and_the_environment(demo_load):
     assert "cached/prompt tokens by turn" in result.stdout
 
 
+def test_the_launched_server_is_stopped_no_orphan(demo_load):
+    import httpx
+
+    from localchat.server.launch import port_is_free
+
+    data, _, _ = demo_load
+    url = httpx.URL(data["environment"]["server"])
+    assert data["environment"]["launched"] and port_is_free(url.host, url.port)
+
+
 # --- fakes ---------------------------------------------------------------------------------------
 
 @pytest.fixture

@@ -54,7 +54,7 @@ def test_figures_line_names_every_figure_and_marks_estimates():
     stats = TurnStats(prompt_tokens=274, cached_tokens=256, completion_tokens=52, ttft_s=0.42, decode_tps=41.2,
                       total_s=1.7, peak_memory_gb=0.5, finish_reason="stop", cache_miss_tokens=3)
     assert stats_line(stats) == ("[TTFT 0.42s · 41.2 tok/s · in 274 (cached 256) · out 52 · 1.70s · peak 512 MB · "
-                                 "re-prefilled 3 cached]")
+                                 "dropped 3 cached]")
     estimated = TurnStats(prompt_tokens=10, completion_tokens=2, total_s=0.5, estimated=True)
     assert stats_line(estimated) == "[TTFT – · in ~10 · out ~2 · 0.50s · estimated counts]"
 

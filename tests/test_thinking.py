@@ -308,13 +308,11 @@ def think_server(tmp_path_factory):
 
 @pytest.mark.parametrize("think", [True, False])
 def test_in_process_and_mlx_lm_server_agree_on_texts_and_counts(toy, think_server, think):
-    from localchat.backends.openai_http import make_client
+    from localchat.backends.openai_http import backend_for
+    from localchat.registry import resolve
 
-    model, tokenizer = toy
-    over_http = ChatSession(
-        ServerBackend(make_client(think_server.base_url), think_server.model_location, model_id="demo-think",
-                      load_tokenizer=lambda: tokenizer),
-        Conversation(SYSTEM), GenerationParams(max_tokens=64, think=think))
+    backend = backend_for(think_server.base_url, resolve("demo-think"))  # lends the local tokenizer itself
+    over_http = ChatSession(backend, Conversation(SYSTEM), GenerationParams(max_tokens=64, think=think))
     local = session(toy, think=think)
     for question in (REMEMBER, RECALL):
         a, b = local.ask(question), over_http.ask(question)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -85,7 +85,7 @@ class PromptCache:
         else:
             self.cache, self.ids = make_prompt_cache(self.model), []
 
-    def on_prefill(self, prompt_ids: list[int], cached: int) -> Any:
+    def on_prefill(self, prompt_ids: list[int], cached: int) -> Callable[[int, int], None]:
         """A ``prompt_progress_callback`` that keeps a checkpoint once the prompt, less the token
         that starts generation, is in a cache that cannot be trimmed."""
         from mlx_lm.models.cache import can_trim_prompt_cache

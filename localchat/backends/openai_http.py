@@ -35,7 +35,7 @@ from localchat.backends import (
 )
 from localchat.backends.sse import ChatChunk, KeepAlive, StreamError, Usage, error_message, iter_stream
 from localchat.errors import LocalchatError, UsageError
-from localchat.registry import ModelRef, context_length_of
+from localchat.registry import ModelRef, context_length_of, local_tokenizer_loader
 
 CONNECT_TIMEOUT_S = 5.0
 SERVER_DEFAULT_MODEL = "default_model"  # mlx_lm.server's name for the model it was started with
@@ -68,13 +68,14 @@ def make_client(base_url: str, api_key: str | None = None, timeout_s: float = DE
 def backend_for(base_url: str, ref: ModelRef | None, *, name: str | None = None, api_key: str | None = None,
                 load_tokenizer: Callable[[], Any] | None = None,
                 timeout_s: float = DEFAULT_TIMEOUT_S) -> ServerBackend:
-    """A backend for a registry model (sent as the location the server loads), or for a bare
-    ``name`` only the server knows, or for the server's own model when both are None."""
+    """A backend for a registry model (sent as the location the server loads, its tokenizer lent
+    for estimates when the model is on this machine), or for a bare ``name`` only the server
+    knows, or for the server's own model when both are None."""
     return ServerBackend(
         make_client(base_url, api_key, timeout_s),
         ref.location if ref else (name or SERVER_DEFAULT_MODEL),
         model_id=ref.id if ref else (name or "the server's model"),
-        load_tokenizer=load_tokenizer,
+        load_tokenizer=load_tokenizer or local_tokenizer_loader(ref),
         chat_template_kwargs=ref.chat_template_kwargs if ref else None,
         known_context=context_length_of(ref) if ref else None,
         timeout_s=timeout_s,

@@ -6,7 +6,6 @@ import os
 import sys
 import time
 from dataclasses import replace
-from functools import partial
 from typing import Any
 
 from rich.console import Console
@@ -29,7 +28,6 @@ from localchat.errors import UsageError, raise_on_sigterm
 from localchat.registry import (
     DEFAULT_MODEL,
     ModelRef,
-    hub_snapshot,
     local_dir,
     quantization_bits,
     resolve,
@@ -116,21 +114,13 @@ def warn_if_thinking_is_moot(backend: Backend, think: bool | None, ui: ChatUI) -
                   f"--{'think' if think else 'no-think'} changes nothing")
 
 
-def load_local_tokenizer(ref: ModelRef) -> Any:
-    from mlx_lm.utils import load_tokenizer
-
-    return load_tokenizer(local_dir(ref))
-
-
 def open_server(ref: ModelRef | None, opts: ChatOptions, ui: ChatUI) -> Backend:
     """An HTTP backend. A model the registry knows is sent as the location the server loads and
     lends its local tokenizer (for estimates); any other name (e.g. vLLM's served model name) is
     sent as it is; no name means the server's own model."""
     from localchat.backends.openai_http import backend_for
 
-    loadable = ref is not None and (ref.kind != "hub" or hub_snapshot(ref.location) is not None)
     backend = backend_for(opts.model.base_url, ref, name=opts.model.model, api_key=opts.model.api_key,
-                          load_tokenizer=partial(load_local_tokenizer, ref) if loadable else None,
                           timeout_s=opts.model.timeout_s)
     ui.info(f"talking to {backend.url} (model: {backend.model_id})")
     return backend

@@ -57,7 +57,7 @@ def stats_line(stats: TurnStats) -> str:
         f"out {est}{stats.completion_tokens}" if stats.completion_tokens else None,
         f"{stats.total_s:.2f}s",
         _memory(stats.peak_memory_gb),
-        f"re-prefilled {stats.cache_miss_tokens} cached" if stats.cache_miss_tokens else None,
+        f"dropped {stats.cache_miss_tokens} cached" if stats.cache_miss_tokens else None,
         "estimated counts" if stats.estimated else None,
     ]
     return "[" + " · ".join(p for p in parts if p) + "]"

@@ -4,9 +4,10 @@ one run per (concurrency, history setting), and what a sweep adds: the knee and 
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +18,11 @@ from localchat.environment import collect
 from localchat.errors import LocalchatError, UsageError
 from localchat.load.metrics import Slo, summarize
 from localchat.load.run import LoadPlan, Run, RunResult
-from localchat.registry import DEFAULT_MODEL, ModelRef, resolve
+from localchat.registry import DEFAULT_MODEL, ModelRef, local_tokenizer_loader, resolve
 
 SCHEMA = "localchat.load/1"
 DEFAULT_SCRIPT = SCRIPTS_DIR / "recall-en.yaml"
+WARMUP_SEED = 104_729  # added to the run's seed for the warm-up's draws
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,7 @@ class LoadOptions:
     history: str = "both"  # on | off | both
     duration_s: float | None = None
     conversations: int = 2  # per user
+    warmup: int = 1  # unmeasured conversations first (one user): a fresh server's first requests are slow
     temperature: float = 0.0
     max_tokens: int = 64
     seed: int | None = None  # sent only when given: a seeded request is not batched by mlx_lm.server
@@ -147,6 +150,8 @@ class Target:
     def __init__(self, opts: LoadOptions, on_status: Callable[[str], None]):
         self.opts, self.on_status = opts, on_status
         self.ref = known_model(opts.model, opts.launch)
+        loader = local_tokenizer_loader(self.ref)
+        self.load_tokenizer = functools.cache(loader) if loader else None  # one load for every user
         self.server = None
         self.base_url = opts.base_url
 
@@ -167,7 +172,7 @@ class Target:
         from localchat.backends.openai_http import backend_for
 
         return backend_for(self.base_url, self.ref, name=self.opts.model, api_key=self.opts.api_key,
-                           timeout_s=self.opts.timeout_s)
+                           load_tokenizer=self.load_tokenizer, timeout_s=self.opts.timeout_s)
 
     def _check_reachable(self) -> None:
         import httpx
@@ -189,8 +194,11 @@ def history_settings(opts: LoadOptions) -> list[bool]:
 
 def run_load(opts: LoadOptions, result: LoadResult, target: Target, plan: LoadPlan,
              on_run: Callable[[Run], None] = lambda _: None) -> LoadResult:
-    """Every run of the sweep, in order, into ``result`` (so an interrupted sweep keeps what it
-    measured); ``on_run`` hears each run as it starts."""
+    """Warm-up conversations (discarded), then every run of the sweep, in order, into ``result``
+    (so an interrupted sweep keeps what it measured); ``on_run`` hears each run as it starts."""
+    if opts.warmup:  # its own draws, so that it warms the server but not its prompt cache for the runs
+        warmup = replace(plan, conversations=opts.warmup, duration_s=None, seed=plan.seed + WARMUP_SEED)
+        Run(warmup, 1, True, target.backend).execute()
     for users in opts.users:
         for history in history_settings(opts):
             run = Run(plan, users, history, target.backend)
