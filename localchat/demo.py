@@ -82,12 +82,3 @@ def is_ambiguous(word: str) -> bool:
     followers: dict[str, str] = {}
     return any(followers.setdefault(letter, follower) != follower
                for letter, follower in zip(word, word[1:] + " "))
-
-
-def copyable_code(rng: random.Random, script: str = "en") -> str:
-    """A held-out code that is not ambiguous to copy (the toy's documented limit): what a check
-    of a server, rather than of the model, should ask it to remember."""
-    while True:
-        code = random_code(rng, script, "heldout")
-        if not is_ambiguous(code.rsplit(" ", 1)[0]):
-            return code
