@@ -39,6 +39,18 @@ def _copy_tokenizer(out: Path, max_length: int) -> None:
     config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False), encoding="utf-8")
 
 
+def _write_model(out: Path, weights: dict, config: dict) -> None:
+    """A loadable MLX model directory at ``out`` (replaced): weights, config, the demo tokenizer."""
+    import mlx.core as mx
+
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    _copy_tokenizer(out, config["max_position_embeddings"])
+
+
 def build_random_model(out: Path, *, hidden: int, layers: int, intermediate: int, heads: int,
                        kv_heads: int | None = None, dtype: str = "float32", seed: int = 0,
                        never_stop: bool = True, quantize_bits: int | None = None) -> Path:
@@ -63,13 +75,9 @@ def build_random_model(out: Path, *, hidden: int, layers: int, intermediate: int
         weights["lm_head.weight"] = weights["lm_head.weight"] * _letter_tokens_mask(demo_config["vocab_size"])[:, None]
     weights = {k: v.astype(getattr(mx, dtype)) for k, v in weights.items()}
     staging = out.with_name(out.name + ".float") if quantize_bits else out
-    for path in {staging, out}:
-        if path.exists():
-            shutil.rmtree(path)
-    staging.mkdir(parents=True)
-    mx.save_safetensors(str(staging / "model.safetensors"), weights, metadata={"format": "mlx"})
-    (staging / "config.json").write_text(json.dumps(config, indent=2))
-    _copy_tokenizer(staging, config["max_position_embeddings"])
+    if out.exists():
+        shutil.rmtree(out)
+    _write_model(staging, weights, config)
     if quantize_bits:
         from mlx_lm import convert
 
@@ -99,11 +107,5 @@ def build_hybrid_model(out: Path, *, hidden: int = 64, layers: int = 4, heads: i
     }
     mx.random.seed(seed)
     model = lfm2.Model(lfm2.ModelArgs.from_dict(config))
-    weights = {k: v.astype(getattr(mx, dtype)) for k, v in tree_flatten(model.parameters())}
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
-    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
-    (out / "config.json").write_text(json.dumps(config, indent=2))
-    _copy_tokenizer(out, config["max_position_embeddings"])
+    _write_model(out, {k: v.astype(getattr(mx, dtype)) for k, v in tree_flatten(model.parameters())}, config)
     return out

@@ -184,31 +184,31 @@ def fit_growth(records: list[TurnRecord]) -> dict | None:
             "longest_turns": n, "measured_total": sum(longest), "model_total": n * s + t * n * (n + 1) / 2}
 
 
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def _accuracy_difference(on: dict, off: dict) -> float | None:
+    return on["accuracy"] - off["accuracy"] if on["accuracy"] is not None and off["accuracy"] is not None else None
+
+
 def compare(on: dict, off: dict) -> dict:
     """History on vs off, for one backend: what history buys and what it costs."""
-    def ratio(a, b):
-        return a / b if a is not None and b else None
-
     return {
-        "accuracy_difference": (on["accuracy"] - off["accuracy"])
-        if on["accuracy"] is not None and off["accuracy"] is not None else None,
-        "prompt_token_ratio": ratio(on["prompt_tokens_total"], off["prompt_tokens_total"]),
-        "ttft_ratio": ratio(on["ttft_median_s"], off["ttft_median_s"]),
+        "accuracy_difference": _accuracy_difference(on, off),
+        "prompt_token_ratio": _ratio(on["prompt_tokens_total"], off["prompt_tokens_total"]),
+        "ttft_ratio": _ratio(on["ttft_median_s"], off["ttft_median_s"]),
     }
 
 
 def thinking_cost(on: dict, off: dict) -> dict:
     """Thinking on vs off, for one backend and history setting: what the reasoning costs and buys."""
-    def ratio(a, b):
-        return a / b if a is not None and b else None
-
     return {
-        "accuracy_difference": (on["accuracy"] - off["accuracy"])
-        if on["accuracy"] is not None and off["accuracy"] is not None else None,
-        "ttft_ratio": ratio(on["ttft_median_s"], off["ttft_median_s"]),
-        "ttfa_ratio": ratio(on["ttfa_median_s"], off["ttfa_median_s"]),
-        "completion_token_ratio": ratio(on["completion_tokens_total"], off["completion_tokens_total"]),
-        "total_time_ratio": ratio(on["total_s_median"], off["total_s_median"]),
+        "accuracy_difference": _accuracy_difference(on, off),
+        "ttft_ratio": _ratio(on["ttft_median_s"], off["ttft_median_s"]),
+        "ttfa_ratio": _ratio(on["ttfa_median_s"], off["ttfa_median_s"]),
+        "completion_token_ratio": _ratio(on["completion_tokens_total"], off["completion_tokens_total"]),
+        "total_time_ratio": _ratio(on["total_s_median"], off["total_s_median"]),
         "reasoning_tokens_per_turn": on["reasoning_tokens_mean"],
     }
 
