@@ -7,25 +7,45 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from dataclasses import dataclass
 
 from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.measure import Measurement
+from rich.status import Status
 from rich.table import Table
 
 from localchat.cli import outcomes
 from localchat.errors import TerminationRequested, raise_on_sigterm
+from localchat.load.metrics import RequestRecord
 from localchat.load.report import TABLE_HEADERS, environment_line, sweep_lines, table_rows, write_outputs, write_plot
 from localchat.load.run import Run
 from localchat.load.sweep import LoadOptions, LoadResult, Target, check_options, make_plan, new_result, run_load
 
 
-@dataclass
-class Counts:
-    done: int = 0
-    errors: int = 0
+class LiveLine:
+    """The status line while a run goes: its users and history setting, requests done, errors.
+    Users report from their own threads."""
+
+    def __init__(self, status: Status):
+        self.status, self.lock = status, threading.Lock()
+        self.run: Run | None = None
+        self.done = self.errors = 0
+
+    def start(self, run: Run) -> None:
+        self.run, self.done, self.errors = run, 0, 0
+        run.on_request = self.heard
+        self._show("starting")
+
+    def heard(self, record: RequestRecord) -> None:
+        with self.lock:
+            self.done += 1
+            self.errors += not record.ok
+            self._show(f"requests {self.done} · errors {self.errors}")
+
+    def _show(self, what: str) -> None:
+        run = self.run
+        self.status.update(f"{run.users} users · history {'on' if run.history else 'off'} · {what}")
 
 
 def show(result: LoadResult, console: Console) -> None:
@@ -55,24 +75,8 @@ def run_load_cmd(*, opts: LoadOptions, console: Console, err: Console) -> int:
     interrupted: KeyboardInterrupt | None = None
     with err.status("starting …") as status, Target(opts, on_status=status.update) as target:
         result = new_result(opts, target)
-        counts, lock = Counts(), threading.Lock()
-
-        def heard(record) -> None:
-            with lock:
-                counts.done += 1
-                counts.errors += not record.ok
-                status.update(f"{current.users} users · history {'on' if current.history else 'off'} · "
-                              f"requests {counts.done} · errors {counts.errors}")
-
-        def started(run: Run) -> None:
-            nonlocal current
-            current = run
-            run.on_request = heard
-            status.update(f"{run.users} users · history {'on' if run.history else 'off'} · starting")
-
-        current = None
         try:
-            run_load(opts, result, target, plan, on_run=started)
+            run_load(opts, result, target, plan, on_run=LiveLine(status).start)
         except KeyboardInterrupt as exc:  # TerminationRequested too
             interrupted = exc
     return finish(result, opts, console, err, interrupted)
