@@ -122,7 +122,7 @@ def test_a_slow_server_is_bounded_by_the_duration(server):
     server.chat(Reply(chunks=slow, pause_s=0.2))
     started = time.perf_counter()
     result = load("--base-url", server.base_url, "--users", "3", "--conversations", "50", "--duration", "1",
-                  "--history", "on")
+                  "--history", "on", "--warmup", "0")
     assert result.exit_code == 0, result.stderr
     assert time.perf_counter() - started < 5
     requests = int(result.stdout.split("\n")[[i for i, line in enumerate(result.stdout.split("\n"))
@@ -133,10 +133,10 @@ def test_a_slow_server_is_bounded_by_the_duration(server):
 def test_a_server_that_dies_mid_run_is_error_counts_and_one_line(tmp_path):
     fake = FakeServer()
     fake.chat(Reply(chunks=sse(delta("Hi"), delta(" there", "stop")), pause_s=0.1))
-    killer = __import__("threading").Timer(0.8, fake.close)
+    killer = __import__("threading").Timer(1.0, fake.close)
     killer.start()
     result = load("--base-url", fake.base_url, "--users", "2", "--conversations", "20", "--history", "on",
-                  "--timeout", "2", "--out", str(tmp_path))
+                  "--warmup", "0", "--timeout", "2", "--out", str(tmp_path))
     killer.join()
     assert result.exit_code == 1, result.stdout + result.stderr
     assert "Traceback" not in result.stdout + result.stderr
@@ -147,7 +147,7 @@ def test_a_server_that_dies_mid_run_is_error_counts_and_one_line(tmp_path):
 def test_ctrl_c_stops_every_user_and_writes_partial_results(server, tmp_path):
     server.chat(Reply(chunks=sse(delta("Hi"), delta(" there", "stop")), pause_s=0.3))
     process = subprocess.Popen([sys.executable, "-m", "localchat", "load", "--base-url", server.base_url,
-                                "--users", "3", "--conversations", "100", "--out", str(tmp_path)],
+                                "--users", "3", "--conversations", "100", "--warmup", "0", "--out", str(tmp_path)],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
     time.sleep(3.0)
     process.send_signal(signal.SIGINT)

@@ -35,6 +35,7 @@ from localchat.cli.options import (
     ThinkOpt,
     TimeoutOpt,
     check_base_url,
+    check_seconds,
     check_seed,
     check_temperature,
 )
@@ -211,13 +212,9 @@ class BenchBackend(str, Enum):
     both = "both"
 
 
-class HistoryArms(str, Enum):
-    on = "on"
-    off = "off"
-    both = "both"
+class OnOffBoth(str, Enum):
+    """A setting to run with on, off, or both side by side (bench arms, load runs)."""
 
-
-class ThinkArms(str, Enum):
     on = "on"
     off = "off"
     both = "both"
@@ -234,7 +231,7 @@ class OutputFormat(str, Enum):
 def bench(
     model: ModelOpt = None,
     backend: Annotated[BenchBackend, typer.Option(help="Which backend(s) to run.")] = BenchBackend.inproc,
-    history: Annotated[HistoryArms, typer.Option(help="History on, off, or both (side by side).")] = HistoryArms.both,
+    history: Annotated[OnOffBoth, typer.Option(help="History on, off, or both (side by side).")] = OnOffBoth.both,
     script: Annotated[Optional[list[Path]], typer.Option("--script", help="A bench script (YAML), or a built-in one's name (name-recall); repeatable [default: the built-in scripts].")] = None,
     repeat: Annotated[int, typer.Option(min=1, help="Measured repeats (each draws new codes).")] = 1,
     warmup: Annotated[int, typer.Option(min=0, help="Unmeasured repeats first.")] = 0,
@@ -247,7 +244,7 @@ def bench(
     format: Annotated[OutputFormat, typer.Option("--format", help="What to print.")] = OutputFormat.table,
     plot: Annotated[Optional[Path], typer.Option(help="Write a PNG of TTFT and prompt tokens per turn (needs --extra plot).")] = None,
     replay: Annotated[Optional[list[str]], typer.Option("--replay", help="Replay a saved session's user turns as a script; repeatable.")] = None,
-    think: Annotated[Optional[ThinkArms], typer.Option(help="Thinking on, off, or both (side by side: what reasoning costs) [default: the model's own].")] = None,
+    think: Annotated[Optional[OnOffBoth], typer.Option(help="Thinking on, off, or both (side by side: what reasoning costs) [default: the model's own].")] = None,
 ) -> None:
     """History on vs off at a fixed temperature: what history costs (tokens, TTFT) and buys (answers)."""
     opts = dict(model=model, backend=backend.value, history=history.value, scripts=tuple(script or ()),
@@ -255,20 +252,6 @@ def bench(
                         no_cache_reuse=no_cache_reuse, base_url=base_url, out=out, format=format.value,
                         plot=plot, replay=tuple(replay or ()), think=think.value if think else None)
     run("localchat.cli.bench:run_bench_cmd", options=opts, console=out_console(), err=err_console)
-
-
-class LoadHistory(str, Enum):
-    on = "on"
-    off = "off"
-    both = "both"
-
-
-def _positive(value: Optional[float]) -> Optional[float]:
-    import math
-
-    if value is not None and not (math.isfinite(value) and value > 0):
-        raise typer.BadParameter("must be a finite number of seconds > 0")
-    return value
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -282,15 +265,15 @@ def load(
     script: Annotated[Optional[Path], typer.Option(help="A bench script the users play, or a built-in one's name [default: recall-en].")] = None,
     turns: Annotated[Optional[int], typer.Option(min=1, help="Turns a conversation (cut short, or padded before the last, scored turn).")] = None,
     think_time: Annotated[float, typer.Option(min=0.0, help="Seconds a user waits between turns.")] = 0.0,
-    history: Annotated[LoadHistory, typer.Option(help="History on, off, or both (a run each).")] = LoadHistory.both,
-    duration: Annotated[Optional[float], typer.Option(callback=_positive, help="No request starts after this many seconds of a run.")] = None,
+    history: Annotated[OnOffBoth, typer.Option(help="History on, off, or both (a run each).")] = OnOffBoth.both,
+    duration: Annotated[Optional[float], typer.Option(callback=check_seconds, help="No request starts after this many seconds of a run.")] = None,
     conversations: Annotated[int, typer.Option(min=1, help="Conversations each user plays in a run.")] = 2,
     warmup: Annotated[int, typer.Option(min=0, help="Unmeasured conversations first (a fresh server's first requests are slow).")] = 1,
     temperature: Annotated[float, typer.Option(callback=check_temperature, help="Fixed for the whole run.")] = 0.0,
     max_tokens: Annotated[int, typer.Option(min=1, help="Longest reply, in tokens.")] = 64,
     seed: Annotated[Optional[int], typer.Option(callback=check_seed, help="Send this seed (mlx_lm.server then serves requests one at a time) [default: none sent].")] = None,
-    slo_ttft: Annotated[Optional[float], typer.Option(callback=_positive, help="TTFT objective in seconds (goodput, knee).")] = None,
-    slo_tpot: Annotated[Optional[float], typer.Option(callback=_positive, help="Time-per-output-token objective in seconds (goodput).")] = None,
+    slo_ttft: Annotated[Optional[float], typer.Option(callback=check_seconds, help="TTFT objective in seconds (goodput, knee).")] = None,
+    slo_tpot: Annotated[Optional[float], typer.Option(callback=check_seconds, help="Time-per-output-token objective in seconds (goodput).")] = None,
     out: Annotated[Optional[Path], typer.Option(help="Write results.json, requests.csv and summary.md here.")] = None,
     plot: Annotated[Optional[Path], typer.Option(help="Write a PNG of throughput and TTFT against users (needs --extra plot).")] = None,
     launch: Annotated[bool, typer.Option("--launch", help="Start mlx_lm.server here (server args after --), stop it at the end.")] = False,

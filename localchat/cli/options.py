@@ -61,8 +61,9 @@ def check_temperature(value: float | None) -> float | None:
     return value
 
 
-def check_timeout(value: float) -> float:
-    if not (math.isfinite(value) and value > 0):
+def check_seconds(value: float | None) -> float | None:
+    """A duration: a finite number of seconds > 0 (None: not given)."""
+    if value is not None and not (math.isfinite(value) and value > 0):
         raise typer.BadParameter("must be a finite number of seconds > 0")
     return value
 
@@ -79,7 +80,7 @@ ThinkOpt = Annotated[Optional[bool], typer.Option(
     "--think/--no-think", show_default=False,
     help="A thinking model reasons before it answers, or answers directly (the template's enable_thinking) "
          "[default: the model's own].")]
-TimeoutOpt = Annotated[float, typer.Option(callback=check_timeout, envvar="LOCALCHAT_TIMEOUT",
+TimeoutOpt = Annotated[float, typer.Option(callback=check_seconds, envvar="LOCALCHAT_TIMEOUT",
                                            help="Give up on a server that makes no progress for this many seconds.")]
 
 
