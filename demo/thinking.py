@@ -29,13 +29,12 @@ import time
 from pathlib import Path
 
 import mlx.core as mx
-from mlx_lm import load
 from tokenizers import AddedToken
 
 from demo.corpus import Dialogue, training_dialogue
 from demo.evaluate import evaluate
-from demo.tokenizer import check_tokenizer_round_trip, load_init_tokenizer
-from demo.train import init_weights, log, relaunch_with_workers, save_quantized, train
+from demo.tokenizer import load_init_tokenizer
+from demo.train import init_weights, log, relaunch_with_workers, save_and_reload, train
 from localchat.conversation.history import system_first
 from localchat.environment import collect
 
@@ -177,9 +176,7 @@ def main(argv=None) -> dict | None:
     train_s = time.perf_counter() - started
     if group.rank() != 0:
         return None
-    save_quantized(model, tok, config, args)
-    qmodel, qtok = load(str(args.out))
-    check_tokenizer_round_trip(tok, qtok)
+    qmodel, qtok = save_and_reload(model, tok, config, args)
     if not qtok.has_thinking:
         raise SystemExit("mlx_lm does not see <think>/</think> in the saved tokenizer")
     report = {"seed": args.seed, "steps": args.steps, "batch": args.batch, "lr": args.lr,

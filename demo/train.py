@@ -199,6 +199,15 @@ def save_quantized(model: nn.Module, tok, config: dict, args) -> None:
         shutil.copytree(quant_dir, args.out)
 
 
+def save_and_reload(model: nn.Module, tok, config: dict, args):
+    """``save_quantized``, then the saved model loaded back as mlx_lm loads it, with its tokenizer
+    checked to tokenize exactly as in training."""
+    save_quantized(model, tok, config, args)
+    qmodel, qtok = load(str(args.out))
+    check_tokenizer_round_trip(tok, qtok)
+    return qmodel, qtok
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path, required=True, help="output directory (replaced)")
@@ -275,9 +284,7 @@ def main(argv=None) -> dict | None:
     if group.rank() != 0:
         return None
 
-    save_quantized(model, tok, config, args)
-    qmodel, qtok = load(str(args.out))
-    check_tokenizer_round_trip(tok, qtok)
+    qmodel, qtok = save_and_reload(model, tok, config, args)
     figures = evaluate(qmodel, qtok, n=args.eval_n, seed=args.seed + 10_000)
     total_s = time.perf_counter() - started
     stress = stress_test(qmodel, qtok, n=args.eval_n, seed=args.seed + 20_000)

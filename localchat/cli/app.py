@@ -11,7 +11,6 @@ import importlib
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -25,6 +24,10 @@ from localchat.cli import outcomes
 from localchat.cli.options import (
     ApiKeyOpt,
     Backend,
+    BenchBackend,
+    ExportFormat,
+    OnOffBoth,
+    OutputFormat,
     BaseUrlOpt,
     ChatOptions,
     GenerationOptions,
@@ -206,27 +209,6 @@ def parity(
     run("localchat.cli.serve:run_parity_cmd", model=model, as_json=as_json, console=out_console())
 
 
-class BenchBackend(str, Enum):
-    inproc = "inproc"
-    server = "server"
-    both = "both"
-
-
-class OnOffBoth(str, Enum):
-    """A setting to run with on, off, or both side by side (bench arms, load runs)."""
-
-    on = "on"
-    off = "off"
-    both = "both"
-
-
-class OutputFormat(str, Enum):
-    table = "table"
-    md = "md"
-    json = "json"
-    csv = "csv"
-
-
 @app.command()
 def bench(
     model: ModelOpt = None,
@@ -295,11 +277,6 @@ def load(
 sessions_app = typer.Typer(help="Saved conversations (/save NAME in the REPL, chat --resume NAME).",
                            no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(sessions_app, name="sessions")
-
-
-class ExportFormat(str, Enum):
-    md = "md"
-    json = "json"
 
 
 @sessions_app.command("list")

@@ -89,6 +89,32 @@ class Backend(str, Enum):
     server = "server"
 
 
+class BenchBackend(str, Enum):
+    inproc = "inproc"
+    server = "server"
+    both = "both"
+
+
+class OnOffBoth(str, Enum):
+    """A setting to run with on, off, or both side by side (bench arms, load runs)."""
+
+    on = "on"
+    off = "off"
+    both = "both"
+
+
+class OutputFormat(str, Enum):
+    table = "table"
+    md = "md"
+    json = "json"
+    csv = "csv"
+
+
+class ExportFormat(str, Enum):
+    md = "md"
+    json = "json"
+
+
 @dataclass(frozen=True)
 class ModelOptions:
     """Which model, and where it runs."""
