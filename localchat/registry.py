@@ -25,8 +25,9 @@ PACKAGE_GGUF_PREFIX = "gguf-package:"  # gguf-package:DISTRIBUTION/PATH/IN/IT.gg
 DEMO_MODEL = "demo"  # the bundled toy: the one model smoke and bench judge on its answers
 DEFAULT_MODEL = DEMO_MODEL
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-ENTRY_FIELDS = {"id", "aliases", "source", "description", "defaults", "chat_template_kwargs", "imported"}
-DEFAULT_FIELDS = {"system": (str, type(None)), "temperature": (int, float), "max_tokens": (int,)}
+ENTRY_FIELDS = {"id", "aliases", "source", "description", "family", "defaults", "chat_template_kwargs", "imported"}
+DEFAULT_FIELDS = {"system": (str, type(None)), "temperature": (int, float), "top_p": (int, float),
+                  "max_tokens": (int,)}
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,7 @@ class ModelEntry:
     id: str
     source: str
     description: str = ""
+    family: str = ""  # the chat-template family (tests/test_families.py checks every one listed here)
     aliases: tuple[str, ...] = ()
     defaults: dict[str, Any] = field(default_factory=dict)
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -90,19 +92,20 @@ def _parse_entry(raw: Any, index: int, path: Path) -> ModelEntry:
             raise _fail(path, where, f"unknown field 'defaults.{key}'")
         if not isinstance(value, DEFAULT_FIELDS[key]) or isinstance(value, bool):
             raise _fail(path, where, f"field 'defaults.{key}' has the wrong type ({value!r})")
-    temperature = defaults.get("temperature", 0.0)
-    if not math.isfinite(temperature) or temperature < 0 or defaults.get("max_tokens", 1) < 1:
-        raise _fail(path, where, "defaults: temperature must be a finite number ≥ 0 and max_tokens ≥ 1")
+    temperature, top_p = defaults.get("temperature", 0.0), defaults.get("top_p", 1.0)
+    if not math.isfinite(temperature) or temperature < 0 or defaults.get("max_tokens", 1) < 1 or not 0 < top_p <= 1:
+        raise _fail(path, where, "defaults: temperature must be a finite number ≥ 0, top_p in (0, 1], max_tokens ≥ 1")
     kwargs = raw.get("chat_template_kwargs") or {}
     if not isinstance(kwargs, dict):
         raise _fail(path, where, "field 'chat_template_kwargs' must be a mapping")
-    description = raw.get("description", "")
-    if not isinstance(description, str):
-        raise _fail(path, where, "field 'description' must be a string")
+    for name in ("description", "family"):
+        if not isinstance(raw.get(name, ""), str):
+            raise _fail(path, where, f"field '{name}' must be a string")
     imported = raw.get("imported")
     if imported is not None and not isinstance(imported, dict):
         raise _fail(path, where, "field 'imported' must be a mapping")
-    return ModelEntry(id=raw["id"], source=raw["source"], description=description, aliases=tuple(aliases),
+    return ModelEntry(id=raw["id"], source=raw["source"], description=raw.get("description", ""),
+                      family=raw.get("family", ""), aliases=tuple(aliases),
                       defaults=defaults, chat_template_kwargs=kwargs, imported=imported)
 
 

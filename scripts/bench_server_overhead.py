@@ -20,7 +20,8 @@ from pathlib import Path
 from bench_overhead import PROMPT, model_dir, raw_run
 
 from localchat.backends import GenerationParams
-from localchat.backends.openai_http import ServerBackend, make_client
+from localchat.backends.http import make_client
+from localchat.backends.openai_http import ServerBackend
 from localchat.conversation.history import Conversation
 from localchat.conversation.turn import ChatSession
 from localchat.environment import collect

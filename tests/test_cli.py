@@ -93,8 +93,8 @@ def test_models_lists_the_bundled_demo_as_present():
     result = runner.invoke(app, ["models"])
     assert result.exit_code == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0].startswith("demo (default, tiny) · present · ") and lines[0].endswith("4-bit")
-    assert "qwen3-4b · not on this machine" in lines
+    assert lines[0].startswith("demo (default, tiny) · demo family · present · ") and lines[0].endswith("4-bit")
+    assert "qwen3-4b · qwen3 family · not on this machine" in lines
 
 
 @pytest.mark.parametrize("command", [["models"], ["doctor", "--base-url", "http://127.0.0.1:9/v1"]])

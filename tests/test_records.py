@@ -24,7 +24,7 @@ class SpyBackend:
 
     def __init__(self, backend, directory):
         self.backend, self.directory, self.calls = backend, directory, []
-        self.name, self.model_id = backend.name, backend.model_id
+        self.name, self.model_id, self.template = backend.name, backend.model_id, backend.template
 
     def stream(self, messages, params):
         self.calls.append(sorted(p.name for p in self.directory.glob("*.json")) if self.directory.exists() else [])

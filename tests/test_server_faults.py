@@ -102,7 +102,7 @@ def test_api_key_is_sent_as_bearer_and_never_in_the_body():
         seen["auth"], seen["body"] = request.headers["authorization"], request.content.decode()
         return httpx.Response(200, content=sse(delta("x", "stop", usage=USAGE)))
 
-    from localchat.backends.openai_http import make_client
+    from localchat.backends.http import make_client
 
     client = make_client("http://127.0.0.1:1/v1", api_key="sk-secret", transport=httpx.MockTransport(handler))
     ChatSession(ServerBackend(client, "m"), Conversation(), GenerationParams()).ask("q")

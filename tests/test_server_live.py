@@ -11,7 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from localchat.backends import GenerationParams
-from localchat.backends.openai_http import ServerBackend, make_client
+from localchat.backends.http import make_client
+from localchat.backends.openai_http import ServerBackend
 from localchat.cli.app import app
 from localchat.conversation.history import Conversation
 from localchat.conversation.turn import ChatSession

@@ -60,7 +60,7 @@ class FailingAfterFirstChunk:
 
     def __init__(self, backend: InProcessBackend, exc: BaseException):
         self.inner, self.exc = backend, exc
-        self.name, self.model_id = backend.name, backend.model_id
+        self.name, self.model_id, self.template = backend.name, backend.model_id, backend.template
 
     def stream(self, messages, params) -> Iterator:
         for event in self.inner.stream(messages, params):

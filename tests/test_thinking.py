@@ -17,11 +17,12 @@ from localchat.backends.openai_http import ServerBackend
 from localchat.backends.reasoning import ReasoningSplitter
 from localchat.cli.render import ChatUI
 from localchat.cli.repl import Repl
-from localchat.conversation.history import Conversation, template_reads_reasoning
+from localchat.conversation.history import Conversation
 from localchat.conversation.jsonmode import default_schema
 from localchat.conversation.turn import ChatSession, TurnStatus
 from localchat.registry import PACKAGE_DIR
 from localchat.store import saved_sessions
+from localchat.templates.formats import think_markers
 
 THINK_DIR = PACKAGE_DIR / "demo_think_model"
 SYSTEM = "You are a helpful assistant."
@@ -44,7 +45,7 @@ def session(toy, think=None, cache_reuse=True, max_tokens=64) -> ChatSession:
 
 
 def split_all(tokenizer, pieces: list[str]) -> tuple[str, str]:
-    splitter = ReasoningSplitter(tokenizer, tokenizer.encode("<|im_start|>assistant\n"))
+    splitter = ReasoningSplitter.for_prompt(think_markers(), tokenizer, tokenizer.encode("<|im_start|>assistant\n"))
     chunks = [c for piece in pieces for c in splitter.feed(piece, 0)] + splitter.finish("stop")
     return ("".join(c.text for c in chunks if isinstance(c, ReasoningChunk)),
             "".join(c.text for c in chunks if isinstance(c, TextChunk)))
@@ -70,7 +71,7 @@ def test_reasoning_and_answer_are_the_same_wherever_the_text_is_cut(toy, cuts):
 
 def test_a_prompt_that_opens_the_think_block_starts_in_reasoning(toy):
     _, tokenizer = toy
-    splitter = ReasoningSplitter(tokenizer, tokenizer.encode("<|im_start|>assistant\n<think>"))
+    splitter = ReasoningSplitter.for_prompt(think_markers(), tokenizer, tokenizer.encode("<|im_start|>assistant\n<think>"))
     chunks = splitter.feed("plan</think>", tokenizer.convert_tokens_to_ids("</think>")) + splitter.feed("done", 5)
     assert [type(c).__name__ for c in chunks] == ["ReasoningChunk", "TextChunk"]
     assert splitter.reasoning_tokens == 1  # the end marker; the start marker was the prompt's
@@ -222,6 +223,34 @@ def test_json_mode_validates_the_answer_only():
     assert result.status is TurnStatus.COMMITTED and result.answer == {"answer": "harbor 17"}
 
 
+@pytest.mark.parametrize("pieces", [["<think>Let me see.</think>harbor 17"], ["<th", "ink>Let me ", "see.</thi", "nk>harbor", " 17"],
+                                    ["\n<think>Let me see.</think>", "harbor 17"]])
+def test_reasoning_inside_content_is_split_when_the_stream_opens_with_a_marker(pieces):
+    """llama-server without a reasoning format, vLLM without a parser: <think> arrives in content."""
+    body = sse(*[chunk("content", p) for p in pieces[:-1]], chunk("content", pieces[-1], "stop"))
+    result = server_session(body)[0].ask(RECALL)
+    assert (result.reasoning, result.text.strip(), result.status) == ("Let me see.", "harbor 17", TurnStatus.COMMITTED)
+
+
+def test_reasoning_inside_content_is_split_with_the_local_markers_when_the_prompt_opened_it(toy):
+    """A template that writes <think> itself: the content starts inside the reasoning."""
+    _, tokenizer = toy
+    tokenizer._tokenizer.chat_template += "<think>"  # now every prompt ends inside an open think block
+    try:
+        body = sse(chunk("content", "Let me see.</think>"), chunk("content", "harbor 17", "stop"))
+        result = server_session(body, tokenizer_loader=lambda: tokenizer)[0].ask(RECALL)
+    finally:
+        tokenizer._tokenizer.chat_template = tokenizer._tokenizer.chat_template.removesuffix("<think>")
+    assert (result.reasoning, result.text) == ("Let me see.", "harbor 17")
+
+
+def test_content_is_left_alone_when_the_server_splits_reasoning_itself(toy):
+    _, tokenizer = toy
+    body = sse(chunk("reasoning", "Let me see."), chunk("content", "a <think> in the answer", "stop"))
+    result = server_session(body, tokenizer_loader=lambda: tokenizer)[0].ask(RECALL)
+    assert (result.reasoning, result.text) == ("Let me see.", "a <think> in the answer")
+
+
 # Display: reasoning never reaches stdout.
 
 def render_turn(show_thinking: bool, terminal: bool) -> tuple[str, str]:
@@ -281,12 +310,11 @@ def test_saved_sessions_keep_the_reasoning_and_old_databases_migrate(tmp_path, t
 
 
 def test_reasoning_goes_back_only_when_the_template_reads_it(toy):
-    assert not template_reads_reasoning(toy[1].chat_template)
-    assert template_reads_reasoning("{{ message.reasoning_content }}")
-    conversation = Conversation(SYSTEM, reasoning_in_history=True)
+    assert session(toy).backend.template.traits.reasoning_field is None  # the toy's template reads none
+    conversation = Conversation(SYSTEM, reasoning_field="reasoning_content")
     conversation.commit("q", "a", reasoning="because")
     assert conversation.preview("next")[2] == {"role": "assistant", "content": "a", "reasoning_content": "because"}
-    conversation.reasoning_in_history = False
+    conversation.reasoning_field = None
     assert conversation.preview("next")[2] == {"role": "assistant", "content": "a"}
 
 

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Union
+from typing import TYPE_CHECKING, Protocol, Union
+
+if TYPE_CHECKING:
+    from localchat.templates.render import ChatTemplate
 
 Message = dict[str, str]
 DEFAULT_BASE_URL = "http://127.0.0.1:8080/v1"  # mlx_lm.server's default port, on loopback
@@ -71,6 +74,7 @@ Event = Union[ReasoningChunk, TextChunk, Progress, Finished]
 class Backend(Protocol):
     name: str
     model_id: str
+    template: ChatTemplate | None  # the model's chat template, when its tokenizer is on this machine
 
     def stream(self, messages: list[Message], params: GenerationParams) -> Iterator[Event]: ...
 
@@ -81,22 +85,3 @@ class Backend(Protocol):
         ...
 
     def close(self) -> None: ...
-
-
-def chat_template_of(backend: Backend) -> str | None:
-    """The model's chat template source, when the backend has the model's tokenizer here."""
-    tokenizer = getattr(backend, "tokenizer", None)
-    template = getattr(tokenizer, "chat_template", None)
-    return template if isinstance(template, str) else None
-
-
-def template_kwargs(defaults: dict[str, Any], think: bool | None) -> dict[str, Any]:
-    """The model's chat-template arguments (models.yaml), with ``--think/--no-think`` laid over
-    them as ``enable_thinking`` (mlx_lm's tokenizer renames it for families that call it otherwise)."""
-    return defaults if think is None else {**defaults, "enable_thinking": think}
-
-
-def chat_template_ids(tokenizer: Any, messages: list[Message], chat_template_kwargs: dict[str, Any]) -> list[int]:
-    """Token ids of the model's own chat template with the assistant turn opened: what the model
-    is fed, counted the same way by every backend."""
-    return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, **chat_template_kwargs))

@@ -17,17 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from localchat.backends import (
-    Event,
-    Finished,
-    GenerationParams,
-    Message,
-    chat_template_ids,
-    template_kwargs,
-)
+from localchat.backends import Event, Finished, GenerationParams, Message
 from localchat.backends.reasoning import ReasoningSplitter
 from localchat.errors import LocalchatError
 from localchat.registry import ModelRef, context_length
+from localchat.templates.render import ChatTemplate
 
 
 def common_prefix_length(a: list[int], b: list[int]) -> int:
@@ -113,7 +107,7 @@ class InProcessBackend:
         self.model = model
         self.tokenizer = tokenizer
         self.model_id = model_id
-        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        self.template = ChatTemplate(tokenizer, model_id, dict(chat_template_kwargs or {}))
         self.cache_reuse = cache_reuse
         self.checkpoints = checkpoints
         self._cache = PromptCache(model, checkpoints=checkpoints)
@@ -125,26 +119,18 @@ class InProcessBackend:
         return list(self._cache.ids)
 
     def encode(self, messages: list[Message], think: bool | None = None) -> list[int]:
-        """Token ids of the model's own chat template, with the assistant turn opened. The last
-        prompt's ids are kept: a turn counts its tokens (context check) and then sends them."""
-        kwargs = template_kwargs(self.chat_template_kwargs, think)
-        key = json.dumps([messages, kwargs], ensure_ascii=False, default=str)
+        """Token ids of the model's own chat template, with the assistant turn opened (a
+        ``TemplateError`` when the template refuses them). The last prompt's ids are kept: a turn
+        counts its tokens (context check) and then sends them."""
+        key = json.dumps([messages, think], ensure_ascii=False, default=str)
         if self._encoded[0] != key:
-            self._encoded = (key, chat_template_ids(self.tokenizer, messages, kwargs))
+            self._encoded = (key, self.template.ids(messages, think))
         return list(self._encoded[1])
 
     def context_length(self) -> int | None:
         """From the model's config (``max_position_embeddings`` and kin)."""
         args = getattr(self.model, "args", None)
         return context_length(vars(args)) if hasattr(args, "__dict__") else None
-
-    def _encode_or_explain(self, messages: list[Message], think: bool | None) -> list[int]:
-        from jinja2 import TemplateError
-
-        try:
-            return self.encode(messages, think)
-        except TemplateError as exc:  # e.g. a template that refuses a system message
-            raise LocalchatError(f"{self.model_id}'s chat template rejected these messages: {exc}") from None
 
     def count_tokens(self, messages: list[Message], think: bool | None = None) -> int:
         return len(self.encode(messages, think))
@@ -154,7 +140,7 @@ class InProcessBackend:
         from mlx_lm import stream_generate
         from mlx_lm.sample_utils import make_sampler
 
-        prompt_ids = self._encode_or_explain(messages, params.think)
+        prompt_ids = self.encode(messages, params.think)
         if not self.cache_reuse:
             self._cache = PromptCache(self.model, checkpoints=self.checkpoints)
         cached, missed = self._cache.reuse(prompt_ids)
@@ -162,7 +148,7 @@ class InProcessBackend:
             mx.random.seed(params.seed)
         mx.reset_peak_memory()
         sampler = make_sampler(temp=params.temperature, top_p=params.top_p)
-        splitter = ReasoningSplitter(self.tokenizer, prompt_ids)
+        splitter = ReasoningSplitter.for_prompt(self.template.traits.reasoning, self.tokenizer, prompt_ids)
         generated: list[int] = []
         last = None
         try:

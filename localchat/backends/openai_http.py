@@ -5,17 +5,15 @@ the server's ``usage`` (requested with ``stream_options.include_usage``); when a
 none, they are counted with the local tokenizer (or, lacking one, from the chunks) and labelled
 estimates. Reasoning (``delta.reasoning`` from mlx_lm.server, ``delta.reasoning_content`` from
 vLLM, llama-server or DeepSeek) becomes ``ReasoningChunk`` events; no server reports how many
-tokens it took, so they are counted with the local tokenizer and labelled an estimate. The API key is a Bearer header only: validated before any request, never printed,
-logged or recorded, and cut out of anything a server sends back.
+tokens it took, so they are counted with the local tokenizer and labelled an estimate. The API key
+is a Bearer header only: validated before any request, never printed, logged or recorded, and cut
+out of anything a server sends back.
 
-A turn ends with one line when the server makes no progress for ``timeout_s``: no bytes at all
-(httpx's read timeout), or only comments whose prefill count does not advance.
+A turn ends with one line when the server makes no progress for ``timeout_s`` (see ``http``).
 """
 
 from __future__ import annotations
 
-import json
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -30,39 +28,25 @@ from localchat.backends import (
     Progress,
     ReasoningChunk,
     TextChunk,
-    chat_template_ids,
-    template_kwargs,
 )
-from localchat.backends.sse import ChatChunk, KeepAlive, StreamError, Usage, error_message, iter_stream
-from localchat.errors import LocalchatError, UsageError
+from localchat.backends.http import (
+    CONNECT_TIMEOUT_S,
+    REDACTED,
+    ProgressWatch,
+    ServerError,
+    describe_http_error,
+    error_body,
+    iter_lines_watched,
+    make_client,
+    refusal_hint,
+)
+from localchat.backends.reasoning import InlineReasoning
+from localchat.backends.sse import ChatChunk, KeepAlive, StreamError, Usage, iter_stream
 from localchat.registry import ModelRef, context_length_of, local_tokenizer_loader
+from localchat.templates.formats import ReasoningFormat
+from localchat.templates.render import ChatTemplate, TemplateError, template_of
 
-CONNECT_TIMEOUT_S = 5.0
 SERVER_DEFAULT_MODEL = "default_model"  # mlx_lm.server's name for the model it was started with
-MAX_LINE_CHARS = 16 * 1024 * 1024  # a "line" longer than this is not a chat-completion stream
-REDACTED = "[api key]"
-
-
-class ServerError(LocalchatError):
-    pass
-
-
-def check_api_key(api_key: str | None) -> str | None:
-    """A key that can travel in an HTTP header: printable ASCII, no spaces (never echoed)."""
-    if api_key is not None and (not api_key or any(not 0x21 <= ord(c) <= 0x7E for c in api_key)):
-        raise UsageError("the API key must be printable ASCII with no spaces or line breaks "
-                         "(it is not shown here); check --api-key / LOCALCHAT_API_KEY")
-    return api_key
-
-
-def make_client(base_url: str, api_key: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
-                transport: httpx.BaseTransport | None = None) -> httpx.Client:
-    """One pooled client for the whole session (connections are reused across turns);
-    ``transport`` is for tests (``httpx.MockTransport``)."""
-    headers = {"Authorization": f"Bearer {check_api_key(api_key)}"} if api_key else {}
-    timeout = httpx.Timeout(connect=CONNECT_TIMEOUT_S, read=timeout_s, write=30.0, pool=CONNECT_TIMEOUT_S)
-    return httpx.Client(base_url=base_url.rstrip("/") + "/", headers=headers, timeout=timeout,
-                        transport=transport)
 
 
 def backend_for(base_url: str, ref: ModelRef | None, *, name: str | None = None, api_key: str | None = None,
@@ -82,34 +66,6 @@ def backend_for(base_url: str, ref: ModelRef | None, *, name: str | None = None,
     )
 
 
-def describe_http_error(exc: httpx.HTTPError, url: str, timeout_s: float | None = None) -> str:
-    if isinstance(exc, httpx.ConnectTimeout):
-        return f"cannot connect to {url}: no answer within {CONNECT_TIMEOUT_S:.0f}s (is the host right?)"
-    if isinstance(exc, httpx.ConnectError):
-        return f"cannot connect to {url}: nothing is listening there. Start a server with: localchat serve"
-    if isinstance(exc, httpx.TimeoutException):
-        limit = f" for {timeout_s:.0f}s" if timeout_s else ""
-        return f"{url} sent nothing{limit} ({type(exc).__name__}); raise --timeout for very long prompts"
-    if isinstance(exc, httpx.RemoteProtocolError):
-        return f"{url} closed the connection without a complete response ({exc})"
-    return f"HTTP failure talking to {url}: {type(exc).__name__}"
-
-
-def iter_lines_watched(response: httpx.Response, deadline: Callable[[], None]) -> Iterator[str]:
-    """The response's lines; ``deadline`` is checked whenever bytes arrive, so a server that
-    trickles bytes with no newline cannot hold the turn forever, nor fill memory."""
-    pending = ""
-    for text in response.iter_text():
-        deadline()
-        pending += text
-        *lines, pending = pending.split("\n")
-        yield from lines
-        if len(pending) > MAX_LINE_CHARS:
-            raise StreamError(f"the server sent over {MAX_LINE_CHARS // 2**20} MiB without a line break")
-    if pending:
-        yield pending
-
-
 class ServerBackend:
     name = "server"
 
@@ -122,6 +78,7 @@ class ServerBackend:
         self.model_id = model_id or model_field
         self._load_tokenizer = load_tokenizer
         self._tokenizer: Any = None
+        self._template: ChatTemplate | bool | None = None
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self._context = known_context
         self.timeout_s = timeout_s
@@ -132,6 +89,20 @@ class ServerBackend:
         if self._tokenizer is None and self._load_tokenizer is not None:
             self._tokenizer, self._load_tokenizer = self._load_tokenizer(), None
         return self._tokenizer
+
+    @property
+    def template(self) -> ChatTemplate | None:
+        """The model's chat template from its local tokenizer (what the server renders too)."""
+        if self._template is None and self.tokenizer is not None:
+            self._template = template_of(self.tokenizer, self.model_id, self.chat_template_kwargs) or False
+        return self._template or None
+
+    def template_kwargs(self, think: bool | None) -> dict[str, Any]:
+        """``chat_template_kwargs`` for the server: mapped by the local template when there is one,
+        else ``--think/--no-think`` as ``enable_thinking`` (the most common switch)."""
+        if self.template is not None:
+            return self.template.kwargs(think)
+        return self.chat_template_kwargs if think is None else {**self.chat_template_kwargs, "enable_thinking": think}
 
     @property
     def url(self) -> str:
@@ -153,14 +124,12 @@ class ServerBackend:
             body["seed"] = params.seed
         if params.response_format is not None:
             body["response_format"] = params.response_format
-        if kwargs := template_kwargs(self.chat_template_kwargs, params.think):
+        if kwargs := self.template_kwargs(params.think):
             body["chat_template_kwargs"] = kwargs
         return body
 
     def count_tokens(self, messages: list[Message], think: bool | None = None) -> int | None:
-        if self.tokenizer is None:
-            return None
-        return len(chat_template_ids(self.tokenizer, messages, template_kwargs(self.chat_template_kwargs, think)))
+        return len(self.template.ids(messages, think)) if self.template is not None else None
 
     def context_length(self) -> int | None:
         """The registry model's own config when it is on this machine; else what the server's
@@ -185,8 +154,8 @@ class ServerBackend:
 
     def stream(self, messages: list[Message], params: GenerationParams) -> Iterator[Event]:
         url = f"{self.url}/chat/completions"
-        reply = _Reply()
-        watch = _ProgressWatch(self.timeout_s, url)
+        reply = _Reply(*self._reasoning_format(messages, params.think))
+        watch = ProgressWatch(self.timeout_s, url)
         try:
             with self.client.stream("POST", "chat/completions",
                                     json=self.request_body(messages, params)) as response:
@@ -204,18 +173,31 @@ class ServerBackend:
             raise StreamError(self.redact(str(exc))) from None
         if reply.finish is None:
             raise StreamError(f"the stream from {url} ended before the reply finished")
+        yield from reply.close()
         yield self._finished(reply, messages, params.think)
+
+    def _reasoning_format(self, messages: list[Message], think: bool | None) -> tuple[ReasoningFormat | None, bool]:
+        """The model's reasoning format from its local template, and whether this prompt opens a
+        reasoning block; (None, False) when there is no local template (the stream may tell)."""
+        fmt = self.template.traits.reasoning if self.template is not None else None
+        if fmt is None:
+            return None, False
+        try:
+            return fmt, fmt.opened_by(self.template.text(messages, think))
+        except TemplateError:  # the server may render another template: let it answer for itself
+            return fmt, False
 
     def _check_response(self, response: httpx.Response, url: str) -> None:
         if response.status_code >= 400:
-            raise ServerError(f"HTTP {response.status_code} from {url}: {self.redact(_error_body(response))}")
+            message = self.redact(error_body(response))
+            raise ServerError(refusal_hint(message, self.model_id) or f"HTTP {response.status_code} from {url}: {message}")
         kind = response.headers.get("content-type", "")
         if kind.startswith("application/json"):
             raise StreamError(f"{url} answered with one JSON body, not a stream: it does not support "
                               '"stream": true')
 
     def _finished(self, reply: _Reply, messages: list[Message], think: bool | None) -> Finished:
-        reasoning = self._count_reasoning(reply, messages, think)
+        reasoning = self._count_reasoning(reply)
         if reply.usage:
             return Finished(finish_reason=reply.finish, prompt_tokens=reply.usage.prompt_tokens,
                             completion_tokens=reply.usage.completion_tokens, cached_tokens=reply.usage.cached_tokens,
@@ -228,83 +210,53 @@ class ServerBackend:
     def _count_text(self, text: str) -> int:
         return len(self.tokenizer.encode(text, add_special_tokens=False)) if text else 0
 
-    def _count_reasoning(self, reply: _Reply, messages: list[Message], think: bool | None) -> int:
+    def _count_reasoning(self, reply: _Reply) -> int:
         """Reasoning tokens as the in-process backend counts them (markers included), from the
-        reasoning text and the local tokenizer's think markers; without a tokenizer, the chunks."""
-        tokenizer, reasoning = self.tokenizer, reply.reasoning
-        if not reasoning:
+        reasoning text and the format's markers; without a tokenizer or a format, the chunks."""
+        fmt = reply.inline.format
+        if not reply.reasoning:
             return 0
-        if tokenizer is None or not getattr(tokenizer, "has_thinking", False):
+        if self.tokenizer is None or fmt is None:
             return reply.reasoning_chunks
-        from localchat.backends.reasoning import opens_reasoning
-
-        markers = self._count_text(tokenizer.think_end)
-        prompt_ids = chat_template_ids(tokenizer, messages, template_kwargs(self.chat_template_kwargs, think))
-        if not opens_reasoning(tokenizer, prompt_ids):
-            markers += self._count_text(tokenizer.think_start)
-        return self._count_text(reasoning) + markers
+        markers = self._count_text(fmt.close_marker) + (0 if reply.inline.opened else self._count_text(fmt.open_marker))
+        return self._count_text(reply.reasoning) + markers
 
     def close(self) -> None:
         self.client.close()
 
 
 class _Reply:
-    """What a stream has said so far: the answer, the reasoning, the last figures."""
+    """What a stream has said so far: the answer, the reasoning (apart, or split out of the
+    content), the last figures."""
 
-    def __init__(self) -> None:
+    def __init__(self, fmt: ReasoningFormat | None, opened: bool):
         self.text = self.reasoning = ""
         self.finish: str | None = None
         self.usage: Usage | None = None
         self.chunks = self.reasoning_chunks = 0
+        self.inline = InlineReasoning(fmt, opened)
 
     def add(self, item: ChatChunk, redact: Callable[[str], str]) -> Iterator[Event]:
         self.usage = item.usage or self.usage
         self.finish = item.finish_reason or self.finish
         if item.reasoning:
-            text = redact(item.reasoning)
-            self.reasoning += text
-            self.reasoning_chunks += 1
-            yield ReasoningChunk(text)
+            self.inline.server_reasoning()
+            yield from self._kept([ReasoningChunk(redact(item.reasoning))])
         if item.content:
-            text = redact(item.content)
-            self.text += text
-            self.chunks += 1
-            yield TextChunk(text)
+            yield from self._kept(self.inline.feed(redact(item.content)))
+
+    def close(self) -> Iterator[Event]:
+        """What the content splitter held back, once the stream has finished."""
+        yield from self._kept(self.inline.finish(self.finish))
+
+    def _kept(self, chunks: list[ReasoningChunk | TextChunk]) -> Iterator[Event]:
+        for chunk in chunks:
+            if isinstance(chunk, ReasoningChunk):
+                self.reasoning += chunk.text
+                self.reasoning_chunks += 1
+            else:
+                self.text += chunk.text
+                self.chunks += 1
+            yield chunk
 
 
-class _ProgressWatch:
-    """When the stream last made progress: a chunk with text or figures, or a keepalive whose
-    prefill count advanced. Nothing else resets the no-progress timeout."""
-
-    def __init__(self, timeout_s: float, url: str):
-        self.timeout_s, self.url = timeout_s, url
-        self.last = time.monotonic()
-        self.processed = -1
-
-    def check(self) -> None:
-        if time.monotonic() - self.last > self.timeout_s:
-            raise ServerError(f"{self.url} made no progress for {self.timeout_s:.0f}s (only keepalive "
-                              "comments that did not advance); raise --timeout for very long prompts")
-
-    def keepalive(self, item: KeepAlive) -> bool:
-        """True (and progress) when the prefill count advanced."""
-        if item.processed is None or item.total is None or item.processed <= self.processed:
-            return False
-        self.processed, self.last = item.processed, time.monotonic()
-        return True
-
-    def chunk(self, item: ChatChunk) -> None:
-        if item.content or item.reasoning or item.finish_reason or item.usage:
-            self.last = time.monotonic()
-
-
-def _error_body(response: httpx.Response) -> str:
-    """The human part of an error response: its ``error`` message, or its first line of text."""
-    body = response.read().decode("utf-8", "replace").strip()
-    try:
-        payload = json.loads(body)
-    except ValueError:
-        payload = None
-    if isinstance(payload, dict) and payload.get("error"):
-        return error_message(payload)
-    return body.splitlines()[0][:300] if body else "(empty body)"

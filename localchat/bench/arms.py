@@ -12,9 +12,9 @@ import statistics
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 
-from localchat.backends import Backend, GenerationParams, chat_template_of
+from localchat.backends import Backend, GenerationParams
 from localchat.bench.script import BenchScript, plan
-from localchat.conversation.history import Conversation, template_reads_reasoning
+from localchat.conversation.history import Conversation
 from localchat.conversation.stats import percentile
 from localchat.conversation.turn import ChatSession
 
@@ -87,7 +87,7 @@ Progress = Callable[[str, int, str, int], None]  # (arm label, repeat, script, t
 
 def play_conversation(backend: Backend, arm: Arm, script: BenchScript, conversation: int, repeat: int,
                       bench: BenchPlan, on_turn: Progress) -> list[TurnRecord]:
-    history = Conversation(script.system, reasoning_in_history=template_reads_reasoning(chat_template_of(backend)))
+    history = Conversation.for_backend(backend, script.system)
     session = ChatSession(backend, history, replace(bench.params, think=arm.think), use_history=arm.history)
     records: list[TurnRecord] = []
     for i, turn in enumerate(plan(script, bench.seed, repeat, conversation), 1):

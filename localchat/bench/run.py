@@ -183,7 +183,7 @@ class ArmBackends:
 def _check_reachable(backend) -> None:
     import httpx
 
-    from localchat.backends.openai_http import describe_http_error
+    from localchat.backends.http import describe_http_error
 
     try:
         backend.client.get("models", timeout=5.0)

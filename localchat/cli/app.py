@@ -24,15 +24,15 @@ from localchat.cli import outcomes
 from localchat.cli.options import (
     ApiKeyOpt,
     Backend,
-    BenchBackend,
-    ExportFormat,
-    OnOffBoth,
-    OutputFormat,
     BaseUrlOpt,
+    BenchBackend,
     ChatOptions,
+    ExportFormat,
     GenerationOptions,
     ModelOpt,
     ModelOptions,
+    OnOffBoth,
+    OutputFormat,
     OutputOptions,
     StorageOptions,
     ThinkOpt,
@@ -121,8 +121,8 @@ def run(target: str, **kwargs: Any) -> None:
     raise typer.Exit(outcomes.OK if code is None else code)
 
 
-def _top_p(value: float) -> float:
-    if not 0.0 < value <= 1.0:
+def _top_p(value: float | None) -> float | None:
+    if value is not None and not 0.0 < value <= 1.0:
         raise typer.BadParameter("must be in (0, 1]")
     return value
 
@@ -138,7 +138,7 @@ def chat(
     system: Annotated[Optional[str], typer.Option(
         "--system", "-s", help='System message ("" for none; default: the model\'s from models.yaml).')] = None,
     temperature: Annotated[Optional[float], typer.Option(callback=check_temperature, help="Sampling temperature (default 0.0: greedy).")] = None,
-    top_p: Annotated[float, typer.Option(callback=_top_p, help="Nucleus sampling, in (0, 1].")] = 1.0,
+    top_p: Annotated[Optional[float], typer.Option(callback=_top_p, help="Nucleus sampling, in (0, 1] (default: the model's, else 1.0).")] = None,
     max_tokens: Annotated[Optional[int], typer.Option(min=1, help="Longest reply, in tokens.")] = None,
     seed: Annotated[Optional[int], typer.Option(callback=check_seed, help="Random seed for sampling (set before each turn).")] = None,
     think: ThinkOpt = None,

@@ -10,12 +10,12 @@ from typing import Any
 
 from rich.console import Console
 
-from localchat.backends import Backend, GenerationParams, chat_template_of
+from localchat.backends import Backend, GenerationParams
 from localchat.cli import outcomes
 from localchat.cli.options import ChatOptions
 from localchat.cli.render import ChatUI
 from localchat.cli.repl import REPL_COMMANDS, Repl
-from localchat.conversation.history import Conversation, template_reads_reasoning, validate_input
+from localchat.conversation.history import Conversation, validate_input
 from localchat.conversation.jsonmode import (
     AnswerSchema,
     default_schema,
@@ -67,7 +67,7 @@ def generation_params(ref: ModelRef | None, opts: ChatOptions) -> GenerationPara
     gen = opts.generation
     return GenerationParams(
         temperature=gen.temperature if gen.temperature is not None else _default(ref, "temperature", 0.0),
-        top_p=gen.top_p,
+        top_p=gen.top_p if gen.top_p is not None else _default(ref, "top_p", 1.0),
         max_tokens=gen.max_tokens or _default(ref, "max_tokens", DEFAULT_MAX_TOKENS),
         seed=gen.seed,
         think=gen.think,
@@ -102,16 +102,18 @@ def conversation_for(ref: ModelRef | None, opts: ChatOptions, schema: AnswerSche
     system = saved.system if saved else system_message(ref, opts)
     if schema and schema.instruction not in (system or ""):
         system = with_instruction(system, schema)
-    return Conversation(system, list(saved.turns) if saved else [],
-                        reasoning_in_history=template_reads_reasoning(chat_template_of(backend)))
+    return Conversation.for_backend(backend, system, saved.turns if saved else ())
 
 
-def warn_if_thinking_is_moot(backend: Backend, think: bool | None, ui: ChatUI) -> None:
-    """--think/--no-think on a model whose tokenizer has no think markers changes nothing: say so."""
-    tokenizer = getattr(backend, "tokenizer", None)
-    if think is not None and tokenizer is not None and not getattr(tokenizer, "has_thinking", False):
-        ui.notice(f"{backend.model_id} has no thinking mode (no think markers in its tokenizer): "
-                  f"--{'think' if think else 'no-think'} changes nothing")
+def template_notices(session: ChatSession, ui: ChatUI) -> None:
+    """What the model's chat template changes, said once: a folded or moving system message, a
+    thinking switch that does nothing or something else (probed; nothing without a local template)."""
+    template = session.backend.template
+    if template is None:
+        return
+    for notice in template.traits.notices(session.backend.model_id, system=bool(session.conversation.system),
+                                          think=session.params.think):
+        ui.notice(notice)
 
 
 def open_server(ref: ModelRef | None, opts: ChatOptions, ui: ChatUI) -> Backend:
@@ -173,10 +175,10 @@ def chat_with_ui(*, opts: ChatOptions, prompt: str | None, ui: ChatUI) -> TurnSt
     params = generation_params(ref, opts)
     if schema and opts.model.backend == "server":
         params = replace(params, response_format=schema.response_format())
-    warn_if_thinking_is_moot(backend, params.think, ui)
     session = ChatSession(backend=backend, conversation=conversation_for(ref, opts, schema, saved, backend),
                           params=params, use_history=opts.history, trim=opts.trim, schema=schema,
                           recorder=recorder)
+    template_notices(session, ui)
     if saved:
         ui.info(f"resumed '{saved.name}': {len(saved.turns)} turn(s); the KV cache is rebuilt on the "
                 "first turn (its whole prompt is prefilled)")

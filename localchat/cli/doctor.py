@@ -24,7 +24,7 @@ def show_model_list(console: Console) -> None:
     for info in map(describe, load_registry()):
         e = info.entry
         aliases = f" ({', '.join(e.aliases)})" if e.aliases else ""
-        figures = " · ".join(["present" if info.present else "not on this machine",
+        figures = " · ".join([*([f"{e.family} family"] if e.family else []), "present" if info.present else "not on this machine",
                               *([_size(info.size_bytes)] if info.present else []),
                               *([f"{info.bits}-bit"] if info.bits else [])])
         console.print(f"[bold]{escape(e.id)}[/bold]{escape(aliases)} · {figures}")

@@ -40,7 +40,7 @@ def check_base_url(value: str | None) -> str | None:
 
 
 def check_api_key(value: str | None) -> str | None:
-    from localchat.backends.openai_http import check_api_key as check
+    from localchat.backends.http import check_api_key as check
     from localchat.errors import UsageError
 
     try:
@@ -134,7 +134,7 @@ class GenerationOptions:
 
     system: str | None = None  # None: the model's default; "": no system message
     temperature: float | None = None
-    top_p: float = 1.0
+    top_p: float | None = None
     max_tokens: int | None = None
     seed: int | None = None
     think: bool | None = None  # --think/--no-think; None: the model's default (models.yaml, then the template's)

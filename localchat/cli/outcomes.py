@@ -16,6 +16,7 @@ TURN_EXIT_CODES = {
     TurnStatus.CUT: OK,  # the reply was shown; the notice says it was not kept
     TurnStatus.EMPTY: OK,
     TurnStatus.INVALID: FAILED,
+    TurnStatus.UNRENDERABLE: FAILED,  # shown, but the model's template would refuse it in history
     TurnStatus.ERROR: FAILED,
     TurnStatus.INTERRUPTED: INTERRUPTED,
 }

@@ -144,6 +144,8 @@ class ChatUI:
                         "(raise --max-tokens)")
         elif status is TurnStatus.INVALID:
             self.error(f"invalid JSON reply, not added to history: {result.invalid}")
+        elif status is TurnStatus.UNRENDERABLE:
+            self.error(f"the reply above was not added to history: {result.error}")
         elif status is TurnStatus.EMPTY:
             self.notice("the model reasoned but gave no answer: not added to history" if result.reasoning
                         else "empty reply: not added to history")

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from localchat.cli.render import ChatUI, count
 from localchat.conversation.turn import ChatSession
-from localchat.errors import TerminationRequested, UsageError
+from localchat.errors import LocalchatError, TerminationRequested, UsageError
 from localchat.store.saved_sessions import SessionSaver, StoreError
 
 MULTILINE = '"""'
@@ -79,8 +79,12 @@ class Repl:
         return True
 
     def _history(self, _: str) -> bool:
-        messages = self.session.conversation.messages()
+        conversation = self.session.conversation
+        messages = conversation.messages()
         self.ui.messages(messages, f"history: {count(len(messages), 'message')}")
+        if conversation.fold_system and conversation.system:
+            self.ui.info("this model's template takes no system message: it is sent at the head of the first "
+                         "user message")
         return True
 
     def _preview(self, arg: str) -> bool:
@@ -89,10 +93,10 @@ class Repl:
             return True
         try:
             messages = self.session.preview(arg)
-        except UsageError as exc:
+            tokens = self.session.backend.count_tokens(messages, self.session.params.think)
+        except LocalchatError as exc:  # over the budget, or the template refuses the messages
             self.ui.error(str(exc))
             return True
-        tokens = self.session.backend.count_tokens(messages, self.session.params.think)
         counted = f", {count(tokens, 'token')}" if tokens is not None else ""
         self.ui.messages(messages, f"preview: {count(len(messages), 'message')}{counted} (history unchanged)")
         return True
@@ -116,6 +120,10 @@ class Repl:
             return True
         self.session.params = replace(self.session.params, think=choices[arg])
         self.ui.info(f"thinking {arg} from the next turn")
+        template = self.session.backend.template
+        said = template.traits.notices(self.session.backend.model_id, system=False, think=choices[arg]) if template else []
+        for notice in said:
+            self.ui.notice(notice.replace("--no-think", "/think off").replace("--think", "/think on"))
         return True
 
     def _save(self, arg: str) -> bool:

@@ -1,9 +1,11 @@
 """The one history builder: every backend sends what this module builds.
 
 Order is always system → accepted past turns → current question; the system message appears
-once. A turn enters the history only after its reply finished cleanly (see ``Conversation.commit``).
-A thinking model's reasoning is kept beside its turn; it goes back to the model (as the assistant
-message's ``reasoning_content``) only when the model's chat template reads that field.
+once. A template that refuses a system role (Gemma 2, Mistral v0.2) gets it folded into the first
+user message instead, the same way every turn. A turn enters the history only after its reply
+finished cleanly (see ``Conversation.commit``). A thinking model's reasoning is kept beside its
+turn; it goes back to the model (in the assistant message field the model's chat template renders
+reasoning from) only when the template reads one.
 """
 
 from __future__ import annotations
@@ -11,22 +13,31 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from localchat.backends import Message
 from localchat.conversation.stats import TurnStats
 from localchat.errors import UsageError
+from localchat.templates.traits import TemplateTraits, fold_system
 
 DEFAULT_MAX_INPUT_CHARS = 8000
+NEXT_QUESTION = "…"  # stands for the next question when checking that an answer renders back
 
 
-def system_first(system: str | None, messages: list[Message]) -> list[Message]:
-    """The system message (when there is one), then ``messages``: the only place that order is made."""
-    return ([{"role": "system", "content": system}] if system else []) + list(messages)
+def system_first(system: str | None, messages: list[Message], fold: bool = False) -> list[Message]:
+    """The system message (when there is one), then ``messages``: the only place that order is made.
+    With ``fold`` the system message becomes the head of the first user message."""
+    if not system:
+        return list(messages)
+    if fold and messages and messages[0]["role"] == "user":
+        return [{**messages[0], "content": fold_system(system, messages[0]["content"])}, *messages[1:]]
+    return [{"role": "system", "content": system}, *messages]
 
 
-def build_messages(prompt: str, system: str | None, history: list[Message] | None = None) -> list[Message]:
+def build_messages(prompt: str, system: str | None, history: list[Message] | None = None,
+                   fold: bool = False) -> list[Message]:
     """The request's messages; a deep copy, so nothing the caller holds can change later."""
-    return copy.deepcopy(system_first(system, [*(history or []), {"role": "user", "content": prompt}]))
+    return copy.deepcopy(system_first(system, [*(history or []), {"role": "user", "content": prompt}], fold))
 
 
 def validate_input(text: str, max_chars: int = DEFAULT_MAX_INPUT_CHARS) -> str:
@@ -46,21 +57,16 @@ class Turn:
     stats: TurnStats | None = field(default=None, compare=False)  # the turn's figures, for saving
     reasoning: str = field(default="", compare=False)  # kept beside the answer, not in it
 
-    def messages(self, with_reasoning: bool = False) -> list[Message]:
+    def messages(self, reasoning_field: str | None = None) -> list[Message]:
+        """The turn as messages; its reasoning goes in ``reasoning_field`` when the template reads one."""
         answer: Message = {"role": "assistant", "content": self.assistant}
-        if with_reasoning and self.reasoning:
-            answer["reasoning_content"] = self.reasoning
+        if reasoning_field and self.reasoning:
+            answer[reasoning_field] = self.reasoning
         return [{"role": "user", "content": self.user}, answer]
 
 
-def turn_messages(turns: list[Turn] | tuple[Turn, ...], with_reasoning: bool = False) -> list[Message]:
-    return [m for turn in turns for m in turn.messages(with_reasoning)]
-
-
-def template_reads_reasoning(chat_template: str | None) -> bool:
-    """Whether a chat template renders the assistant's ``reasoning_content`` (its own convention
-    then decides which turns' reasoning the model sees again)."""
-    return bool(chat_template) and "reasoning_content" in chat_template
+def turn_messages(turns: list[Turn] | tuple[Turn, ...], reasoning_field: str | None = None) -> list[Message]:
+    return [m for turn in turns for m in turn.messages(reasoning_field)]
 
 
 @dataclass
@@ -69,14 +75,22 @@ class Conversation:
 
     system: str | None = None
     turns: list[Turn] = field(default_factory=list)
-    reasoning_in_history: bool = False  # see template_reads_reasoning
+    reasoning_field: str | None = None  # the template's: see templates.traits
+    fold_system: bool = False  # the template takes no system message: fold it into the first user message
+
+    @classmethod
+    def for_backend(cls, backend: Any, system: str | None, turns: list[Turn] | tuple[Turn, ...] = ()) -> Conversation:
+        """A conversation shaped for the backend's chat template (its probed traits), when known."""
+        template = getattr(backend, "template", None)
+        traits = template.traits if template is not None else TemplateTraits()
+        return cls(system, list(turns), reasoning_field=traits.reasoning_field, fold_system=traits.fold_system)
 
     def history(self) -> list[Message]:
-        return turn_messages(self.turns, self.reasoning_in_history)
+        return turn_messages(self.turns, self.reasoning_field)
 
     def messages(self) -> list[Message]:
-        """What ``/history`` shows: the system message and every accepted turn."""
-        return system_first(self.system, self.history())
+        """What ``/history`` shows: the system message and every accepted turn, as they are sent."""
+        return system_first(self.system, self.history(), self.fold_system)
 
     def preview(self, prompt: str, use_history: bool = True, drop: int = 0) -> list[Message]:
         """The exact messages the next request would send; never mutates the conversation.
@@ -84,7 +98,13 @@ class Conversation:
         ``drop`` leaves out that many of the oldest turns (see ``plan_trim``).
         """
         kept = self.turns[drop:] if use_history else []
-        return build_messages(prompt, self.system, turn_messages(kept, self.reasoning_in_history))
+        return build_messages(prompt, self.system, turn_messages(kept, self.reasoning_field), self.fold_system)
+
+    def after_commit(self, prompt: str, reply: str, drop: int = 0, reasoning: str = "") -> list[Message]:
+        """The messages of a next request if this turn were accepted (to check that the template
+        would take the answer back); never mutates the conversation."""
+        kept = [*self.turns[drop:], Turn(prompt, reply, reasoning=reasoning)]
+        return build_messages(NEXT_QUESTION, self.system, turn_messages(kept, self.reasoning_field), self.fold_system)
 
     def commit(self, prompt: str, reply: str, drop: int = 0, stats: TurnStats | None = None,
                reasoning: str = "") -> None:

@@ -25,6 +25,7 @@ from localchat.conversation.jsonmode import AnswerSchema
 from localchat.conversation.records import TurnRecorder
 from localchat.conversation.stats import Ledger, TurnClock, TurnStats, stats_to_dict
 from localchat.errors import LocalchatError, TerminationRequested, UsageError
+from localchat.templates.render import TemplateError
 
 
 class TurnStatus(str, Enum):
@@ -35,6 +36,7 @@ class TurnStatus(str, Enum):
     CUT = "cut"  # the runtime stopped at max-tokens
     EMPTY = "empty"  # the reply ended with no text
     INVALID = "invalid-json"
+    UNRENDERABLE = "unrenderable"  # the model's chat template would refuse the answer back in history
     ERROR = "error"
     INTERRUPTED = "interrupted"
 
@@ -110,7 +112,11 @@ class ChatSession:
         SIGTERM (``TerminationRequested``) ends the turn as interrupted, records it, then goes on up."""
         validate_input(prompt, self.trim.max_input_chars)
         clock = TurnClock()
-        trim = self._plan_trim(prompt)
+        try:
+            trim = self._plan_trim(prompt)
+        except TemplateError as exc:  # counting tokens renders the template: nothing was sent
+            return TurnResult(prompt=prompt, messages=[], text="", stats=clock.finish(None), status=TurnStatus.ERROR,
+                              error=str(exc))
         messages = self.conversation.preview(prompt, self.use_history, trim.drop)
         record_id = self.recorder.request(self._request_record(messages)) if self.recorder else None
         outcome = _StreamOutcome()
@@ -120,7 +126,7 @@ class ChatSession:
             outcome.failure, outcome.terminated = TurnStatus.INTERRUPTED, True
         stats = clock.finish(outcome.done)
         self.ledger.add(stats)
-        result = self._judged(TurnResult(
+        result = self._judged(trim, TurnResult(
             prompt=prompt, messages=messages, text=clock.text, reasoning=clock.reasoning, stats=stats,
             token_gaps_s=clock.gaps(),
             status=outcome.failure or TurnStatus.COMMITTED, dropped_turns=trim.drop, trimmed_for=trim.limit,
@@ -166,8 +172,8 @@ class ChatSession:
         if outcome.done is None and outcome.failure is None:
             outcome.error, outcome.failure = "the reply ended without the runtime's final report", TurnStatus.ERROR
 
-    def _judged(self, result: TurnResult) -> TurnResult:
-        """The status of a turn that streamed to its end: cut, empty, invalid, kept or not."""
+    def _judged(self, trim: TrimPlan, result: TurnResult) -> TurnResult:
+        """The status of a turn that streamed to its end: cut, empty, invalid, unrenderable, kept or not."""
         if result.status is not TurnStatus.COMMITTED:
             return result
         if result.stats.finish_reason != "stop":
@@ -179,7 +185,23 @@ class ChatSession:
             if invalid is not None:
                 return replace(result, status=TurnStatus.INVALID, invalid=invalid)
             result = replace(result, answer=answer)
-        return result if self.use_history else replace(result, status=TurnStatus.NOT_KEPT)
+        if not self.use_history:
+            return replace(result, status=TurnStatus.NOT_KEPT)
+        refusal = self._refused_back(trim, result)
+        return replace(result, status=TurnStatus.UNRENDERABLE, error=refusal) if refusal else result
+
+    def _refused_back(self, trim: TrimPlan, result: TurnResult) -> str | None:
+        """Why the model's chat template would refuse this answer in the next request (gpt-oss
+        refuses channel tags in content, for one), or None; unknown without a local template."""
+        template = self.backend.template
+        if template is None:
+            return None
+        after = self.conversation.after_commit(result.prompt, result.text, trim.drop, result.reasoning)
+        try:
+            template.text(after, self.params.think)
+        except TemplateError as exc:
+            return str(exc)
+        return None
 
     def _request_record(self, messages: list[Message]) -> dict[str, Any]:
         """Exactly what is sent, and with which settings; credentials never appear here."""

@@ -15,7 +15,8 @@ from localchat.conversation.stats import percentiles
 from localchat.conversation.turn import TurnResult, TurnStatus
 
 OK_STATUSES = {TurnStatus.COMMITTED.value, TurnStatus.NOT_KEPT.value, TurnStatus.CUT.value,
-               TurnStatus.EMPTY.value, TurnStatus.INVALID.value}  # the server answered in full
+               TurnStatus.EMPTY.value, TurnStatus.INVALID.value,
+               TurnStatus.UNRENDERABLE.value}  # the server answered in full
 ERROR_KINDS = (  # (what the one-line error starts with or contains, its kind)
     ("cannot connect", "connect"), ("made no progress", "timeout"), ("sent nothing", "timeout"),
     ("closed the connection", "disconnected"), ("ended before the reply finished", "cut-stream"),

@@ -124,7 +124,7 @@ class Run:
 
     def _play(self, backend: Any, user: int, k: int) -> bool:
         """One conversation; False once the run must end."""
-        session = ChatSession(backend, Conversation(self.plan.script.system), self.plan.params,
+        session = ChatSession(backend, Conversation.for_backend(backend, self.plan.script.system), self.plan.params,
                               use_history=self.history)
         for i, turn in enumerate(self.plan.turns_for(user, k), 1):
             if self.stopped.is_set() or self._past_deadline():

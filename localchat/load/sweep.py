@@ -177,7 +177,7 @@ class Target:
     def _check_reachable(self) -> None:
         import httpx
 
-        from localchat.backends.openai_http import describe_http_error
+        from localchat.backends.http import describe_http_error
 
         backend = self.backend()
         try:

@@ -32,7 +32,7 @@ class ParityReport:
 
 
 def play(backend: Backend, ref: ModelRef) -> list[TurnResult]:
-    session = ChatSession(backend, Conversation(ref.default("system")),
+    session = ChatSession(backend, Conversation.for_backend(backend, ref.default("system")),
                           GenerationParams(temperature=0.0, max_tokens=ref.default("max_tokens", 256)))
     return [session.ask(turn) for turn in PARITY_TURNS]
 

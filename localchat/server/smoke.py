@@ -13,7 +13,8 @@ from dataclasses import asdict, dataclass, field
 import httpx
 
 from localchat.backends import GenerationParams
-from localchat.backends.openai_http import ServerBackend, describe_http_error
+from localchat.backends.http import describe_http_error
+from localchat.backends.openai_http import ServerBackend
 from localchat.conversation.history import Conversation
 from localchat.conversation.turn import ChatSession, TurnStatus
 from localchat.demo import RECALL, REMEMBER
