@@ -13,6 +13,11 @@ class UsageError(LocalchatError):
     exit_code = 2
 
 
+class OutputError(LocalchatError):
+    """Standard output cannot take what is printed (full, closed, or an encoding without the
+    characters): the command ends with one line, whatever it was doing."""
+
+
 class TerminationRequested(KeyboardInterrupt):
     """SIGTERM, turned into the same clean path as Ctrl+C (see ``raise_on_sigterm``); exit 143."""
 

@@ -47,9 +47,10 @@ def permute(w: np.ndarray, heads: int) -> np.ndarray:
 
 def write_tiny_gguf(path: Path, arch: str, kind: str, *, seed: int = 0, hidden: int = 64, layers: int = 2,
                     heads: int = 4, kv_heads: int = 2, ffn: int = 128,
-                    rope_factors: np.ndarray | None = None, spm=None) -> dict[str, np.ndarray]:
+                    rope_factors: np.ndarray | None = None, spm=None, mutate=None) -> dict[str, np.ndarray]:
     """A random model of ``arch`` whose matrices are stored as ``kind``; returns the HF-layout float
-    weights the GGUF holds once dequantized (the reference's weights)."""
+    weights the GGUF holds once dequantized (the reference's weights). ``mutate(writer)`` may change
+    the metadata and tensors just before they are written (for the fault corpus)."""
     rng = np.random.default_rng(seed)
     tokens, merges, types = tiny_vocab() if spm is None else (spm.tokens, [], spm.types)
     vocab = len(tokens)
@@ -117,6 +118,8 @@ def write_tiny_gguf(path: Path, arch: str, kind: str, *, seed: int = 0, hidden: 
     if rope_factors is not None:
         writer.add_tensor("rope_freqs.weight", rope_factors.astype(np.float32))
         reference["rope_factors"] = rope_factors.astype(np.float64)
+    if mutate is not None:
+        mutate(writer)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -2,6 +2,8 @@
 against a faulty server: each ends cleanly, says what happened, and keeps what it must."""
 
 import json
+import os
+from pathlib import Path
 import signal
 import subprocess
 import sys
@@ -95,11 +97,15 @@ def test_serve_with_a_model_that_cannot_load_fails_within_seconds(tmp_path):
     config = json.loads((broken / "config.json").read_text())
     (broken / "config.json").write_text(json.dumps(config | {"model_type": "nosucharch"}))
     started = time.monotonic()
-    proc = spawn("serve", "-m", str(broken), "--port", str(free_port()))
+    proc = spawn("serve", "-m", str(broken), "--port", str(free_port()),
+                 env={**os.environ, "LOCALCHAT_HOME": str(tmp_path / "home")})
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 1 and time.monotonic() - started < 30
-    assert "failed to start" in err and "nosucharch" in err  # the log's tail says why
-    assert "Traceback (most recent call last)" not in err.split("last lines of")[0]
+    assert "failed to start" in err and "nosucharch" in err  # the child's exception line says why
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in err and 'File "' not in err
+    log = Path(errors[0].rsplit("(log: ", 1)[1].rstrip(")"))
+    assert log.is_file() and oct(log.stat().st_mode & 0o777) == "0o600" and not str(log).startswith("/tmp/localchat")
 
 
 def test_bench_against_a_server_that_breaks_every_turn_says_so_and_exits_1(tmp_path):

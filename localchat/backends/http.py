@@ -72,6 +72,27 @@ def iter_lines_watched(response: httpx.Response, deadline: Callable[[], None]) -
         yield pending
 
 
+class Redactor:
+    """The API key cut out of a stream of text, wherever the chunks split it: the tail that could
+    be the start of the key is held back until the next chunk (or the end) says what it is."""
+
+    def __init__(self, secret: str):
+        self.secret, self.pending = secret, ""
+
+    def feed(self, text: str) -> str:
+        if not self.secret:
+            return text
+        text = (self.pending + text).replace(self.secret, REDACTED)
+        held = next((n for n in range(min(len(self.secret) - 1, len(text)), 0, -1)
+                     if text.endswith(self.secret[:n])), 0)
+        self.pending = text[len(text) - held:] if held else ""
+        return text[:len(text) - held]
+
+    def flush(self) -> str:
+        rest, self.pending = self.pending, ""
+        return rest
+
+
 def refusal_hint(message: str, model_id: str) -> str | None:
     """A server's chat template that refuses a system message (mlx_lm.server answers 404 with the
     template's own words), explained with what to do; None for any other error."""

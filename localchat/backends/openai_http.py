@@ -33,6 +33,7 @@ from localchat.backends.http import (
     CONNECT_TIMEOUT_S,
     REDACTED,
     ProgressWatch,
+    Redactor,
     ServerError,
     describe_http_error,
     error_body,
@@ -108,10 +109,13 @@ class ServerBackend:
     def url(self) -> str:
         return str(self.client.base_url).rstrip("/")
 
+    @property
+    def secret(self) -> str:
+        return self.client.headers.get("authorization", "").removeprefix("Bearer ")
+
     def redact(self, text: str) -> str:
         """``text`` with the API key cut out (a server may echo request headers back)."""
-        secret = self.client.headers.get("authorization", "").removeprefix("Bearer ")
-        return text.replace(secret, REDACTED) if secret else text
+        return text.replace(self.secret, REDACTED) if self.secret else text
 
     def request_body(self, messages: list[Message], params: GenerationParams, stream: bool = True) -> dict:
         body: dict[str, Any] = {
@@ -154,7 +158,7 @@ class ServerBackend:
 
     def stream(self, messages: list[Message], params: GenerationParams) -> Iterator[Event]:
         url = f"{self.url}/chat/completions"
-        reply = _Reply(*self._reasoning_format(messages, params.think))
+        reply = _Reply(*self._reasoning_format(messages, params.think), secret=self.secret)
         watch = ProgressWatch(self.timeout_s, url)
         try:
             with self.client.stream("POST", "chat/completions",
@@ -166,7 +170,7 @@ class ServerBackend:
                             yield Progress(item.processed, item.total)
                         continue
                     watch.chunk(item)
-                    yield from reply.add(item, self.redact)
+                    yield from reply.add(item)
         except httpx.HTTPError as exc:
             raise ServerError(describe_http_error(exc, url, self.timeout_s)) from None
         except StreamError as exc:
@@ -229,28 +233,31 @@ class _Reply:
     """What a stream has said so far: the answer, the reasoning (apart, or split out of the
     content), the last figures."""
 
-    def __init__(self, fmt: ReasoningFormat | None, opened: bool):
+    def __init__(self, fmt: ReasoningFormat | None, opened: bool, secret: str = ""):
         self.text = self.reasoning = ""
         self.finish: str | None = None
         self.usage: Usage | None = None
         self.chunks = self.reasoning_chunks = 0
         self.inline = InlineReasoning(fmt, opened)
+        self.redact_content, self.redact_reasoning = Redactor(secret), Redactor(secret)
 
-    def add(self, item: ChatChunk, redact: Callable[[str], str]) -> Iterator[Event]:
+    def add(self, item: ChatChunk) -> Iterator[Event]:
         self.usage = item.usage or self.usage
         self.finish = item.finish_reason or self.finish
         if item.reasoning:
             self.inline.server_reasoning()
-            yield from self._kept([ReasoningChunk(redact(item.reasoning))])
+            yield from self._kept([ReasoningChunk(self.redact_reasoning.feed(item.reasoning))])
         if item.content:
-            yield from self._kept(self.inline.feed(redact(item.content)))
+            yield from self._kept(self.inline.feed(self.redact_content.feed(item.content)))
 
     def close(self) -> Iterator[Event]:
-        """What the content splitter held back, once the stream has finished."""
+        """What the key's redaction and the content splitter held back, once the stream has finished."""
+        yield from self._kept([ReasoningChunk(self.redact_reasoning.flush())])
+        yield from self._kept(self.inline.feed(self.redact_content.flush()))
         yield from self._kept(self.inline.finish(self.finish))
 
     def _kept(self, chunks: list[ReasoningChunk | TextChunk]) -> Iterator[Event]:
-        for chunk in chunks:
+        for chunk in (c for c in chunks if c.text):
             if isinstance(chunk, ReasoningChunk):
                 self.reasoning += chunk.text
                 self.reasoning_chunks += 1

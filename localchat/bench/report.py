@@ -14,6 +14,7 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
+from localchat import files
 from localchat.bench.arms import BenchResult, TurnRecord
 
 
@@ -136,10 +137,5 @@ def write_plot(result: BenchResult, path: Path) -> None:
 
 
 def write_outputs(result: BenchResult, out: Path) -> list[Path]:
-    out.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name, text in (("results.json", to_json(result)), ("turns.csv", to_csv(result)),
-                       ("summary.md", to_markdown(result))):
-        (out / name).write_text(text, encoding="utf-8")
-        written.append(out / name)
-    return written
+    return files.write_outputs(out, {"results.json": to_json(result), "turns.csv": to_csv(result),
+                                     "summary.md": to_markdown(result)})

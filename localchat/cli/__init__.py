@@ -9,7 +9,13 @@ import sys
 
 def main() -> None:
     """The ``localchat`` command. Ctrl+C while the app itself is still being imported or built
-    is one line and 130 too (inside a command, ``app.user_errors`` maps it)."""
+    is one line and 130 too (inside a command, ``app.user_errors`` maps it). Standard output is
+    guarded (``stdout``): what it cannot take is one line, and what is left in its buffer is
+    flushed here, where a failure can still be said."""
+    from localchat.cli.stdout import GuardedOutput
+    from localchat.errors import OutputError
+
+    sys.stdout = GuardedOutput(sys.stdout)
     try:
         from localchat.cli.app import app
 
@@ -22,6 +28,13 @@ def main() -> None:
     except SystemExit as done:
         if done.code in (130, 143):  # interrupted or terminated: everything was cleaned up on the way
             _exit_now(done.code)
+        try:
+            sys.stdout.flush()
+        except BrokenPipeError:
+            _exit_now(141)
+        except OutputError as exc:
+            sys.stderr.write(f"error: {exc}\n")
+            _exit_now(1)
         raise
 
 

@@ -41,6 +41,7 @@ from localchat.cli.options import (
     check_seconds,
     check_seed,
     check_temperature,
+    check_wait,
 )
 from localchat.conversation.turn import TrimPolicy
 from localchat.errors import LocalchatError, TerminationRequested
@@ -179,7 +180,7 @@ def serve(
     model: ModelOpt = None,
     host: Annotated[str, typer.Option(help="Interface to bind (loopback unless you mean it).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=1, max=65535, envvar="LOCALCHAT_PORT")] = 8080,
-    log: Annotated[Optional[Path], typer.Option(help="mlx_lm.server's log file [default: a temp file].")] = None,
+    log: Annotated[Optional[Path], typer.Option(help="mlx_lm.server's log file [default: logs/server-PORT.log in the localchat data directory].")] = None,
     smoke: Annotated[bool, typer.Option("--smoke", help="Start, run the smoke test, stop; exit with its result.")] = False,
 ) -> None:
     """Launch mlx_lm.server (extra server args after --), ready when a completion succeeds."""
@@ -246,7 +247,7 @@ def load(
     sweep: Annotated[Optional[str], typer.Option(help="Several runs, e.g. 1,2,4,8 users (instead of --users).")] = None,
     script: Annotated[Optional[Path], typer.Option(help="A bench script the users play, or a built-in one's name [default: recall-en].")] = None,
     turns: Annotated[Optional[int], typer.Option(min=1, help="Turns a conversation (cut short, or padded before the last, scored turn).")] = None,
-    think_time: Annotated[float, typer.Option(min=0.0, help="Seconds a user waits between turns.")] = 0.0,
+    think_time: Annotated[float, typer.Option(callback=check_wait, help="Seconds a user waits between turns.")] = 0.0,
     history: Annotated[OnOffBoth, typer.Option(help="History on, off, or both (a run each).")] = OnOffBoth.both,
     duration: Annotated[Optional[float], typer.Option(callback=check_seconds, help="No request starts after this many seconds of a run.")] = None,
     conversations: Annotated[int, typer.Option(min=1, help="Conversations each user plays in a run.")] = 2,
@@ -265,7 +266,7 @@ def load(
     from localchat.load.sweep import LoadOptions, parse_sweep
 
     with user_errors():
-        counts = parse_sweep(sweep) if sweep else (users,)
+        counts = parse_sweep(sweep) if sweep is not None else (users,)
     opts = LoadOptions(base_url=base_url, model=model, api_key=api_key, users=counts, script=script, turns=turns,
                        think_time_s=think_time, history=history.value, duration_s=duration,
                        conversations=conversations, warmup=warmup, temperature=temperature, max_tokens=max_tokens, seed=seed,

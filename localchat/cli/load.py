@@ -78,7 +78,7 @@ def run_load_cmd(*, opts: LoadOptions, console: Console, err: Console) -> int:
         try:
             run_load(opts, result, target, plan, on_run=LiveLine(status).start)
         except KeyboardInterrupt as exc:  # TerminationRequested too
-            interrupted = exc
+            interrupted, result.stopped = exc, True
     return finish(result, opts, console, err, interrupted)
 
 

@@ -21,11 +21,15 @@ MAX_SEED = 2**64 - 1  # mx.random.seed takes an unsigned 64-bit integer
 
 
 def check_base_url(value: str | None) -> str | None:
-    """An http(s) URL with a host and a valid port, parsed before anything is sent."""
+    """An http(s) URL with a host and a valid port, parsed before anything is sent. Credentials in
+    it (``user:key@host``) are refused without being shown: they would be printed and recorded."""
     import httpx
 
     if value is None:
         return None
+    if "@" in value.split("//", 1)[-1].split("/", 1)[0]:  # the authority part, before any parsing
+        raise typer.BadParameter("the URL holds credentials (user:password@): pass the key with --api-key or "
+                                 "LOCALCHAT_API_KEY instead (the URL is not shown here)")
     try:
         url = httpx.URL(value)
         port = url.port
@@ -58,6 +62,16 @@ def check_seed(value: int | None) -> int | None:
 def check_temperature(value: float | None) -> float | None:
     if value is not None and not (math.isfinite(value) and value >= 0):
         raise typer.BadParameter("must be a finite number ≥ 0")
+    return value
+
+
+MAX_WAIT_S = 86_400.0  # a day: beyond that a wait is a typo (and threads cannot wait on infinity)
+
+
+def check_wait(value: float) -> float:
+    """A pause: a finite number of seconds from 0 to a day."""
+    if not (math.isfinite(value) and 0 <= value <= MAX_WAIT_S):
+        raise typer.BadParameter(f"must be a number of seconds from 0 to {MAX_WAIT_S:.0f}")
     return value
 
 

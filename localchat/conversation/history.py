@@ -18,6 +18,7 @@ from typing import Any
 from localchat.backends import Message
 from localchat.conversation.stats import TurnStats
 from localchat.errors import UsageError
+from localchat.templates.render import TemplateError
 from localchat.templates.traits import TemplateTraits, fold_system
 
 DEFAULT_MAX_INPUT_CHARS = 8000
@@ -82,7 +83,10 @@ class Conversation:
     def for_backend(cls, backend: Any, system: str | None, turns: list[Turn] | tuple[Turn, ...] = ()) -> Conversation:
         """A conversation shaped for the backend's chat template (its probed traits), when known."""
         template = getattr(backend, "template", None)
-        traits = template.traits if template is not None else TemplateTraits()
+        try:
+            traits = template.traits if template is not None else TemplateTraits()
+        except TemplateError:  # a runaway template: the first turn says so
+            traits = TemplateTraits()
         return cls(system, list(turns), reasoning_field=traits.reasoning_field, fold_system=traits.fold_system)
 
     def history(self) -> list[Message]:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from localchat.errors import LocalchatError
+from localchat.files import write_atomic
 
 FILE_MODE = 0o600
 DIR_MODE = 0o700
@@ -34,18 +35,7 @@ def new_session_id() -> str:
 
 def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
     """Write ``payload`` to ``path`` so that the file is either absent or complete, mode 0600."""
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    data = json.dumps(payload, ensure_ascii=False, indent=2).encode("utf-8") + b"\n"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    write_atomic(path, json.dumps(payload, ensure_ascii=False, indent=2).encode("utf-8") + b"\n", FILE_MODE)
 
 
 @dataclass

@@ -24,7 +24,7 @@ from localchat.conversation.history import DEFAULT_MAX_INPUT_CHARS, Conversation
 from localchat.conversation.jsonmode import AnswerSchema
 from localchat.conversation.records import TurnRecorder
 from localchat.conversation.stats import Ledger, TurnClock, TurnStats, stats_to_dict
-from localchat.errors import LocalchatError, TerminationRequested, UsageError
+from localchat.errors import LocalchatError, OutputError, TerminationRequested, UsageError
 from localchat.templates.render import TemplateError
 
 
@@ -124,6 +124,8 @@ class ChatSession:
             self._stream(messages, clock, _Listeners(on_text, on_reasoning, on_progress), outcome)
         except TerminationRequested:
             outcome.failure, outcome.terminated = TurnStatus.INTERRUPTED, True
+        except OutputError as exc:  # the display failed, not the model: recorded, then the command ends
+            outcome.failure, outcome.error, outcome.unshowable = TurnStatus.ERROR, str(exc), exc
         stats = clock.finish(outcome.done)
         self.ledger.add(stats)
         result = self._judged(trim, TurnResult(
@@ -135,6 +137,8 @@ class ChatSession:
             self.recorder.response(record_id, self._response_record(result, outcome.terminated))
         if outcome.terminated:
             raise TerminationRequested()
+        if outcome.unshowable:
+            raise outcome.unshowable
         if result.committed:
             self.conversation.commit(prompt, result.text, trim.drop, stats, reasoning=result.reasoning)
         return result
@@ -158,7 +162,7 @@ class ChatSession:
                     listeners.on_progress(event)
                 elif isinstance(event, Finished):
                     outcome.done = event
-        except TerminationRequested:
+        except (TerminationRequested, OutputError):
             raise
         except KeyboardInterrupt:
             outcome.failure = TurnStatus.INTERRUPTED
@@ -266,3 +270,4 @@ class _StreamOutcome:
     failure: TurnStatus | None = None
     trace: str | None = None
     terminated: bool = False
+    unshowable: OutputError | None = None

@@ -26,6 +26,7 @@ from localchat.errors import LocalchatError
 from localchat.gguf.reader import GgufFile
 from localchat.gguf.tensors import Quantized, to_mlx
 from localchat.gguf.tokenizer import TokenizerSpec, build_tokenizer, check_tokenizer, save_tokenizer
+from localchat.gguf.validate import Hyperparameters, check_tensors, hyperparameters, tokenizer_fields
 
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
 LAYER_NAMES = {
@@ -55,47 +56,28 @@ class ImportReport:
     max_error: dict[str, float] = field(default_factory=dict)  # tensors stored in a nearest form
 
 
-def tokenizer_spec(meta: dict[str, Any], arch: str) -> TokenizerSpec:
-    def need(key: str) -> Any:
-        if key not in meta:
-            raise GgufImportError(f"the file has no '{key}': its tokenizer cannot be rebuilt")
-        return meta[key]
-
+def tokenizer_spec(meta: dict[str, Any], h: Hyperparameters) -> TokenizerSpec:
+    fields = tokenizer_fields(meta)
     return TokenizerSpec(
-        model=need("tokenizer.ggml.model"), pre=meta.get("tokenizer.ggml.pre", "default"),
-        tokens=need("tokenizer.ggml.tokens"), merges=meta.get("tokenizer.ggml.merges") or [],
-        token_types=meta.get("tokenizer.ggml.token_type") or [1] * len(meta["tokenizer.ggml.tokens"]),
-        scores=meta.get("tokenizer.ggml.scores") or [],
-        add_space_prefix=bool(meta.get("tokenizer.ggml.add_space_prefix", meta.get("tokenizer.ggml.model") == "llama")),
-        bos_id=meta.get("tokenizer.ggml.bos_token_id"), eos_id=meta.get("tokenizer.ggml.eos_token_id"),
-        pad_id=meta.get("tokenizer.ggml.padding_token_id"), unk_id=meta.get("tokenizer.ggml.unknown_token_id"),
-        add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
-        chat_template=meta.get("tokenizer.chat_template"), context_length=meta.get(f"{arch}.context_length"))
+        model=fields["model"], pre=fields["pre"], tokens=fields["tokens"], merges=fields["merges"],
+        token_types=fields["token_types"], scores=fields["scores"],
+        add_space_prefix=fields["add_space_prefix"] if fields["add_space_prefix"] is not None
+        else fields["model"] == "llama",
+        bos_id=fields["bos_id"], eos_id=fields["eos_id"], pad_id=fields["padding_id"], unk_id=fields["unknown_id"],
+        add_bos=bool(fields["add_bos_token"]), chat_template=fields["chat_template"], context_length=h.context)
 
 
-def model_config(meta: dict[str, Any], arch: str, names: set[str], vocab: int) -> dict[str, Any]:
-    """mlx_lm's config.json from the GGUF's hyperparameters."""
-    def need(key: str) -> Any:
-        if f"{arch}.{key}" not in meta:
-            raise GgufImportError(f"the file has no '{arch}.{key}'")
-        return meta[f"{arch}.{key}"]
-
-    heads = need("attention.head_count")
-    hidden = need("embedding_length")
+def model_config(h: Hyperparameters, arch: str, names: set[str], spec: TokenizerSpec) -> dict[str, Any]:
+    """mlx_lm's config.json from the GGUF's (checked) hyperparameters."""
     config = {
-        "model_type": ARCHITECTURES[arch], "hidden_size": hidden, "num_hidden_layers": need("block_count"),
-        "intermediate_size": need("feed_forward_length"), "num_attention_heads": heads,
-        "num_key_value_heads": meta.get(f"{arch}.attention.head_count_kv", heads),
-        "rms_norm_eps": need("attention.layer_norm_rms_epsilon"), "vocab_size": vocab,
-        "max_position_embeddings": meta.get(f"{arch}.context_length", 4096),
-        "rope_theta": meta.get(f"{arch}.rope.freq_base", 10000.0),
-        "head_dim": meta.get(f"{arch}.attention.key_length", hidden // heads),
-        "tie_word_embeddings": "output.weight" not in names,
+        "model_type": ARCHITECTURES[arch], "hidden_size": h.hidden, "num_hidden_layers": h.layers,
+        "intermediate_size": h.ffn, "num_attention_heads": h.heads, "num_key_value_heads": h.kv_heads,
+        "rms_norm_eps": h.eps, "vocab_size": len(spec.tokens), "max_position_embeddings": h.context,
+        "rope_theta": h.rope_theta, "head_dim": h.head_dim, "tie_word_embeddings": "output.weight" not in names,
         "attention_bias": "blk.0.attn_q.bias" in names, "mlp_bias": False,
     }
-    eos = meta.get("tokenizer.ggml.eos_token_id")
-    if eos is not None:
-        config["eos_token_id"] = eos
+    if spec.eos_id is not None:
+        config["eos_token_id"] = spec.eos_id
     return config
 
 
@@ -155,24 +137,22 @@ def scale_dtype() -> Any:
     return mx.float16 if sys.platform == "darwin" else mx.float32
 
 
-def converted_tensors(reader: GgufFile, meta: dict[str, Any], arch: str, report: ImportReport,
+def converted_tensors(reader: GgufFile, h: Hyperparameters, arch: str, report: ImportReport,
                       quant: dict[str, Any]) -> Iterator[tuple[str, Any]]:
     """Each tensor as its MLX arrays, one at a time (so memory holds one tensor, not the model);
-    ``report`` and ``quant`` (the per-layer quantization) fill in as it goes."""
+    ``report`` and ``quant`` (the per-layer quantization) fill in as it goes. The tensors were
+    checked against the architecture (``validate.check_tensors``) before this runs."""
     import mlx.core as mx
 
-    heads, kv_heads = meta[f"{arch}.attention.head_count"], meta.get(f"{arch}.attention.head_count_kv")
     for tensor in reader.tensors:
         if tensor.name == "rope_freqs.weight":  # read into the config (see llama3_rope_scaling)
             continue
         name = hf_name(tensor.name)
-        if name is None:
-            raise GgufImportError(f"tensor '{tensor.name}' has no place in a {arch} model")
         report.tensor_types[tensor.kind] = report.tensor_types.get(tensor.kind, 0) + 1
         value = to_mlx(tensor.kind, reader.raw(tensor), tensor.shape)
         reader.release(tensor)
         if arch == "llama" and tensor.name.endswith(("attn_q.weight", "attn_k.weight")):
-            value = unpermute_rows(value, heads if "attn_q" in tensor.name else (kv_heads or heads))
+            value = unpermute_rows(value, h.heads if "attn_q" in tensor.name else h.kv_heads)
         if not isinstance(value, Quantized):
             yield name, mx.array(value)
             continue
@@ -227,6 +207,8 @@ def import_gguf(source: Path, destination: Path, *, on_progress: Callable[[int, 
         raise GgufImportError(f"cannot read {source}: {exc.strerror or exc}") from None
     try:
         return _convert(reader, source, destination, on_progress)
+    except OSError as exc:  # no space, a read-only home, or another import of this name finished first
+        raise GgufImportError(f"cannot write {destination}: {exc.strerror or exc}; nothing was imported") from None
     finally:
         reader.close()
 
@@ -237,27 +219,29 @@ def _convert(reader: GgufFile, source: Path, destination: Path, on_progress: Cal
     arch = meta.get("general.architecture")
     if arch not in ARCHITECTURES:
         raise GgufImportError(f"architecture '{arch}' cannot be imported (supported: {', '.join(ARCHITECTURES)})")
-    names = {t.name for t in reader.tensors}
-    spec = tokenizer_spec(meta, arch)
-    config = model_config(meta, arch, names, len(spec.tokens))
+    h = hyperparameters(meta, arch)
+    spec = tokenizer_spec(meta, h)
+    check_tokenizer(spec)
+    check_tensors(reader.tensors, h, arch, len(spec.tokens))
+    config = model_config(h, arch, {t.name for t in reader.tensors}, spec)
     rope = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
     if rope is not None:
         factors = to_mlx(rope.kind, reader.raw(rope), rope.shape)
-        config["rope_scaling"] = llama3_rope_scaling(np.asarray(factors), config["head_dim"], config["rope_theta"])
-    check_tokenizer(spec)
+        config["rope_scaling"] = llama3_rope_scaling(np.asarray(factors), h.head_dim, h.rope_theta)
     report = ImportReport(name=destination.name, directory=destination, source=source, architecture=arch,
                           parameters=sum(int(t.n_elements) for t in reader.tensors if t.name != "rope_freqs.weight"))
     quant: dict[str, Any] = {}
     destination.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{destination.name}-", dir=destination.parent))
     try:
-        write_shards(_counted(converted_tensors(reader, meta, arch, report, quant), len(reader.tensors),
+        # the tokenizer first: a template that cannot be used is refused before any conversion
+        save_tokenizer(usable_tokenizer(spec, destination.name), staging, spec)
+        write_shards(_counted(converted_tensors(reader, h, arch, report, quant), len(reader.tensors),
                               on_progress), staging)
         if block := quantization_block(quant):
             config["quantization"] = config["quantization_config"] = block
             report.bits = block["bits"]
         (staging / "config.json").write_text(json.dumps(config, indent=2))
-        save_tokenizer(build_tokenizer(spec), staging, spec)  # after the weights: their peaks do not add
         report.size_bytes = sum(p.stat().st_size for p in staging.iterdir())
         (staging / "import.json").write_text(json.dumps(_as_json(report), indent=2))
         staging.chmod(0o755)
@@ -266,6 +250,24 @@ def _convert(reader: GgufFile, source: Path, destination: Path, on_progress: Cal
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return report
+
+
+def usable_tokenizer(spec: TokenizerSpec, name: str) -> Any:
+    """The rebuilt tokenizer, its chat template tried on a first message (with its time limit)."""
+    from localchat.templates.render import ChatTemplate, TemplateError
+
+    try:
+        tokenizer = build_tokenizer(spec)
+    except LocalchatError:
+        raise
+    except Exception as exc:  # the tokenizers library's own refusal of a vocabulary
+        raise GgufImportError(f"the file's tokenizer cannot be rebuilt: {str(exc).splitlines()[0]}") from None
+    if spec.chat_template:
+        try:
+            ChatTemplate(tokenizer, name).text([{"role": "user", "content": "Hello"}])
+        except TemplateError as exc:
+            raise GgufImportError(f"{exc}; nothing was imported") from None
+    return tokenizer
 
 
 def _counted(arrays: Iterator[tuple[str, Any]], tensors: int, on_progress: Callable[[int, int, str], None]

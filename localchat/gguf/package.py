@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 from localchat.errors import LocalchatError, UsageError
 from localchat.registry import PACKAGE_GGUF_PREFIX, ModelEntry
 
 OLLAMA_MODEL_LAYER = "application/vnd.ollama.image.model"
+OLLAMA_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,79}")  # a host, namespace, model or tag
+OLLAMA_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 
 def package_file(source: str) -> Path:
@@ -39,21 +42,37 @@ def ensure_imported(entry: ModelEntry | None, directory: Path) -> Path:
     return directory
 
 
+def ollama_manifest(model: str, root: Path) -> Path:
+    """The manifest file of ``[host/][namespace/]model[:tag]`` (ollama's name grammar), inside
+    the store: a name that is not one, or that leads out of it, is refused."""
+    name, _, tag = model.partition(":")
+    parts = name.split("/")
+    if not 1 <= len(parts) <= 3 or not all(OLLAMA_PART.fullmatch(p) for p in [*parts, tag or "latest"]):
+        raise UsageError(f"{model!r} is not an ollama model name (like llama3.2, qwen3:4b or namespace/model:tag)")
+    host, namespace = ["registry.ollama.ai", "library"][:3 - len(parts)] + parts[:-1]
+    manifests = (root / "manifests").resolve()
+    manifest = (manifests / host / namespace / parts[-1] / (tag or "latest")).resolve()
+    if not manifest.is_relative_to(manifests):
+        raise UsageError(f"ollama model {model!r} leads outside ollama's store")
+    return manifest
+
+
 def ollama_blob(model: str, models_dir: Path | None = None) -> Path:
     """``llama3.2`` or ``qwen3:4b`` → the GGUF blob its ollama manifest names (read-only)."""
     root = models_dir or Path(os.environ.get("OLLAMA_MODELS") or Path.home() / ".ollama" / "models")
-    name, _, tag = model.partition(":")
-    namespace, _, repo = name.rpartition("/")
-    manifest = root / "manifests" / "registry.ollama.ai" / (namespace or "library") / repo / (tag or "latest")
+    manifest = ollama_manifest(model, root)
     try:
-        layers = json.loads(manifest.read_text(encoding="utf-8")).get("layers") or []
+        data = json.loads(manifest.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise UsageError(f"ollama has no model '{model}' in {root} (see: ollama list)") from None
-    except (OSError, ValueError, AttributeError) as exc:
+    except (OSError, ValueError) as exc:
         raise LocalchatError(f"cannot read ollama's manifest {manifest}: {exc}") from None
+    layers = data.get("layers") if isinstance(data, dict) else None
+    if not isinstance(layers, list):
+        raise LocalchatError(f"ollama's manifest {manifest} has no list of layers")
     digest = next((layer.get("digest") for layer in layers
                    if isinstance(layer, dict) and layer.get("mediaType") == OLLAMA_MODEL_LAYER), None)
-    if not isinstance(digest, str) or not digest.startswith("sha256:"):
+    if not isinstance(digest, str) or not OLLAMA_DIGEST.fullmatch(digest):
         raise LocalchatError(f"ollama's manifest for '{model}' names no model layer")
     blob = root / "blobs" / digest.replace(":", "-")
     if not blob.is_file():

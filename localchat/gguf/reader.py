@@ -22,6 +22,9 @@ MAGIC = b"GGUF"
 SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 STRING, ARRAY = 8, 9
 DEFAULT_ALIGNMENT = 32
+MAX_ALIGNMENT = 1 << 16
+MAX_NESTING = 2  # an array of arrays at most (no file needs more; deeper is a damaged or hostile file)
+MAX_ELEMENTS = 1 << 40  # a tensor with more values than this is not one localchat can hold
 
 
 class GgufFormatError(LocalchatError):
@@ -67,7 +70,12 @@ class GgufFile:
             pass
 
     def close(self) -> None:
-        self._map.close()
+        """Unmap the file; while arrays still view it (an error mid-import) the mapping stays until
+        they are gone, so closing never replaces the error that got us here."""
+        try:
+            self._map.close()
+        except BufferError:
+            pass
 
 
 def _tensor(name: str, dims: list[int], kind: int, offset: int) -> TensorInfo:
@@ -78,7 +86,11 @@ def _tensor(name: str, dims: list[int], kind: int, offset: int) -> TensorInfo:
     except ValueError:
         raise GgufFormatError(f"tensor '{name}' has an unknown type number {kind}") from None
     block, size = gguf.GGML_QUANT_SIZES[qtype]
-    elements = int(np.prod(dims)) if dims else 1
+    elements = 1
+    for dim in dims:
+        elements *= dim
+    if not 0 < elements <= MAX_ELEMENTS:
+        raise GgufFormatError(f"tensor '{name}' has an implausible shape {tuple(dims)}")
     if dims and dims[0] % block:
         raise GgufFormatError(f"tensor '{name}': {dims[0]} values a row is not a whole number of {qtype.name} blocks")
     return TensorInfo(name=name, shape=tuple(reversed(dims)), kind=qtype.name, offset=offset,
@@ -97,6 +109,8 @@ def _read_header(f: BinaryIO) -> tuple[dict[str, Any], list[tuple[str, list[int]
     metadata = {}
     for _ in range(n_fields):
         key = _string(f)
+        if key in metadata:
+            raise GgufFormatError(f"the GGUF header has the key '{key}' twice")
         metadata[key] = _value(f, _unpack(f, "<I")[0])
     infos = []
     for _ in range(n_tensors):
@@ -108,6 +122,8 @@ def _read_header(f: BinaryIO) -> tuple[dict[str, Any], list[tuple[str, list[int]
         kind, offset = _unpack(f, "<IQ")
         infos.append((name, dims, kind, offset))
     alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
+    if type(alignment) is not int or not 0 < alignment <= MAX_ALIGNMENT or alignment & (alignment - 1):
+        raise GgufFormatError(f"general.alignment {alignment!r} is not a power of two up to {MAX_ALIGNMENT}")
     position = f.tell()
     return metadata, infos, position + (-position % alignment)
 
@@ -130,17 +146,19 @@ def _string(f: BinaryIO) -> str:
     return data.decode("utf-8", errors="replace")
 
 
-def _value(f: BinaryIO, kind: int) -> Any:
+def _value(f: BinaryIO, kind: int, depth: int = 0) -> Any:
     if kind in SCALARS:
         return _unpack(f, SCALARS[kind])[0]
     if kind == STRING:
         return _string(f)
     if kind == ARRAY:
+        if depth >= MAX_NESTING:
+            raise GgufFormatError("the GGUF header nests arrays too deep (a damaged file?)")
         item, count = _unpack(f, "<IQ")
         if count > 1 << 28:
             raise GgufFormatError("an array in the GGUF header is implausibly long (a damaged file?)")
         if item in SCALARS:
             fmt = SCALARS[item]
             return list(_unpack(f, f"<{count}{fmt[1]}")) if count else []
-        return [_value(f, item) for _ in range(count)]
+        return [_value(f, item, depth + 1) for _ in range(count)]
     raise GgufFormatError(f"unknown GGUF value type {kind}")

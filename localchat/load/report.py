@@ -14,6 +14,7 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
+from localchat import files
 from localchat.load.metrics import RequestRecord
 from localchat.load.sweep import LoadResult
 
@@ -81,13 +82,8 @@ def to_csv(result: LoadResult) -> str:
 
 
 def write_outputs(result: LoadResult, out: Path) -> list[Path]:
-    out.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name, text in (("results.json", json.dumps(result.as_dict(), indent=2, ensure_ascii=False)),
-                       ("requests.csv", to_csv(result)), ("summary.md", to_markdown(result))):
-        (out / name).write_text(text, encoding="utf-8")
-        written.append(out / name)
-    return written
+    return files.write_outputs(out, {"results.json": json.dumps(result.as_dict(), indent=2, ensure_ascii=False),
+                                     "requests.csv": to_csv(result), "summary.md": to_markdown(result)})
 
 
 def write_plot(result: LoadResult, path: Path) -> None:

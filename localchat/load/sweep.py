@@ -56,9 +56,11 @@ class LoadResult:
     settings: dict
     runs: list[RunResult] = field(default_factory=list)
 
+    stopped: bool = False  # Ctrl+C or SIGTERM, perhaps before the first run (during the warm-up)
+
     @property
     def partial(self) -> bool:
-        return any(run.partial for run in self.runs)
+        return self.stopped or any(run.partial for run in self.runs)
 
     def summaries(self) -> list[dict]:
         slo = Slo(self.settings["slo_ttft_s"], self.settings["slo_tpot_s"])
@@ -91,7 +93,7 @@ class LoadResult:
 def parse_sweep(text: str) -> tuple[int, ...]:
     try:
         users = tuple(int(part) for part in text.split(","))
-    except ValueError:
+    except (ValueError, OverflowError):
         raise UsageError(f"--sweep takes whole numbers separated by commas, e.g. 1,2,4,8 (got {text!r})") from None
     if not users or any(n < 1 or n > 256 for n in users) or len(set(users)) != len(users):
         raise UsageError(f"--sweep {text}: each number of users must be from 1 to 256, once")

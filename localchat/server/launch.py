@@ -12,8 +12,8 @@ import os
 import signal
 import socket
 import subprocess
+import re
 import sys
-import tempfile
 import time
 from collections import deque
 from collections.abc import Callable
@@ -58,6 +58,14 @@ def _die_with_parent() -> None:  # runs in the child before exec (Linux only)
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
+
+
+def failure_line(path: Path) -> str:
+    """What the child's log says went wrong, in one line: the exception of its last traceback
+    (``ValueError: Model type foo not supported.``), else its last line."""
+    lines = [line.strip() for line in last_lines(path, 200).splitlines() if line.strip()]
+    found = next((line for line in reversed(lines) if EXCEPTION_LINE.match(line)), None)
+    return (found or (lines[-1] if lines else "(the log is empty)"))[:300]
 
 
 def last_lines(path: Path, n: int = 20) -> str:
@@ -106,8 +114,7 @@ def launch(model_location: str, *, host: str = "127.0.0.1", port: int = 8080, lo
                                "another with --port")
     command = [sys.executable, "-m", "mlx_lm", "server", "--model", model_location,
                "--host", host, "--port", str(port), *extra_args]
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("wb") as log:
+    with open_log(log_path) as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                    env=os.environ | {"HF_HUB_OFFLINE": "1"},  # the server never downloads
                                    start_new_session=True,
@@ -115,7 +122,19 @@ def launch(model_location: str, *, host: str = "127.0.0.1", port: int = 8080, lo
     return RunningServer(process, host, port, model_location, log_path)
 
 
+def open_log(path: Path):
+    """The log, truncated, never through a symlink; its directory created owner-only."""
+    try:
+        if not path.parent.exists():
+            path.parent.mkdir(mode=0o700, parents=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:
+        raise ServerStartError(f"cannot open the server log {path}: {exc.strerror or exc}") from None
+    return os.fdopen(fd, "wb")
+
+
 FAILURE_MARKS = ("generation thread died", "Traceback (most recent call last)")
+EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b:?")
 
 
 def _ready_once(client: httpx.Client, server: RunningServer) -> bool:
@@ -127,8 +146,8 @@ def _ready_once(client: httpx.Client, server: RunningServer) -> bool:
     except httpx.HTTPError:
         health = None
     if (health is not None and health.status_code == 503) or _log_shows_failure(server.log_path):
-        raise ServerStartError(f"mlx_lm.server failed to start (its /health says unavailable, or its log "
-                               f"shows an error); last lines of {server.log_path}:\n{last_lines(server.log_path)}")
+        raise ServerStartError(f"mlx_lm.server failed to start: {failure_line(server.log_path)} "
+                               f"(log: {server.log_path})")
     if health is None or health.status_code != 200:
         return False
     try:
@@ -154,21 +173,24 @@ def wait_ready(server: RunningServer, timeout_s: float = READY_TIMEOUT_S,
         while True:
             elapsed = time.perf_counter() - started
             if server.process.poll() is not None:
-                tail = last_lines(server.log_path)
-                raise ServerStartError(f"mlx_lm.server exited with code {server.process.returncode} "
-                                       f"during start-up; last lines of {server.log_path}:\n{tail}")
+                raise ServerStartError(f"mlx_lm.server exited with code {server.process.returncode} during "
+                                       f"start-up: {failure_line(server.log_path)} (log: {server.log_path})")
             if _ready_once(client, server):
                 server.load_s = elapsed
                 return elapsed
             if elapsed > timeout_s:
-                raise ServerStartError(f"mlx_lm.server was not ready after {timeout_s:.0f}s; last lines of "
-                                       f"{server.log_path}:\n{last_lines(server.log_path)}")
+                raise ServerStartError(f"mlx_lm.server was not ready after {timeout_s:.0f}s: "
+                                       f"{failure_line(server.log_path)} (log: {server.log_path})")
             on_poll(elapsed)
             time.sleep(POLL_S)
 
 
 def default_log(port: int) -> Path:
-    return Path(tempfile.gettempdir()) / f"localchat-server-{port}.log"
+    """The server's log in the user's own directory (created owner-only): a shared, predictable
+    /tmp name could be planted as a symlink by another local user."""
+    from localchat.store.home import home_dir
+
+    return home_dir() / "logs" / f"server-{port}.log"
 
 
 def ensure_hf_cache_dir() -> None:

@@ -2,7 +2,9 @@
 
 A chat template is code from the model's repository. Whatever it raises (its own
 ``raise_exception``, a syntax error, an undefined variable, a sandbox refusal, a value of the wrong
-type) becomes one ``TemplateError`` line naming the model, so no caller ever shows a traceback.
+type) becomes one ``TemplateError`` line naming the model, so no caller ever shows a traceback; a
+render has a time limit (``limits``) and a size limit. The prompt's ids are the rendered text
+encoded without special tokens, as ``apply_chat_template(tokenize=True)`` does.
 """
 
 from __future__ import annotations
@@ -12,13 +14,19 @@ from functools import cached_property
 from typing import Any
 
 from localchat.errors import LocalchatError
+from localchat.templates.limits import RenderTimeout, time_limit
 from localchat.templates.traits import TemplateTraits, probe
 
 Message = dict[str, Any]
+MAX_RENDER_CHARS = 16_000_000  # ~4M tokens: more than any context window
 
 
 class TemplateError(LocalchatError):
     """The model's chat template refused these messages, or failed to render."""
+
+
+class RenderTooLarge(Exception):
+    pass
 
 
 def describe(exc: Exception) -> str:
@@ -31,6 +39,8 @@ def describe(exc: Exception) -> str:
         return f"it does not parse ({text}, line {exc.lineno})"
     if type(exc) is JinjaError and text:  # raise_exception('...')
         return f"it refused these messages: {text}"
+    if isinstance(exc, (RenderTimeout, RenderTooLarge)):
+        return text
     return f"it failed: {type(exc).__name__}{': ' + text if text else ''}"
 
 
@@ -43,8 +53,18 @@ class ChatTemplate:
     defaults: dict[str, Any] = field(default_factory=dict)  # models.yaml chat_template_kwargs
 
     @cached_property
+    def _probed(self) -> TemplateTraits | TemplateError:
+        try:
+            return probe(self._render_text, self.defaults, self.tokenizer)
+        except RenderTimeout as exc:  # no second wait: every later use reports it at once
+            return TemplateError(f"{self.model_id}'s chat template: {describe(exc)}")
+
+    @property
     def traits(self) -> TemplateTraits:
-        return probe(self._render_text, self.defaults, self.tokenizer)
+        """What probing the template found; a ``TemplateError`` when it runs away."""
+        if isinstance(self._probed, TemplateError):
+            raise self._probed
+        return self._probed
 
     def kwargs(self, think: bool | None = None) -> dict[str, Any]:
         """The template arguments for a turn: the registry's, with ``--think/--no-think`` mapped to
@@ -53,24 +73,27 @@ class ChatTemplate:
 
     def ids(self, messages: list[Message], think: bool | None = None) -> list[int]:
         """Token ids of the prompt, the assistant turn opened: what the model is fed."""
-        return self._rendered(lambda: list(self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, **self.kwargs(think))))
+        text = self.text(messages, think)
+        return self._rendered(lambda: list(self.tokenizer.encode(text, add_special_tokens=False)))
 
     def text(self, messages: list[Message], think: bool | None = None) -> str:
         """The prompt as text (a render without tokenizing: for checks)."""
         return self._rendered(lambda: self._render_text(messages, self.kwargs(think), True))
 
     def _render_text(self, messages: list[Message], kwargs: dict[str, Any], generation: bool) -> str:
-        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=generation, tokenize=False,
-                                                  **kwargs)
+        with time_limit():
+            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=generation, tokenize=False,
+                                                      **kwargs)
         if not isinstance(text, str):
             raise TypeError(f"it rendered {type(text).__name__}, not text")
+        if len(text) > MAX_RENDER_CHARS:
+            raise RenderTooLarge(f"it rendered {len(text):,} characters, over {MAX_RENDER_CHARS:,}")
         return text
 
     def _rendered(self, render):
         try:
             return render()
-        except (KeyboardInterrupt, MemoryError):
+        except (KeyboardInterrupt, MemoryError, TemplateError):
             raise
         except Exception as exc:  # the template is the model's code: any failure is its failure
             raise TemplateError(f"{self.model_id}'s chat template: {describe(exc)}") from None
@@ -78,6 +101,7 @@ class ChatTemplate:
 
 def template_of(tokenizer: Any, model_id: str, defaults: dict[str, Any] | None = None) -> ChatTemplate | None:
     """A ``ChatTemplate`` when ``tokenizer`` has one (a tokenizer without a template has none)."""
-    if tokenizer is None or not isinstance(getattr(tokenizer, "chat_template", None), str):
+    if tokenizer is None or not getattr(tokenizer, "has_chat_template",
+                                        isinstance(getattr(tokenizer, "chat_template", None), str)):
         return None
     return ChatTemplate(tokenizer, model_id, dict(defaults or {}))

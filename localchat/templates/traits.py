@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from localchat.templates.formats import ReasoningFormat, harmony, think_markers
+from localchat.templates.limits import RenderTimeout
 
 Render = Callable[[list[dict[str, Any]], dict[str, Any], bool], str]  # (messages, kwargs, generation prompt)
 SYSTEM, USER, ANSWER, NEXT, REASONING = "PROBE-SYSTEM", "PROBE-USER", "PROBE-ANSWER", "PROBE-NEXT", "PROBE-REASONING"
@@ -73,6 +74,8 @@ def probe(render: Render, defaults: dict[str, Any], tokenizer: Any) -> TemplateT
     def text(messages, extra=None, generation=True) -> str | None:
         try:
             return render(messages, {**defaults, **(extra or {})}, generation)
+        except RenderTimeout:
+            raise  # one runaway is enough: the caller reports it
         except Exception:  # a probe the template refuses is an answer, not an error
             return None
 
