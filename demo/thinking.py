@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import re
 import sys
@@ -34,7 +33,7 @@ from tokenizers import AddedToken
 from demo.corpus import Dialogue, training_dialogue
 from demo.evaluate import evaluate
 from demo.tokenizer import load_init_tokenizer
-from demo.train import init_weights, log, relaunch_with_workers, save_and_reload, train
+from demo.train import fine_tune_args, init_weights, join_workers, log, save_and_reload, train
 from localchat.conversation.history import system_first
 from localchat.environment import collect
 
@@ -141,30 +140,13 @@ Remake it (deterministic; {report['total_minutes']} minutes in all here):
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", type=Path, required=True, help="output directory (replaced)")
-    p.add_argument("--demo", type=Path, default=Path("localchat/demo_model"), help="the model to start from")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--steps", type=int, default=800)
-    p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--lr", type=float, default=5e-4)
-    p.add_argument("--warmup", type=int, default=30)
-    p.add_argument("--group-size", type=int, default=32)
-    p.add_argument("--embedding-bits", type=int, default=8, choices=[4, 8])
-    p.add_argument("--attention-bits", type=int, default=8, choices=[4, 8])
-    p.add_argument("--keep-float", type=Path, default=None)
-    p.add_argument("--eval-n", type=int, default=50, help="held-out conversations per behaviour and mode")
-    p.add_argument("--log-every", type=int, default=25)
-    p.add_argument("--workers", type=int, default=2)
-    args = p.parse_args(argv)
-    return argparse.Namespace(**vars(args), fast_loss=False, probe_every=0, plant_induction=False)
+    return fine_tune_args(p, argv, steps=800, lr=5e-4, eval_n=50)
 
 
 def main(argv=None) -> dict | None:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    if args.workers > 1 and "MLX_RANK" not in os.environ:
-        sys.exit(relaunch_with_workers(argv, args.workers, module="demo.thinking"))
-    group = mx.distributed.init()
+    group = join_workers(argv, args.workers, module="demo.thinking")
     started = time.perf_counter()
     rng = random.Random(args.seed)
     tok = thinking_tokenizer(args.demo)

@@ -41,6 +41,7 @@ from demo.tokenizer import (
     load_init_tokenizer,
     save_tokenizer,
 )
+from localchat.demo import MODEL_DIR
 from localchat.environment import collect
 
 
@@ -208,6 +209,36 @@ def save_and_reload(model: nn.Module, tok, config: dict, args):
     return qmodel, qtok
 
 
+def join_workers(argv: list[str], workers: int, module: str = "demo.train"):
+    """This process's place in the data-parallel group; the first process relaunches itself as
+    ``workers`` processes and exits with their status."""
+    if workers > 1 and "MLX_RANK" not in os.environ:
+        sys.exit(relaunch_with_workers(argv, workers, module=module))
+    return mx.distributed.init()
+
+
+def fine_tune_args(p: argparse.ArgumentParser, argv: list[str] | None, *, steps: int, lr: float,
+                   eval_n: int) -> argparse.Namespace:
+    """The options every fine-tune of the demo model takes (``demo.thinking``, ``demo.notes``),
+    after the caller's own; the trainer's switches that only training from scratch uses are off."""
+    p.add_argument("--out", type=Path, required=True, help="output directory (replaced)")
+    p.add_argument("--demo", type=Path, default=MODEL_DIR, help="the model to start from")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", type=int, default=steps)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--lr", type=float, default=lr)
+    p.add_argument("--warmup", type=int, default=30)
+    p.add_argument("--group-size", type=int, default=32)
+    p.add_argument("--embedding-bits", type=int, default=8, choices=[4, 8])
+    p.add_argument("--attention-bits", type=int, default=8, choices=[4, 8])
+    p.add_argument("--keep-float", type=Path, default=None)
+    p.add_argument("--eval-n", type=int, default=eval_n, help="held-out conversations per card behaviour")
+    p.add_argument("--log-every", type=int, default=25)
+    p.add_argument("--workers", type=int, default=2)
+    args = p.parse_args(argv)
+    return argparse.Namespace(**vars(args), fast_loss=False, probe_every=0, plant_induction=False)
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path, required=True, help="output directory (replaced)")
@@ -262,9 +293,7 @@ def curriculum(args) -> dict[str, int]:
 def main(argv=None) -> dict | None:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    if args.workers > 1 and "MLX_RANK" not in os.environ:
-        sys.exit(relaunch_with_workers(argv, args.workers))
-    group = mx.distributed.init()
+    group = join_workers(argv, args.workers)
     started = time.perf_counter()
     rng = random.Random(args.seed)
     stage_steps = curriculum(args)

@@ -21,6 +21,14 @@ def demo():
     return load(str(DEMO_DIR))
 
 
+@pytest.fixture(scope="session")
+def demo_notes():
+    """The bundled demo-notes model (the demo taught to keep notes), loaded once."""
+    from mlx_lm import load
+
+    return load(str(DEMO_DIR.parent / "demo_notes_model"))
+
+
 @pytest.fixture
 def demo_backend(demo):
     from localchat.backends.inproc import InProcessBackend

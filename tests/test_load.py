@@ -159,6 +159,19 @@ def test_ctrl_c_stops_every_user_and_writes_partial_results(server, tmp_path):
     assert "localchat load" in stdout
 
 
+def test_compaction_under_load_is_counted_as_the_requests_it_costs(server, tmp_path):
+    server.chat(Reply(chunks=GOOD))
+    result = load("--base-url", server.base_url, "-m", "demo", "--users", "1", "--conversations", "1",
+                  "--turns", "8", "--history", "on", "--warmup", "0", "--max-context-tokens", "90",
+                  "--compact", "auto", "--out", str(tmp_path))
+    assert result.exit_code == 0, result.stdout + result.stderr
+    run = json.loads((tmp_path / "results.json").read_text())["runs"][0]
+    bodies = [json.loads(body) for path, _, body in server.requests if path.endswith("/chat/completions")]
+    summaries = [b for b in bodies if "Summarize the conversation" in b["messages"][-1]["content"]]
+    assert run["compactions"]["calls"] == len(summaries) >= 1 and run["compactions"]["tokens"] > 0
+    assert run["requests"] == 8  # the summary calls are not requests of the users
+
+
 @pytest.mark.parametrize("args, needle", [
     (["--sweep", "1,x"], "--sweep takes whole numbers"),
     (["--sweep", "0,2"], "from 1 to 256"),
@@ -169,6 +182,9 @@ def test_ctrl_c_stops_every_user_and_writes_partial_results(server, tmp_path):
     (["--", "--decode-concurrency", "4"], "need --launch"),
     (["--base-url", "http://127.0.0.1:9/v1"], "nothing is listening"),
     (["--script", "/nonexistent.yaml"], "/nonexistent.yaml"),
+    (["--compact", "auto"], "needs a budget"),
+    (["--max-context-tokens", "100", "--trim-to", "1.5"], "--trim-to"),
+    (["--compact", "always"], "--compact"),
 ])
 def test_bad_input_is_one_line(args, needle):
     result = load(*args)

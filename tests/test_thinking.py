@@ -322,16 +322,10 @@ def test_reasoning_goes_back_only_when_the_template_reads_it(toy):
 
 @pytest.fixture(scope="module")
 def think_server(tmp_path_factory):
-    from localchat.registry import resolve
-    from localchat.server.launch import free_port, launch, wait_ready
+    from servers import serving
 
-    server = launch(resolve("demo-think").location, port=free_port(),
-                    log_path=tmp_path_factory.mktemp("log") / "server.log")
-    try:
-        wait_ready(server, timeout_s=120)
+    with serving("demo-think", tmp_path_factory.mktemp("log")) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.mark.parametrize("think", [True, False])

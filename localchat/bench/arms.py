@@ -13,10 +13,12 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 
 from localchat.backends import Backend, GenerationParams
+from localchat.bench.policies import policy_summary
 from localchat.bench.script import BenchScript, plan
 from localchat.conversation.history import Conversation
+from localchat.conversation.policy import HistoryPolicy
 from localchat.conversation.stats import percentile
-from localchat.conversation.turn import ChatSession
+from localchat.conversation.turn import ChatSession, TrimPolicy
 
 
 @dataclass(frozen=True)
@@ -25,11 +27,14 @@ class Arm:
     history: bool
     cache_reuse: bool = True
     think: bool | None = None  # None: the model's default (nothing is sent)
+    policy: HistoryPolicy | None = None  # the policy bench: how the history stays in its budget
 
     @property
     def label(self) -> str:
         reuse = "" if self.cache_reuse else " no-reuse"
         think = "" if self.think is None else f" think-{'on' if self.think else 'off'}"
+        if self.policy is not None:
+            return f"{self.backend} {self.policy.label}{reuse}{think}"
         return f"{self.backend} history-{'on' if self.history else 'off'}{reuse}{think}"
 
     @property
@@ -71,6 +76,12 @@ class TurnRecord:
     error: str | None
     estimated: bool
     cache_miss: bool  # history on, KV reuse on: fewer cached tokens than the previous prompt
+    policy: str | None = None
+    fact: str | None = None  # early | recent: what a scored turn asked about
+    dropped_turns: int = 0  # left out of this request to fit the budget
+    compactions: int = 0  # summary calls made before this turn
+    compaction_tokens: int = 0  # their prompt and completion tokens
+    compaction_s: float = 0.0  # their time
 
 
 @dataclass(frozen=True)
@@ -88,12 +99,17 @@ Progress = Callable[[str, int, str, int], None]  # (arm label, repeat, script, t
 def play_conversation(backend: Backend, arm: Arm, script: BenchScript, conversation: int, repeat: int,
                       bench: BenchPlan, on_turn: Progress) -> list[TurnRecord]:
     history = Conversation.for_backend(backend, script.system)
-    session = ChatSession(backend, history, replace(bench.params, think=arm.think), use_history=arm.history)
+    session = ChatSession(backend, history, replace(bench.params, think=arm.think), use_history=arm.history,
+                          trim=arm.policy.trim(TrimPolicy()) if arm.policy else TrimPolicy(),
+                          compaction=arm.policy.compaction() if arm.policy else None)
     records: list[TurnRecord] = []
     for i, turn in enumerate(plan(script, bench.seed, repeat, conversation), 1):
         on_turn(arm.label, repeat, script.name, i)
+        if turn.pin and arm.policy is not None and arm.policy.pins_facts:
+            history.pins.append(turn.pin)
         result = session.ask(turn.user)
         s = result.stats
+        summary = result.compaction.result.stats if result.compaction and result.compaction.result else None
         previous = records[-1].prompt_tokens if records else None
         miss = arm.history and arm.cache_reuse and previous is not None and s.cached_tokens < previous
         records.append(TurnRecord(
@@ -105,8 +121,12 @@ def play_conversation(backend: Backend, arm: Arm, script: BenchScript, conversat
             ttft_s=s.ttft_s, ttfa_s=s.ttfa_s, reasoning_tokens=s.reasoning_tokens,
             reasoning_estimated=s.reasoning_estimated,
             prefill_tps=s.prefill_tps, decode_tps=s.decode_tps, total_s=s.total_s,
-            peak_memory_gb=s.peak_memory_gb, finish_reason=s.finish_reason, status=result.status.value, error=result.error,
-            estimated=s.estimated, cache_miss=miss))
+            peak_memory_gb=s.peak_memory_gb, finish_reason=s.finish_reason, status=result.status.value,
+            error=result.error,
+            estimated=s.estimated, cache_miss=miss, policy=arm.policy.label if arm.policy else None, fact=turn.fact,
+            dropped_turns=result.dropped_turns, compactions=int(summary is not None),
+            compaction_tokens=summary.prompt_tokens + summary.completion_tokens if summary else 0,
+            compaction_s=summary.total_s if summary else 0.0))
     return records
 
 
@@ -251,10 +271,10 @@ class BenchResult:
             if arm.think is True and (off := replace(arm, think=False).label) in arms:
                 thinking[arm.family] = thinking_cost(arms[label], arms[off])
         return {"arms": arms, "growth": growth, "history_on_vs_off": comparisons, "kv_reuse": savings,
-                "think_on_vs_off": thinking}
+                "think_on_vs_off": thinking, "policies": policy_summary(self.turns)}
 
     def _arm_settings(self) -> dict[str, Arm]:
-        return {r.arm: Arm(r.backend, r.history, r.cache_reuse, r.think) for r in self.turns}
+        return {r.arm: Arm(r.backend, r.history, r.cache_reuse, r.think) for r in self.turns if r.policy is None}
 
     def as_dict(self) -> dict:
         return {"schema": "localchat.bench.arms/1", "environment": self.environment, "settings": self.settings,

@@ -38,6 +38,27 @@ SUMMARY_HEADERS = ["arm", "accuracy", "TTFT med ms", "TTFT p90 ms", "TTFA med ms
                    "tok/s med", "tok/s p90", "prompt tokens", "cached", "cache misses"]
 
 
+POLICY_HEADERS = ["policy", "early facts", "recent facts", "prompt tok/turn", "with compactions", "prefilled tok/turn",
+                  "TTFT med ms", "compactions", "their tokens", "their time s"]
+
+
+def policy_rows(result: BenchResult) -> list[list[str]]:
+    """One row per history policy: what it buys (early and recent recall) and what it costs."""
+    def acc(a: dict) -> str:
+        return f"{_f(a['accuracy'], '.0%')} ({a['correct']}/{a['scored']})"
+
+    return [[arm, acc(p["early"]), acc(p["recent"]), _f(p["prompt_tokens_mean"], ".0f"),
+             _f(p["all_tokens_per_turn"], ".0f"), _f(p["prefilled_tokens_mean"], ".0f"),
+             _f(p["ttft_median_s"], ".1f", 1e3), str(p["compactions"]),
+             str(p["compaction_tokens"]), _f(p["compaction_s"], ".2f")]
+            for arm, p in result.summary()["policies"].items()]
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> str:
+    head = "| " + " | ".join(headers) + " |\n|" + "---|" * len(headers) + "\n"
+    return head + "".join("| " + " | ".join(row) + " |\n" for row in rows)
+
+
 def comparison_lines(result: BenchResult) -> list[str]:
     summary = result.summary()
     lines = []
@@ -45,6 +66,8 @@ def comparison_lines(result: BenchResult) -> list[str]:
         lines.append(f"{backend}: history on vs off: accuracy {_f(c['accuracy_difference'], '+.0%')}, "
                      f"prompt tokens ×{_f(c['prompt_token_ratio'], '.2f')}, TTFT ×{_f(c['ttft_ratio'], '.2f')}")
     for arm, g in summary["growth"].items():
+        if arm in summary["policies"]:
+            continue  # a trimmed history has no one growth to fit
         if g and "history-on" in arm:
             lines.append(f"{arm}: prompt tokens at turn n ≈ {g['S']:.1f} + {g['T']:.1f}·n (R² {g['r2']:.3f}, "
                          f"±{g['mean_abs_error_tokens']:.1f} a turn); longest conversation ({g['longest_turns']} "
@@ -73,14 +96,16 @@ def environment_line(result: BenchResult) -> str:
 
 
 def to_markdown(result: BenchResult) -> str:
-    head = "| " + " | ".join(SUMMARY_HEADERS) + " |\n|" + "---|" * len(SUMMARY_HEADERS) + "\n"
-    body = "".join("| " + " | ".join(row) + " |\n" for row in summary_rows(result))
+    policies = policy_rows(result)
+    table = _table(SUMMARY_HEADERS, summary_rows(result))
+    if policies:
+        table = "## History policies\n\n" + _table(POLICY_HEADERS, policies) + "\n## Every arm\n\n" + table
     per_script = ["", "| arm | script | accuracy |", "|---|---|---|"]
     for arm, s in result.summary()["arms"].items():
         for script, a in s["per_script_accuracy"].items():
             per_script.append(f"| {arm} | {script} | {_f(a['accuracy'], '.0%')} ({a['correct']}/{a['scored']}) |")
     return "\n".join([
-        "# localchat bench", "", f"Measured on: {environment_line(result)}", "", head + body,
+        "# localchat bench", "", f"Measured on: {environment_line(result)}", "", table,
         *[f"- {line}" for line in comparison_lines(result)], *per_script, "",
         "Re-run with:", "", f"    {result.environment['command']}", "",
     ])
@@ -116,6 +141,8 @@ def write_plot(result: BenchResult, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    if result.summary()["policies"]:
+        return write_policy_plot(result, path, plt)
     thinking = any(r.reasoning_tokens for r in result.turns)
     fig, axes = plt.subplots(1, 3 if thinking else 2, figsize=(15 if thinking else 11, 4.2))
     panels = [("ttft_s", 1e3, "TTFT per turn (median)", "ms"),
@@ -127,15 +154,43 @@ def write_plot(result: BenchResult, path: Path) -> None:
             values = per_turn_medians(result.records(arm), key)
             ax.plot(list(values), [v * scale for v in values.values()], marker="o", label=arm)
         ax.set(title=title, xlabel="turn", ylabel=unit)
-    for ax in axes:
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle(f"localchat bench · {environment_line(result)[:150]}", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _finish(fig, axes, f"localchat bench · {environment_line(result)[:150]}", path, plt)
 
 
 def write_outputs(result: BenchResult, out: Path) -> list[Path]:
     return files.write_outputs(out, {"results.json": to_json(result), "turns.csv": to_csv(result),
                                      "summary.md": to_markdown(result)})
+
+
+def write_policy_plot(result: BenchResult, path: Path, plt) -> None:
+    """Per policy: prompt and prefilled tokens by turn, and what it recalled (early vs recent facts)."""
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.4))
+    policies = result.summary()["policies"]
+    for arm in policies:
+        records = result.records(arm)
+        for ax, key in zip(axes[:2], ("prompt_tokens", "prefilled")):
+            by_turn: dict[int, list[float]] = {}
+            for r in records:
+                by_turn.setdefault(r.turn, []).append(r.prompt_tokens - (r.cached_tokens if key == "prefilled" else 0))
+            ax.plot(list(by_turn), [sum(v) / len(v) for v in by_turn.values()], marker=".", label=arm)
+    axes[0].set(title="prompt tokens per turn (mean)", xlabel="turn", ylabel="tokens")
+    axes[1].set(title="prefilled tokens per turn (mean)", xlabel="turn", ylabel="tokens")
+    names = list(policies)
+    for offset, fact in ((-0.2, "early"), (0.2, "recent")):
+        axes[2].bar([i + offset for i in range(len(names))],
+                    [(policies[a][fact]["accuracy"] or 0) * 100 for a in names],
+                    width=0.4, label=f"{fact} facts")
+    axes[2].set_xticks(range(len(names)), names, rotation=20, fontsize=8)
+    axes[2].set(title="recall", ylabel="% correct", ylim=(0, 105))
+    _finish(fig, axes, f"localchat bench --policy · {environment_line(result)[:150]}", path, plt)
+
+
+def _finish(fig, axes, title: str, path: Path, plt) -> None:
+    """Grid and legend on every panel, the run's environment as the title, then the file."""
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(title, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -27,6 +27,7 @@ from localchat.bench.script import (
     script_from_session,
     script_path,
 )
+from localchat.conversation.policy import parse_policies
 from localchat.environment import collect
 from localchat.errors import LocalchatError, UsageError
 from localchat.registry import (
@@ -56,10 +57,13 @@ class BenchOptions:
     plot: Path | None = None
     replay: tuple[str, ...] = ()  # saved session names
     think: str | None = None  # on | off | both; None: the model's default, nothing sent
+    policy: str | None = None  # history policies side by side: full,window:N,budget:N,compact:N,pin:N
 
 
 def arms_for(opts: BenchOptions) -> list[Arm]:
     backends = ["inproc", "server"] if opts.backend == "both" else [opts.backend]
+    if opts.policy is not None:
+        return [Arm(b, True, policy=p) for b in backends for p in parse_policies(opts.policy)]
     histories = [True, False] if opts.history == "both" else [opts.history == "on"]
     thinks = {None: [None], "both": [True, False], "on": [True], "off": [False]}[opts.think]
     arms = [Arm(b, h, think=t) for b in backends for h in histories for t in thinks]
@@ -130,6 +134,8 @@ def rerun_command(opts: BenchOptions) -> str:
         args.append("--no-cache-reuse")
     if opts.think:
         args += ["--think", opts.think]
+    if opts.policy:
+        args += ["--policy", opts.policy]
     if opts.base_url:
         args += ["--base-url", opts.base_url]
     return shlex.join(args)
@@ -199,7 +205,7 @@ def bench_scripts(opts: BenchOptions) -> list[BenchScript]:
     for name in opts.replay:
         saved = default_store().load(name)
         replays.append(script_from_session(saved.name, saved.system, [t.user for t in saved.turns]))
-    paths = opts.scripts or (() if replays else tuple(builtin_scripts()))
+    paths = opts.scripts or (() if replays else tuple(builtin_scripts(long=opts.policy is not None)))
     return [load_script(script_path(p)) for p in paths] + replays
 
 
@@ -216,13 +222,16 @@ class PreparedBench:
 def prepare_bench(opts: BenchOptions) -> PreparedBench:
     """Every check that can fail before the first turn: outputs, scripts, the model's name."""
     check_outputs(opts)
+    if opts.policy is not None and (opts.history != "both" or opts.no_cache_reuse or opts.think):
+        raise UsageError("--policy compares history policies: leave out --history, --no-cache-reuse and --think")
+    arms = arms_for(opts)
     scripts = bench_scripts(opts)
     if not scripts:
         raise UsageError("no bench scripts: pass --script FILE")
     ref = resolve(opts.model or DEFAULT_MODEL)
     params = GenerationParams(temperature=opts.temperature, max_tokens=opts.max_tokens, seed=opts.seed)
     return PreparedBench(opts=opts, ref=ref, plan=BenchPlan(scripts, opts.repeat, opts.warmup, params, opts.seed),
-                         arms=arms_for(opts))
+                         arms=arms)
 
 
 def run_bench(prepared: PreparedBench, *, on_start: Callable[[int], None] = lambda _: None,

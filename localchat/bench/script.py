@@ -34,11 +34,16 @@ SCRIPTS_DIR = Path(__file__).resolve().parent / "scripts"
 GENERATORS = {"code", "choice"}
 
 
+FACTS = ("early", "recent")  # what a scored turn asks about: a fact told long ago, or lately
+
+
 @dataclass(frozen=True)
 class ScriptTurn:
     user: str
     expect: str | None = None
     expect_regex: str | None = None
+    fact: str | None = None  # early | recent: the policy bench scores the two apart
+    pin: str | None = None  # what the pin policy pins when this turn is asked
 
     @property
     def scored(self) -> bool:
@@ -61,6 +66,8 @@ class PlannedTurn:
     user: str
     expect: str | None
     expect_regex: str | None
+    fact: str | None = None
+    pin: str | None = None
 
     @property
     def scored(self) -> bool:
@@ -81,7 +88,7 @@ def _bad(path: Path, where: str, message: str) -> UsageError:
 def _parse_turn(raw: Any, path: Path, where: str) -> ScriptTurn:
     if not isinstance(raw, dict) or not isinstance(raw.get("user"), str) or not raw["user"].strip():
         raise _bad(path, where, "a turn needs a non-empty 'user' text")
-    unknown = set(raw) - {"user", "expect", "expect_regex", "score"}
+    unknown = set(raw) - {"user", "expect", "expect_regex", "score", "fact", "pin"}
     if unknown:
         raise _bad(path, where, f"unknown field '{sorted(unknown)[0]}'")
     expect, regex = raw.get("expect"), raw.get("expect_regex")
@@ -95,7 +102,12 @@ def _parse_turn(raw: Any, path: Path, where: str) -> ScriptTurn:
             re.compile(str(regex))
         except re.error as exc:
             raise _bad(path, where, f"'expect_regex' is not a valid regular expression ({exc})") from None
-    return ScriptTurn(raw["user"], None if expect is None else str(expect), None if regex is None else str(regex))
+    if raw.get("fact") is not None and (raw["fact"] not in FACTS or (expect is None and regex is None)):
+        raise _bad(path, where, f"'fact' is one of {', '.join(FACTS)}, on a scored turn")
+    if raw.get("pin") is not None and (not isinstance(raw["pin"], str) or not raw["pin"].strip()):
+        raise _bad(path, where, "'pin' must be a non-empty text")
+    return ScriptTurn(raw["user"], None if expect is None else str(expect), None if regex is None else str(regex),
+                      fact=raw.get("fact"), pin=raw.get("pin"))
 
 
 def _check_variables(raw: Any, path: Path) -> dict[str, dict[str, Any]]:
@@ -157,7 +169,7 @@ def _check_placeholders(script: BenchScript, path: Path) -> None:
     names = set(script.variables)
     for c, turns in enumerate(script.conversations, 1):
         for i, turn in enumerate(turns, 1):
-            for text in (turn.user, turn.expect or "", turn.expect_regex or ""):
+            for text in (turn.user, turn.expect or "", turn.expect_regex or "", turn.pin or ""):
                 for used in re.findall(r"\{(\w+)\}", text):
                     if used not in names:
                         raise _bad(path, f"conversation {c}, turn {i}", f"unknown variable {{{used}}}")
@@ -191,7 +203,7 @@ def plan(script: BenchScript, seed: int, repeat: int, conversation: int) -> list
         return re.sub(r"\{(\w+)\}", lambda m: re.escape(values[m.group(1)]) if m.group(1) in values else m.group(0),
                       pattern)
 
-    return [PlannedTurn(fill(t.user), fill(t.expect), fill_regex(t.expect_regex))
+    return [PlannedTurn(fill(t.user), fill(t.expect), fill_regex(t.expect_regex), fact=t.fact, pin=fill(t.pin))
             for t in script.conversations[conversation]]
 
 
@@ -204,9 +216,10 @@ def script_from_session(name: str, system: str | None, user_turns: list[str]) ->
                        (tuple(ScriptTurn(text) for text in user_turns),))
 
 
-def builtin_scripts() -> list[Path]:
-    """The default scripts (written for the demo model); ``real/`` holds ones for real assistants."""
-    return sorted(SCRIPTS_DIR.glob("*.yaml"))
+def builtin_scripts(long: bool = False) -> list[Path]:
+    """The default scripts (written for the demo model); ``long/`` holds the long conversations the
+    policy bench plays, ``real/`` ones for real assistants."""
+    return sorted((SCRIPTS_DIR / "long" if long else SCRIPTS_DIR).glob("*.yaml"))
 
 
 def script_path(given: Path) -> Path:

@@ -12,11 +12,10 @@ def main() -> None:
     is one line and 130 too (inside a command, ``app.user_errors`` maps it). Standard output is
     guarded (``stdout``): what it cannot take is one line, and what is left in its buffer is
     flushed here, where a failure can still be said."""
-    from localchat.cli.stdout import GuardedOutput
-    from localchat.errors import OutputError
-
-    sys.stdout = GuardedOutput(sys.stdout)
     try:
+        from localchat.cli.stdout import GuardedOutput
+
+        sys.stdout = GuardedOutput(sys.stdout)
         from localchat.cli.app import app
 
         app()
@@ -28,14 +27,21 @@ def main() -> None:
     except SystemExit as done:
         if done.code in (130, 143):  # interrupted or terminated: everything was cleaned up on the way
             _exit_now(done.code)
-        try:
-            sys.stdout.flush()
-        except BrokenPipeError:
-            _exit_now(141)
-        except OutputError as exc:
-            sys.stderr.write(f"error: {exc}\n")
-            _exit_now(1)
+        _flush_stdout()
         raise
+
+
+def _flush_stdout() -> None:
+    """What is left in the guarded buffer goes out now, or its failure is one line."""
+    from localchat.errors import OutputError
+
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _exit_now(141)
+    except OutputError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        _exit_now(1)
 
 
 def _exit_now(code: int) -> None:

@@ -27,6 +27,11 @@ from localchat.cli.options import (
     BaseUrlOpt,
     BenchBackend,
     ChatOptions,
+    Compact,
+    CompactAtOpt,
+    CompactKeepOpt,
+    CompactOpt,
+    ContextOptions,
     ExportFormat,
     GenerationOptions,
     ModelOpt,
@@ -37,13 +42,16 @@ from localchat.cli.options import (
     StorageOptions,
     ThinkOpt,
     TimeoutOpt,
+    TrimToOpt,
     check_base_url,
+    check_fraction,
     check_seconds,
     check_seed,
     check_temperature,
     check_wait,
 )
-from localchat.conversation.turn import TrimPolicy
+from localchat.conversation.compaction import DEFAULT_KEEP, DEFAULT_TRIGGER
+from localchat.conversation.turn import DEFAULT_TRIM_TO, TrimPolicy
 from localchat.errors import LocalchatError, TerminationRequested
 
 
@@ -122,12 +130,6 @@ def run(target: str, **kwargs: Any) -> None:
     raise typer.Exit(outcomes.OK if code is None else code)
 
 
-def _top_p(value: float | None) -> float | None:
-    if value is not None and not 0.0 < value <= 1.0:
-        raise typer.BadParameter("must be in (0, 1]")
-    return value
-
-
 @app.command()
 def chat(
     prompt: Annotated[Optional[str], typer.Argument(
@@ -139,7 +141,7 @@ def chat(
     system: Annotated[Optional[str], typer.Option(
         "--system", "-s", help='System message ("" for none; default: the model\'s from models.yaml).')] = None,
     temperature: Annotated[Optional[float], typer.Option(callback=check_temperature, help="Sampling temperature (default 0.0: greedy).")] = None,
-    top_p: Annotated[Optional[float], typer.Option(callback=_top_p, help="Nucleus sampling, in (0, 1] (default: the model's, else 1.0).")] = None,
+    top_p: Annotated[Optional[float], typer.Option(callback=check_fraction, help="Nucleus sampling, in (0, 1] (default: the model's, else 1.0).")] = None,
     max_tokens: Annotated[Optional[int], typer.Option(min=1, help="Longest reply, in tokens.")] = None,
     seed: Annotated[Optional[int], typer.Option(callback=check_seed, help="Random seed for sampling (set before each turn).")] = None,
     think: ThinkOpt = None,
@@ -148,6 +150,12 @@ def chat(
     max_turns: Annotated[Optional[int], typer.Option(min=0, help="Keep at most N past turns (oldest dropped first).")] = None,
     max_context_tokens: Annotated[Optional[int], typer.Option(min=1, help="Drop oldest turns until the request fits N tokens.")] = None,
     max_input_chars: Annotated[int, typer.Option(min=1, help="Longest accepted input, in characters.")] = 8000,
+    trim_to: TrimToOpt = DEFAULT_TRIM_TO,
+    compact: CompactOpt = Compact.off,
+    compact_at: CompactAtOpt = DEFAULT_TRIGGER,
+    compact_keep: CompactKeepOpt = DEFAULT_KEEP,
+    compact_model: Annotated[Optional[str], typer.Option(help="Summarize with this model instead [default: the chat's].")] = None,
+    pin: Annotated[Optional[list[str]], typer.Option(help="A fact kept after the system message, never trimmed; repeatable.")] = None,
     stats: Annotated[bool, typer.Option("--stats/--no-stats", help="Show the figures line after each reply.")] = True,
     no_cache_reuse: Annotated[bool, typer.Option("--no-cache-reuse", help="Re-prefill the whole prompt every turn (for benchmarks).")] = False,
     allow_download: Annotated[bool, typer.Option("--allow-download", help="Let a missing Hugging Face model download.")] = False,
@@ -165,7 +173,9 @@ def chat(
                                      max_tokens=max_tokens, seed=seed, think=think),
         history=not no_history,
         trim=TrimPolicy(max_turns=max_turns, max_context_tokens=max_context_tokens,
-                        max_input_chars=max_input_chars),
+                        max_input_chars=max_input_chars, trim_to=trim_to),
+        context=ContextOptions(compact=compact is Compact.auto, compact_at=compact_at, compact_keep=compact_keep,
+                               compact_model=compact_model, pins=tuple(pin or ())),
         output=OutputOptions(stats=stats, json_answer=json_answer, json_schema=json_schema,
                              show_thinking=show_thinking),
         storage=StorageOptions(record=record, resume=resume),
@@ -228,12 +238,13 @@ def bench(
     plot: Annotated[Optional[Path], typer.Option(help="Write a PNG of TTFT and prompt tokens per turn (needs --extra plot).")] = None,
     replay: Annotated[Optional[list[str]], typer.Option("--replay", help="Replay a saved session's user turns as a script; repeatable.")] = None,
     think: Annotated[Optional[OnOffBoth], typer.Option(help="Thinking on, off, or both (side by side: what reasoning costs) [default: the model's own].")] = None,
+    policy: Annotated[Optional[str], typer.Option(help="History policies side by side on long scripts: full,window:N,budget:N,compact:N,pin:N.")] = None,
 ) -> None:
     """History on vs off at a fixed temperature: what history costs (tokens, TTFT) and buys (answers)."""
     opts = dict(model=model, backend=backend.value, history=history.value, scripts=tuple(script or ()),
                         repeat=repeat, warmup=warmup, temperature=temperature, seed=seed, max_tokens=max_tokens,
                         no_cache_reuse=no_cache_reuse, base_url=base_url, out=out, format=format.value,
-                        plot=plot, replay=tuple(replay or ()), think=think.value if think else None)
+                        plot=plot, replay=tuple(replay or ()), think=think.value if think else None, policy=policy)
     run("localchat.cli.bench:run_bench_cmd", options=opts, console=out_console(), err=err_console)
 
 
@@ -261,6 +272,9 @@ def load(
     plot: Annotated[Optional[Path], typer.Option(help="Write a PNG of throughput and TTFT against users (needs --extra plot).")] = None,
     launch: Annotated[bool, typer.Option("--launch", help="Start mlx_lm.server here (server args after --), stop it at the end.")] = False,
     timeout: TimeoutOpt = DEFAULT_TIMEOUT_S,
+    max_context_tokens: Annotated[Optional[int], typer.Option(min=1, help="Each user's history budget, in tokens.")] = None,
+    trim_to: TrimToOpt = DEFAULT_TRIM_TO,
+    compact: CompactOpt = Compact.off,
 ) -> None:
     """Many simulated users with multi-turn history against an OpenAI-compatible server."""
     from localchat.load.sweep import LoadOptions, parse_sweep
@@ -271,7 +285,8 @@ def load(
                        think_time_s=think_time, history=history.value, duration_s=duration,
                        conversations=conversations, warmup=warmup, temperature=temperature, max_tokens=max_tokens, seed=seed,
                        slo_ttft_s=slo_ttft, slo_tpot_s=slo_tpot, out=out, plot=plot, launch=launch,
-                       server_args=tuple(ctx.args), timeout_s=timeout)
+                       server_args=tuple(ctx.args), timeout_s=timeout, max_context_tokens=max_context_tokens,
+                       trim_to=trim_to, compact=compact is Compact.auto)
     run("localchat.cli.load:run_load_cmd", opts=opts, console=out_console(), err=err_console)
 
 

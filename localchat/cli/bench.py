@@ -19,9 +19,11 @@ from rich.table import Table
 
 from localchat.bench.arms import BenchResult
 from localchat.bench.report import (
+    POLICY_HEADERS,
     SUMMARY_HEADERS,
     comparison_lines,
     environment_line,
+    policy_rows,
     summary_rows,
     to_csv,
     to_json,
@@ -33,16 +35,39 @@ from localchat.bench.run import BenchOptions, prepare_bench, run_bench
 from localchat.cli import outcomes
 
 
+def _fits(table: Table, console: Console) -> bool:
+    return Measurement.get(console, console.options.update_width(10_000), table).maximum <= console.width
+
+
+def _table(title: str, headers: list[str], rows: list[list[str]]) -> Table:
+    table = Table(title=title, box=box.SIMPLE_HEAD)
+    for i, header in enumerate(headers):
+        table.add_column(header, no_wrap=True, justify="left" if i == 0 else "right")
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def _show_policies(rows: list[list[str]], console: Console) -> None:
+    """The policy table when it fits, else one block a policy, ``header value`` pairs."""
+    table = _table("history policies", POLICY_HEADERS, rows)
+    if _fits(table, console):
+        console.print(table)
+        return
+    console.print("history policies", style="italic")
+    for name, *cells in rows:
+        console.print(name, style="bold", markup=False)
+        pairs = [f"{header} {cell}" for header, cell in zip(POLICY_HEADERS[1:], cells)]
+        console.print("\n".join("  " + " · ".join(pairs[i:i + 3]) for i in range(0, len(pairs), 3)),
+                      markup=False, highlight=False)
+
+
 def show_table(result: BenchResult, console: Console) -> None:
     """The summary as a table when it fits the terminal, else one block an arm: no arm name or
     figure is ever cut."""
     rows = summary_rows(result)
-    table = Table(title="localchat bench", box=box.SIMPLE_HEAD)
-    for i, header in enumerate(SUMMARY_HEADERS):
-        table.add_column(header, no_wrap=True, justify="left" if i == 0 else "right")
-    for row in rows:
-        table.add_row(*row)
-    if Measurement.get(console, console.options.update_width(10_000), table).maximum <= console.width:
+    table = _table("localchat bench", SUMMARY_HEADERS, rows)
+    if _fits(table, console):
         console.print(table)
     else:
         console.print("localchat bench", style="italic")
@@ -52,6 +77,9 @@ def show_table(result: BenchResult, console: Console) -> None:
                           f"p90 {tps_p90}\n  TTFA med {ttfa} ms · think {think} tokens a turn · total med {total} s"
                           f"\n  prompt tokens {prompt} · cached {cached} · cache misses {misses}",
                           markup=False)
+    policies = policy_rows(result)
+    if policies:
+        _show_policies(policies, console)
     for line in comparison_lines(result):
         console.print(line, markup=False, highlight=False)
     console.print(environment_line(result), style="dim", markup=False, highlight=False)

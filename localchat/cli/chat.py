@@ -15,7 +15,8 @@ from localchat.cli import outcomes
 from localchat.cli.options import ChatOptions
 from localchat.cli.render import ChatUI
 from localchat.cli.repl import REPL_COMMANDS, Repl
-from localchat.conversation.history import Conversation, validate_input
+from localchat.conversation.compaction import CompactionPolicy
+from localchat.conversation.history import Conversation, Summary, validate_input
 from localchat.conversation.jsonmode import (
     AnswerSchema,
     default_schema,
@@ -102,7 +103,20 @@ def conversation_for(ref: ModelRef | None, opts: ChatOptions, schema: AnswerSche
     system = saved.system if saved else system_message(ref, opts)
     if schema and schema.instruction not in (system or ""):
         system = with_instruction(system, schema)
-    return Conversation.for_backend(backend, system, saved.turns if saved else ())
+    conversation = Conversation.for_backend(backend, system, saved.turns if saved else ())
+    if saved:
+        conversation.pins = list(saved.pins)
+        conversation.summary = Summary(saved.summary) if saved.summary else None
+    return conversation
+
+
+def compaction_policy(opts: ChatOptions, ui: ChatUI) -> CompactionPolicy:
+    """``--compact``'s settings, with ``--compact-model`` opened as a backend of the same kind."""
+    context = opts.context
+    other = None
+    if context.compact_model:
+        other = open_backend(replace(opts, model=replace(opts.model, model=context.compact_model)), ui)[1]
+    return CompactionPolicy(auto=context.compact, trigger=context.compact_at, keep=context.compact_keep, backend=other)
 
 
 def template_notices(session: ChatSession, ui: ChatUI) -> None:
@@ -177,10 +191,13 @@ def chat_with_ui(*, opts: ChatOptions, prompt: str | None, ui: ChatUI) -> TurnSt
         params = replace(params, response_format=schema.response_format())
     session = ChatSession(backend=backend, conversation=conversation_for(ref, opts, schema, saved, backend),
                           params=params, use_history=opts.history, trim=opts.trim, schema=schema,
-                          recorder=recorder)
+                          recorder=recorder, compaction=compaction_policy(opts, ui))
+    for fact in opts.context.pins:
+        session.pin(fact)
     template_notices(session, ui)
     if saved:
-        ui.info(f"resumed '{saved.name}': {len(saved.turns)} turn(s); the KV cache is rebuilt on the "
+        notes = f", {len(saved.pins)} pin(s)" + (", notes of earlier turns" if saved.summary else "")
+        ui.info(f"resumed '{saved.name}': {len(saved.turns)} turn(s){notes}; the KV cache is rebuilt on the "
                 "first turn (its whole prompt is prefilled)")
     if recorder:
         ui.info(f"recording turns in {recorder.directory} as {recorder.session_id}-NNNN-*.json")
@@ -190,8 +207,10 @@ def chat_with_ui(*, opts: ChatOptions, prompt: str | None, ui: ChatUI) -> TurnSt
                                  opts.model.model or (ref.id if ref else None), name=saved.name if saved else None)
             Repl(session, ui, saver=saver).run()
             return None
-        result = session.ask(text, ui.text, ui.progress, ui.reasoning)
+        result = session.ask(text, ui.listeners(), ui.compaction)
         ui.end_turn(result, session.params.max_tokens)
         return result.status
     finally:
         backend.close()
+        if session.compaction.backend is not None:
+            session.compaction.backend.close()

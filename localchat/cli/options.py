@@ -82,6 +82,26 @@ def check_seconds(value: float | None) -> float | None:
     return value
 
 
+def check_fraction(value: float | None) -> float | None:
+    """A share of a budget: a number in (0, 1]."""
+    if value is not None and not (math.isfinite(value) and 0 < value <= 1):
+        raise typer.BadParameter("must be a fraction in (0, 1], e.g. 0.5")
+    return value
+
+
+class Compact(str, Enum):
+    off = "off"
+    auto = "auto"
+
+
+TrimToOpt = Annotated[float, typer.Option(
+    callback=check_fraction, help="Past the token budget, drop whole old turns down to this share of it, so the next "
+                                  "turns reuse the KV cache (1.0: one turn at a time).")]
+CompactOpt = Annotated[Compact, typer.Option(
+    help="auto: once a prompt passes --compact-at of the budget, one model call turns old turns into notes.")]
+CompactAtOpt = Annotated[float, typer.Option(callback=check_fraction, help="The share of the budget that triggers "
+                                                                           "--compact auto.")]
+CompactKeepOpt = Annotated[int, typer.Option(min=0, help="Turns kept verbatim after the notes.")]
 ModelOpt = Annotated[Optional[str], typer.Option(
     "--model", "-m", envvar="LOCALCHAT_MODEL", show_default=False,
     help="models.yaml id or alias, a local MLX model directory, or a Hugging Face repo id "
@@ -169,10 +189,22 @@ class StorageOptions:
 
 
 @dataclass(frozen=True)
+class ContextOptions:
+    """What keeps a long conversation inside its budget, besides trimming: notes and pins."""
+
+    compact: bool = False  # --compact auto
+    compact_at: float = 0.8
+    compact_keep: int = 2
+    compact_model: str | None = None
+    pins: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class ChatOptions:
     model: ModelOptions = field(default_factory=ModelOptions)
     generation: GenerationOptions = field(default_factory=GenerationOptions)
     history: bool = True
     trim: TrimPolicy = field(default_factory=TrimPolicy)
+    context: ContextOptions = field(default_factory=ContextOptions)
     output: OutputOptions = field(default_factory=OutputOptions)
     storage: StorageOptions = field(default_factory=StorageOptions)

@@ -15,9 +15,10 @@ from rich.console import Console
 from rich.markup import escape
 
 from localchat.backends import Message, Progress
+from localchat.conversation.compaction import Compaction
 from localchat.conversation.jsonmode import pretty
+from localchat.conversation.result import Listeners, TurnResult, TurnStatus
 from localchat.conversation.stats import TurnStats
-from localchat.conversation.turn import TurnResult, TurnStatus
 
 HELP = """Commands (typed alone on a line; nothing here is sent to the model):
   /history         the accepted messages (system included), numbered
@@ -25,6 +26,10 @@ HELP = """Commands (typed alone on a line; nothing here is sent to the model):
   /reset           forget every turn, keep the system message
   /stats           figures for this session
   /think on|off    let a thinking model reason first, or answer directly
+  /compact [FOCUS] turn all but the last turns into notes (one model call; counted in /stats)
+  /uncompact       put back the turns the notes replaced (while this session is open)
+  /pin TEXT        keep a fact after the system message: trimming and compaction never drop it
+  /pins, /unpin N  the pinned facts, numbered; forget one
   /save [NAME]     save the conversation (resume: localchat chat --resume NAME)
   /help            this text
   /quit            leave (Ctrl+D too)
@@ -56,6 +61,7 @@ def stats_line(stats: TurnStats) -> str:
         f"in {est}{stats.prompt_tokens}{cached}" if stats.prompt_tokens else None,
         f"out {est}{stats.completion_tokens}" if stats.completion_tokens else None,
         f"{stats.total_s:.2f}s",
+        f"ctx {round(100 * stats.context_share)} %" if stats.context_share is not None else None,
         _memory(stats.peak_memory_gb),
         f"dropped {stats.cache_miss_tokens} cached" if stats.cache_miss_tokens else None,
         "estimated counts" if stats.estimated else None,
@@ -78,6 +84,26 @@ class ChatUI:
         self.show_thinking = show_thinking
         self._progress_shown = False
         self._thinking = 0  # reasoning chunks shown (or counted) in this turn
+
+    def listeners(self) -> Listeners:
+        """The reply as it streams: the answer on stdout, reasoning and prefill progress on stderr."""
+        return Listeners(on_text=self.text, on_reasoning=self.reasoning, on_progress=self.progress)
+
+    def compaction(self, done: Compaction) -> None:
+        """A compaction's outcome and its own figures (it is never free)."""
+        if done.result is None or not done.ok:
+            self.notice(f"compaction: {done.reason}; nothing changed"
+                        + (" (the turn is trimmed instead where it must be)" if done.result else ""))
+        else:
+            lines = done.result.text.strip().splitlines()
+            self.info(f"compacted {count(done.replaced, 'turn')} into notes ({count(len(lines), 'line')}; /history "
+                      "shows them, /uncompact restores the turns):")
+            for line in lines[:3]:
+                self.err.print(f"  {line}", style="dim", markup=False, highlight=False)
+            if len(lines) > 3:
+                self.info(f"  … {len(lines) - 3} more")
+        if done.result is not None and self.show_stats and done.result.stats.ttft_s is not None:
+            self.err.print("compaction " + stats_line(done.result.stats), style="dim", markup=False)
 
     def text(self, chunk: str) -> None:
         """Streamed answer text, flushed as it comes (held back in JSON mode)."""
@@ -150,8 +176,9 @@ class ChatUI:
             self.notice("the model reasoned but gave no answer: not added to history" if result.reasoning
                         else "empty reply: not added to history")
         if result.dropped_turns:
+            share = f" (down to {result.stats.context_share:.0%} of it)" if result.stats.context_share else ""
             self.notice(f"left the {count(result.dropped_turns, 'oldest turn')} out of this request to fit "
-                        f"{result.trimmed_for}")
+                        f"{result.trimmed_for}{share}")
         if self.show_stats and not _failed_before_first_token(result):
             self.err.print(stats_line(result.stats), style="dim", markup=False)
 
@@ -186,6 +213,12 @@ class ChatUI:
             f"cached {fmt(s['cached_share'], '.0%')} · TTFT mean {fmt(s['ttft_mean_s'], '.2f')}s "
             f"median {fmt(s['ttft_median_s'], '.2f')}s · tok/s mean {fmt(s['decode_tps_mean'], '.1f')} "
             f"median {fmt(s['decode_tps_median'], '.1f')}", markup=False)
+        if s.get("context_share_last") is not None:
+            self.err.print(f"context: last prompt {s['context_share_last']:.0%} of its budget, at most "
+                           f"{s['context_share_max']:.0%}", markup=False)
+        if s.get("compactions"):
+            self.err.print(f"compactions {s['compactions']} · their tokens {s['compaction_tokens']} · their time "
+                           f"{s['compaction_s']:.2f}s (counted in the figures above)", markup=False)
         if s.get("reasoning_tokens"):
             est = "~" if s["reasoning_estimated"] else ""
             self.err.print(f"reasoning tokens {est}{s['reasoning_tokens']} · time to first answer token median "

@@ -6,12 +6,14 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from localchat.cli.render import ChatUI, count
+from localchat.conversation.compaction import DEFAULT_KEEP, compact
 from localchat.conversation.turn import ChatSession
 from localchat.errors import LocalchatError, TerminationRequested, UsageError
 from localchat.store.saved_sessions import SessionSaver, StoreError
 
 MULTILINE = '"""'
-REPL_COMMANDS = ("/history", "/preview", "/reset", "/stats", "/think", "/save", "/help", "/quit", "/exit")
+REPL_COMMANDS = ("/history", "/preview", "/reset", "/stats", "/think", "/save", "/help", "/quit", "/exit",
+                 "/compact", "/uncompact", "/pin", "/pins", "/unpin")
 
 
 def read_input(read_line: Callable[[str], str]) -> str:
@@ -41,7 +43,7 @@ class Repl:
         self.saver = saver
         self.commands: dict[str, Callable[[str], bool]] = dict(zip(REPL_COMMANDS, (
             self._history, self._preview, self._reset, self._stats, self._think, self._save, self._help,
-            self._quit, self._quit)))
+            self._quit, self._quit, self._compact, self._uncompact, self._pin, self._pins, self._unpin)))
 
     def run(self) -> None:
         if self.read_line is input:
@@ -71,7 +73,7 @@ class Repl:
                 return True
             return command(arg.strip())
         try:
-            result = self.session.ask(text, self.ui.text, self.ui.progress, self.ui.reasoning)
+            result = self.session.ask(text, self.ui.listeners(), self.ui.compaction)
         except UsageError as exc:
             self.ui.error(str(exc))
             return True
@@ -103,7 +105,46 @@ class Repl:
 
     def _reset(self, _: str) -> bool:
         self.session.conversation.reset()
-        self.ui.info("history cleared (system message kept)")
+        kept = " and pins" if self.session.conversation.pins else ""
+        self.ui.info(f"history and notes cleared (system message{kept} kept)")
+        return True
+
+    def _compact(self, focus: str) -> bool:
+        policy = self.session.compaction
+        done = compact(self.session, focus, keep=policy.keep if policy else DEFAULT_KEEP,
+                       backend=policy.backend if policy else None)
+        self.ui.compaction(done)
+        return True
+
+    def _uncompact(self, _: str) -> bool:
+        back = self.session.conversation.uncompact()
+        self.ui.info(f"restored {count(back, 'turn')}; the notes are gone" if back else
+                     "nothing to restore: no compaction in this session (a resumed summary has no turns behind it)")
+        return True
+
+    def _pin(self, text: str) -> bool:
+        if not text.strip():
+            self.ui.error("usage: /pin TEXT (e.g. /pin the order number is INV-2026-004417)")
+            return True
+        try:
+            self.session.pin(text)
+        except LocalchatError as exc:
+            self.ui.error(str(exc))
+            return True
+        self.ui.info(f"pinned ({count(len(self.session.conversation.pins), 'pin')}): trimming and compaction keep it")
+        return True
+
+    def _pins(self, _: str) -> bool:
+        pins = self.session.conversation.pins
+        self.ui.messages([{"role": "pin", "content": p} for p in pins], f"pins: {count(len(pins), 'pin')}")
+        return True
+
+    def _unpin(self, arg: str) -> bool:
+        pins, arg = self.session.conversation.pins, arg.strip()
+        if not (arg.isascii() and arg.isdigit()) or not 1 <= int(arg) <= len(pins):
+            self.ui.error(f"usage: /unpin N, N from 1 to {len(pins)} (see /pins)" if pins else "nothing is pinned")
+            return True
+        self.ui.info(f"unpinned: {pins.pop(int(arg) - 1)}")
         return True
 
     def _stats(self, _: str) -> bool:

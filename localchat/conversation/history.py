@@ -1,7 +1,8 @@
 """The one history builder: every backend sends what this module builds.
 
-Order is always system → accepted past turns → current question; the system message appears
-once. A template that refuses a system role (Gemma 2, Mistral v0.2) gets it folded into the first
+Order is always system → pinned notes → summary → accepted past turns → current question; the
+system message, the pins and the summary (``context``) are one message, which trimming never
+drops. A template that refuses a system role (Gemma 2, Mistral v0.2) gets it folded into the first
 user message instead, the same way every turn. A turn enters the history only after its reply
 finished cleanly (see ``Conversation.commit``). A thinking model's reasoning is kept beside its
 turn; it goes back to the model (in the assistant message field the model's chat template renders
@@ -11,6 +12,7 @@ reasoning from) only when the template reads one.
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +25,8 @@ from localchat.templates.traits import TemplateTraits, fold_system
 
 DEFAULT_MAX_INPUT_CHARS = 8000
 NEXT_QUESTION = "…"  # stands for the next question when checking that an answer renders back
+NOTE_PREFIX = {"en": "Note: ", "zh": "笔记："}  # how pinned facts and summaries read (demo/notes.py)
+CJK = re.compile(r"[\u3400-\u9fff]")
 
 
 def system_first(system: str | None, messages: list[Message], fold: bool = False) -> list[Message]:
@@ -33,6 +37,26 @@ def system_first(system: str | None, messages: list[Message], fold: bool = False
     if fold and messages and messages[0]["role"] == "user":
         return [{**messages[0], "content": fold_system(system, messages[0]["content"])}, *messages[1:]]
     return [{"role": "system", "content": system}, *messages]
+
+
+def language(text: str) -> str:
+    """"zh" when the text has Chinese characters, else "en" (for notes and the summary prompt)."""
+    return "zh" if CJK.search(text) else "en"
+
+
+def pin_note(text: str) -> str:
+    """A pinned fact as a line of notes: ``Note: the code harbor 17.``"""
+    text = text.strip()
+    lang = language(text)
+    if not text.startswith(tuple(NOTE_PREFIX.values())):
+        text = NOTE_PREFIX[lang] + text
+    return text if text[-1] in ".。!！?？" else text + ("。" if lang == "zh" else ".")
+
+
+def context_message(system: str | None, pins: list[str], summary: str | None) -> str | None:
+    """The system message, then the pinned facts, then the summary: one block at the top."""
+    parts = [*([system] if system else []), *(pin_note(p) for p in pins), *([summary] if summary else [])]
+    return "\n\n".join(parts) or None
 
 
 def build_messages(prompt: str, system: str | None, history: list[Message] | None = None,
@@ -70,14 +94,26 @@ def turn_messages(turns: list[Turn] | tuple[Turn, ...], reasoning_field: str | N
     return [m for turn in turns for m in turn.messages(reasoning_field)]
 
 
+@dataclass(frozen=True)
+class Summary:
+    """The model's notes of the turns a compaction replaced, placed after the system message."""
+
+    text: str
+    replaced: tuple[Turn, ...] = ()  # kept while the session is open (/uncompact); not saved
+    stats: TurnStats | None = field(default=None, compare=False)
+
+
 @dataclass
 class Conversation:
-    """Accepted turns only; trimming drops whole turns, oldest first, never the system message."""
+    """Accepted turns only; trimming drops whole turns, oldest first, never the system message,
+    the pinned facts or the summary."""
 
     system: str | None = None
     turns: list[Turn] = field(default_factory=list)
     reasoning_field: str | None = None  # the template's: see templates.traits
     fold_system: bool = False  # the template takes no system message: fold it into the first user message
+    pins: list[str] = field(default_factory=list)
+    summary: Summary | None = None
 
     @classmethod
     def for_backend(cls, backend: Any, system: str | None, turns: list[Turn] | tuple[Turn, ...] = ()) -> Conversation:
@@ -89,26 +125,32 @@ class Conversation:
             traits = TemplateTraits()
         return cls(system, list(turns), reasoning_field=traits.reasoning_field, fold_system=traits.fold_system)
 
+    def context(self) -> str | None:
+        """What every request starts with (see ``context_message``)."""
+        return context_message(self.system, self.pins, self.summary.text if self.summary else None)
+
     def history(self) -> list[Message]:
         return turn_messages(self.turns, self.reasoning_field)
 
     def messages(self) -> list[Message]:
         """What ``/history`` shows: the system message and every accepted turn, as they are sent."""
-        return system_first(self.system, self.history(), self.fold_system)
+        return system_first(self.context(), self.history(), self.fold_system)
 
     def preview(self, prompt: str, use_history: bool = True, drop: int = 0) -> list[Message]:
         """The exact messages the next request would send; never mutates the conversation.
 
         ``drop`` leaves out that many of the oldest turns (see ``plan_trim``).
         """
-        kept = self.turns[drop:] if use_history else []
-        return build_messages(prompt, self.system, turn_messages(kept, self.reasoning_field), self.fold_system)
+        return self.preview_of(self.turns[drop:] if use_history else [], prompt)
+
+    def preview_of(self, turns: list[Turn], prompt: str) -> list[Message]:
+        """The context, ``turns`` and ``prompt`` as one request (a compaction's, for one)."""
+        return build_messages(prompt, self.context(), turn_messages(turns, self.reasoning_field), self.fold_system)
 
     def after_commit(self, prompt: str, reply: str, drop: int = 0, reasoning: str = "") -> list[Message]:
         """The messages of a next request if this turn were accepted (to check that the template
         would take the answer back); never mutates the conversation."""
-        kept = [*self.turns[drop:], Turn(prompt, reply, reasoning=reasoning)]
-        return build_messages(NEXT_QUESTION, self.system, turn_messages(kept, self.reasoning_field), self.fold_system)
+        return self.preview_of([*self.turns[drop:], Turn(prompt, reply, reasoning=reasoning)], NEXT_QUESTION)
 
     def commit(self, prompt: str, reply: str, drop: int = 0, stats: TurnStats | None = None,
                reasoning: str = "") -> None:
@@ -118,27 +160,67 @@ class Conversation:
         self.turns.append(Turn(prompt, reply, stats, reasoning))
 
     def reset(self) -> None:
+        """Forget every turn and the summary; the system message and the pins stay."""
         self.turns.clear()
+        self.summary = None
+
+    def compact(self, notes: str, keep: int, stats: TurnStats | None = None) -> int:
+        """Replace every turn but the last ``keep`` by ``notes`` (which update any earlier summary);
+        returns how many turns left the history."""
+        replaced = self.turns[:max(0, len(self.turns) - keep)]
+        earlier = self.summary.replaced if self.summary else ()
+        self.summary = Summary(notes, (*earlier, *replaced), stats)
+        del self.turns[:len(replaced)]
+        return len(replaced)
+
+    def uncompact(self) -> int:
+        """Put back the turns the summary replaced (known only while the session is open) and drop
+        the summary; returns how many came back."""
+        if self.summary is None or not self.summary.replaced:
+            return 0
+        back = list(self.summary.replaced)
+        self.turns[:0] = back
+        self.summary = None
+        return len(back)
 
     def plan_trim(self, prompt: str, *, max_turns: int | None = None, max_tokens: int | None = None,
                   count_tokens: Callable[[list[Message]], int | None] | None = None,
-                  limit: str = "--max-context-tokens", required: bool = True) -> int:
+                  limit: str = "--max-context-tokens", required: bool = True, low_water: float = 1.0) -> int:
         """How many of the oldest whole turns the next request must leave out to fit the limits;
         ``limit`` names the token budget in the messages (the user's, or the model's window).
+
+        Trimming is done in big steps: once a request would pass ``max_tokens``, whole turns go
+        until it fits ``low_water × max_tokens``, so the next turns share the prompt's prefix (and
+        the KV cache) until the budget is reached again. ``low_water=1`` drops as few as possible.
         When nothing can count tokens, a ``required`` budget is an error, another one is skipped."""
         drop = max(0, len(self.turns) - max_turns) if max_turns is not None else 0
         if max_tokens is None or count_tokens is None:
             return drop
-        while True:
-            tokens = count_tokens(self.preview(prompt, drop=drop))
-            if tokens is None:
-                if not required:
-                    return drop
-                raise UsageError(f"{limit} needs the model's tokenizer: pass --model "
-                                 "with a model that is on this machine")
-            if tokens <= max_tokens:
+
+        def tokens(n: int) -> int | None:
+            return count_tokens(self.preview(prompt, drop=n))
+
+        first = tokens(drop)
+        if first is None:
+            if not required:
                 return drop
-            if drop >= len(self.turns):
-                raise UsageError(f"the system message and this input alone are {tokens} tokens, over "
-                                 f"{limit} ({max_tokens}): nothing was sent")
-            drop += 1
+            raise UsageError(f"{limit} needs the model's tokenizer: pass --model with a model that is on this machine")
+        if first <= max_tokens:
+            return drop
+        least = tokens(len(self.turns))
+        if least > max_tokens:
+            raise UsageError(f"the system message (with pins and summary) and this input alone are {least} tokens, "
+                             f"over {limit} ({max_tokens}): nothing was sent")
+        return self._fewest_drops(drop + 1, tokens, int(max_tokens * min(low_water, 1.0)))
+
+    def _fewest_drops(self, low: int, tokens: Callable[[int], int | None], target: int) -> int:
+        """The fewest dropped turns whose request fits ``target``, by bisection (fewer turns, fewer
+        tokens); every turn when even that does not fit the low-water mark."""
+        high = len(self.turns)
+        while low < high:
+            middle = (low + high) // 2
+            if (tokens(middle) or 0) <= target:
+                high = middle
+            else:
+                low = middle + 1
+        return high

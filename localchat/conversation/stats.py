@@ -17,7 +17,7 @@ from typing import Any
 
 from localchat.backends import Finished
 
-STATS_VERSION = 2  # 2: ttfa_s, reasoning_tokens, reasoning_estimated
+STATS_VERSION = 3  # 2: ttfa_s, reasoning_tokens, reasoning_estimated; 3: budget_tokens
 
 
 @dataclass(frozen=True)
@@ -37,10 +37,16 @@ class TurnStats:
     reasoning_tokens: int = 0
     reasoning_estimated: bool = False
     runtime: dict[str, float] = field(default_factory=dict)
+    budget_tokens: int | None = None  # the prompt's budget (--max-context-tokens or the model's window)
 
     @property
     def thought(self) -> bool:
         return self.reasoning_tokens > 0
+
+    @property
+    def context_share(self) -> float | None:
+        """The prompt's share of its budget: the context gauge."""
+        return self.prompt_tokens / self.budget_tokens if self.budget_tokens and self.prompt_tokens else None
 
 
 def stats_to_dict(stats: TurnStats) -> dict[str, Any]:
@@ -62,7 +68,7 @@ _STORED_TYPES: dict[str, tuple[type, ...]] = {
     "ttft_s": _OPTIONAL_NUMBER, "ttfa_s": _OPTIONAL_NUMBER, "reasoning_tokens": (int,),
     "reasoning_estimated": (bool,), "prefill_tps": _OPTIONAL_NUMBER, "decode_tps": _OPTIONAL_NUMBER,
     "peak_memory_gb": _OPTIONAL_NUMBER, "total_s": (int, float), "finish_reason": (str, type(None)),
-    "estimated": (bool,), "runtime": (dict,),
+    "estimated": (bool,), "runtime": (dict,), "budget_tokens": (int, type(None)),
 }
 
 
@@ -167,21 +173,25 @@ def percentiles(values: list[float]) -> dict[str, float | None]:
 
 @dataclass
 class Ledger:
-    """Every turn of a session (committed or not), for ``/stats``."""
+    """Every model call of a session (turns, committed or not, and compactions), for ``/stats``."""
 
     turns: list[TurnStats] = field(default_factory=list)
+    kinds: list[str] = field(default_factory=list)  # "turn" | "compaction", one per entry
 
-    def add(self, stats: TurnStats) -> None:
+    def add(self, stats: TurnStats, kind: str = "turn") -> None:
         self.turns.append(stats)
+        self.kinds.append(kind)
 
     def summary(self) -> dict[str, float | int | None]:
+        compactions = [t for t, kind in zip(self.turns, self.kinds) if kind == "compaction"]
+        shares = [t.context_share for t in self.turns if t.context_share is not None]
         ttfts = [t.ttft_s for t in self.turns if t.ttft_s is not None]
         ttfas = [t.ttfa_s for t in self.turns if t.thought and t.ttfa_s is not None]
         speeds = [t.decode_tps for t in self.turns if t.decode_tps is not None]
         tokens_in = sum(t.prompt_tokens for t in self.turns)
         cached = sum(t.cached_tokens for t in self.turns)
         return {
-            "turns": len(self.turns),
+            "turns": self.kinds.count("turn"),
             "tokens_in": tokens_in,
             "tokens_out": sum(t.completion_tokens for t in self.turns),
             "cached_share": cached / tokens_in if tokens_in else None,
@@ -192,4 +202,9 @@ class Ledger:
             "reasoning_tokens": sum(t.reasoning_tokens for t in self.turns),
             "reasoning_estimated": any(t.reasoning_estimated for t in self.turns),
             "ttfa_median_s": statistics.median(ttfas) if ttfas else None,  # over turns that thought
+            "context_share_last": shares[-1] if shares else None,
+            "context_share_max": max(shares) if shares else None,
+            "compactions": len(compactions),
+            "compaction_tokens": sum(t.prompt_tokens + t.completion_tokens for t in compactions),
+            "compaction_s": sum(t.total_s for t in compactions),
         }

@@ -1,77 +1,50 @@
 """One chat turn, end to end: input → history builder → backend → clock → checks → commit.
 
-The session never prints; callers pass ``on_text`` (and ``on_reasoning``) to see the reply as it
-streams and get a ``TurnResult`` back, with one ``TurnStatus``. A turn is committed only when its
-reply ended with the runtime's ``finish_reason == "stop"``, has a non-empty answer and, in JSON
-mode, its answer validates against the schema; errors, truncation (inside the reasoning or after
-it) and Ctrl+C leave the history unchanged. Only the answer is committed: a thinking model's
-reasoning is kept beside the turn (records, saved sessions) and sent back only when the model's
-template asks for it (see ``Conversation.reasoning_in_history``). With a recorder,
-the request record is written before the call and the response record before the commit.
+The session never prints; callers pass ``Listeners`` to see the reply as it streams and get a
+``TurnResult`` back, with one ``TurnStatus``. A turn is committed only when its reply ended with
+the runtime's ``finish_reason == "stop"``, has a non-empty answer and, in JSON mode, its answer
+validates against the schema; errors, truncation (inside the reasoning or after it) and Ctrl+C
+leave the history unchanged. Only the answer is committed: a thinking model's reasoning is kept
+beside the turn (records, saved sessions) and sent back only in the field the model's template
+reads. Every model call (``call``: a turn, or a compaction's summary) is recorded and timed the
+same way: the request record before the call, the response record before anything is committed.
 """
 
 from __future__ import annotations
 
-import traceback
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
-from enum import Enum
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from localchat.backends import Backend, Finished, GenerationParams, Message, Progress, ReasoningChunk, TextChunk
-from localchat.conversation.history import DEFAULT_MAX_INPUT_CHARS, Conversation, validate_input
+from localchat.backends import Backend, GenerationParams, Message
+from localchat.conversation.history import DEFAULT_MAX_INPUT_CHARS, NEXT_QUESTION, Conversation, validate_input
 from localchat.conversation.jsonmode import AnswerSchema
 from localchat.conversation.records import TurnRecorder
-from localchat.conversation.stats import Ledger, TurnClock, TurnStats, stats_to_dict
-from localchat.errors import LocalchatError, OutputError, TerminationRequested, UsageError
+from localchat.conversation.result import (
+    Listeners,
+    StreamOutcome,
+    TurnResult,
+    TurnStatus,
+    consume,
+    finished,
+)
+from localchat.conversation.stats import Ledger, TurnClock, stats_to_dict
+from localchat.errors import OutputError, TerminationRequested, UsageError
 from localchat.templates.render import TemplateError
 
+if TYPE_CHECKING:
+    from localchat.conversation.compaction import Compaction, CompactionPolicy
 
-class TurnStatus(str, Enum):
-    """What became of a turn; the runtime's own ``finish_reason`` is kept apart in its stats."""
-
-    COMMITTED = "committed"
-    NOT_KEPT = "not-kept"  # a good reply, but history is off
-    CUT = "cut"  # the runtime stopped at max-tokens
-    EMPTY = "empty"  # the reply ended with no text
-    INVALID = "invalid-json"
-    UNRENDERABLE = "unrenderable"  # the model's chat template would refuse the answer back in history
-    ERROR = "error"
-    INTERRUPTED = "interrupted"
-
-
-@dataclass(frozen=True)
-class TurnResult:
-    prompt: str
-    messages: list[Message]  # exactly what was sent
-    text: str  # the answer
-    stats: TurnStats
-    status: TurnStatus
-    dropped_turns: int = 0
-    trimmed_for: str | None = None  # the limit that made the oldest turns leave the request
-    error: str | None = None
-    trace: str | None = field(default=None, repr=False)  # an unexpected failure's traceback
-    answer: Any = None  # JSON mode: the parsed, valid reply
-    invalid: str | None = None  # JSON mode: why the reply failed validation
-    reasoning: str = ""  # a thinking model's reasoning, apart from the answer
-    token_gaps_s: tuple[float, ...] = field(default=(), repr=False)  # ITL, from the clock
-
-    @property
-    def committed(self) -> bool:
-        return self.status is TurnStatus.COMMITTED
-
-    @property
-    def accepted(self) -> bool:
-        """A reply good enough for history (committed, or would be with history on)."""
-        return self.status in (TurnStatus.COMMITTED, TurnStatus.NOT_KEPT)
+DEFAULT_TRIM_TO = 0.5  # big steps: down to half the budget, so the next turns share the prefix again
 
 
 @dataclass
 class TrimPolicy:
-    max_turns: int | None = None
-    max_context_tokens: int | None = None
+    max_turns: int | None = None  # the window: at most this many past turns
+    max_context_tokens: int | None = None  # the budget
     max_input_chars: int = DEFAULT_MAX_INPUT_CHARS
+    trim_to: float = DEFAULT_TRIM_TO  # past the budget, drop turns down to this share of it
 
 
 @dataclass(frozen=True)
@@ -99,91 +72,71 @@ class ChatSession:
     ledger: Ledger = field(default_factory=Ledger)
     schema: AnswerSchema | None = None
     recorder: TurnRecorder | None = None
+    compaction: CompactionPolicy | None = None  # automatic summary compaction (see ``compaction``)
 
     def preview(self, prompt: str) -> list[Message]:
         """The exact request the next turn would send (trimming included); changes nothing."""
         return self.conversation.preview(prompt, self.use_history, self._plan_trim(prompt).drop)
 
-    def ask(self, prompt: str, on_text: Callable[[str], None] = lambda _: None,
-            on_progress: Callable[[Progress], None] = lambda _: None,
-            on_reasoning: Callable[[str], None] = lambda _: None) -> TurnResult:
+    def ask(self, prompt: str, listeners: Listeners | None = None,
+            on_compaction: Callable[[Compaction], None] = lambda _: None) -> TurnResult:
         """Run one turn. Raises UsageError for input that must not be sent (nothing changes) and
         RecordError when a turn record cannot be written (see ``localchat.conversation.records``).
-        SIGTERM (``TerminationRequested``) ends the turn as interrupted, records it, then goes on up."""
+        With automatic compaction, a conversation past its trigger is summarized first (its figures
+        are its own, heard by ``on_compaction``); an interrupted compaction ends the turn there."""
         validate_input(prompt, self.trim.max_input_chars)
+        compaction = self.compaction.run_if_due(self, prompt) if self.compaction else None
+        if compaction is not None:
+            on_compaction(compaction)
+            if compaction.result is not None and compaction.result.status is TurnStatus.INTERRUPTED:
+                return replace(compaction.result, compaction=compaction)
         clock = TurnClock()
         try:
             trim = self._plan_trim(prompt)
         except TemplateError as exc:  # counting tokens renders the template: nothing was sent
             return TurnResult(prompt=prompt, messages=[], text="", stats=clock.finish(None), status=TurnStatus.ERROR,
-                              error=str(exc))
+                              error=str(exc), compaction=compaction)
         messages = self.conversation.preview(prompt, self.use_history, trim.drop)
-        record_id = self.recorder.request(self._request_record(messages)) if self.recorder else None
-        outcome = _StreamOutcome()
+        result = self.call(prompt, messages, listeners or Listeners(), clock=clock, judge=partial(self._judged, trim),
+                           trim=trim)
+        if result.committed:
+            self.conversation.commit(prompt, result.text, trim.drop, result.stats, reasoning=result.reasoning)
+        return replace(result, compaction=compaction)
+
+    def call(self, prompt: str, messages: list[Message], listeners: Listeners, *, clock: TurnClock | None = None,
+             judge: Callable[[TurnResult], TurnResult] = finished, trim: TrimPlan | None = None,
+             backend: Backend | None = None, kind: str = "turn") -> TurnResult:
+        """One model call, recorded and timed like any turn; ``judge`` decides its status before the
+        response is recorded. SIGTERM and a failing display end it (recorded), then go on up."""
+        backend, clock, trim = backend or self.backend, clock or TurnClock(), trim or TrimPlan(0, None)
+        record_id = self.recorder.request(self._request_record(messages, backend, kind)) if self.recorder else None
+        outcome = StreamOutcome()
         try:
-            self._stream(messages, clock, _Listeners(on_text, on_reasoning, on_progress), outcome)
+            consume(backend.stream(messages, self.params), clock, listeners, outcome)
         except TerminationRequested:
             outcome.failure, outcome.terminated = TurnStatus.INTERRUPTED, True
         except OutputError as exc:  # the display failed, not the model: recorded, then the command ends
             outcome.failure, outcome.error, outcome.unshowable = TurnStatus.ERROR, str(exc), exc
-        stats = clock.finish(outcome.done)
-        self.ledger.add(stats)
-        result = self._judged(trim, TurnResult(
+        budget = self.known_budget()
+        stats = replace(clock.finish(outcome.done), budget_tokens=budget.tokens if budget else None)
+        self.ledger.add(stats, kind)
+        result = judge(TurnResult(
             prompt=prompt, messages=messages, text=clock.text, reasoning=clock.reasoning, stats=stats,
-            token_gaps_s=clock.gaps(),
-            status=outcome.failure or TurnStatus.COMMITTED, dropped_turns=trim.drop, trimmed_for=trim.limit,
-            error=outcome.error, trace=outcome.trace))
+            token_gaps_s=clock.gaps(), status=outcome.failure or TurnStatus.COMMITTED, dropped_turns=trim.drop,
+            trimmed_for=trim.limit, error=outcome.error, trace=outcome.trace))
         if self.recorder and record_id is not None:
             self.recorder.response(record_id, self._response_record(result, outcome.terminated))
         if outcome.terminated:
             raise TerminationRequested()
         if outcome.unshowable:
             raise outcome.unshowable
-        if result.committed:
-            self.conversation.commit(prompt, result.text, trim.drop, stats, reasoning=result.reasoning)
         return result
-
-    def _stream(self, messages: list[Message], clock: TurnClock, listeners: _Listeners,
-                outcome: _StreamOutcome) -> None:
-        """Feed the backend's events to the clock; what happened goes into ``outcome``. No
-        exception but SIGTERM's leaves a turn: an unexpected one is an error with its traceback."""
-        events = self.backend.stream(messages, self.params)
-        try:
-            for event in events:
-                if isinstance(event, TextChunk):
-                    clock.on_text(event.text)
-                    if event.text:
-                        listeners.on_text(event.text)
-                elif isinstance(event, ReasoningChunk):
-                    clock.on_reasoning(event.text)
-                    if event.text:
-                        listeners.on_reasoning(event.text)
-                elif isinstance(event, Progress):
-                    listeners.on_progress(event)
-                elif isinstance(event, Finished):
-                    outcome.done = event
-        except (TerminationRequested, OutputError):
-            raise
-        except KeyboardInterrupt:
-            outcome.failure = TurnStatus.INTERRUPTED
-        except LocalchatError as exc:
-            outcome.error, outcome.failure = str(exc), TurnStatus.ERROR
-        except Exception as exc:  # a bug or a library's surprise must not end the REPL or lose history
-            outcome.error = f"unexpected {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-            outcome.failure, outcome.trace = TurnStatus.ERROR, traceback.format_exc()
-        finally:
-            events.close()
-        if outcome.done is None and outcome.failure is None:
-            outcome.error, outcome.failure = "the reply ended without the runtime's final report", TurnStatus.ERROR
 
     def _judged(self, trim: TrimPlan, result: TurnResult) -> TurnResult:
         """The status of a turn that streamed to its end: cut, empty, invalid, unrenderable, kept or not."""
+        result = finished(result)
         if result.status is not TurnStatus.COMMITTED:
             return result
-        if result.stats.finish_reason != "stop":
-            return replace(result, status=TurnStatus.CUT)
-        if not result.text.strip():
-            return replace(result, status=TurnStatus.EMPTY)
         if self.schema is not None:
             answer, invalid = self.schema.check(result.text)
             if invalid is not None:
@@ -207,14 +160,15 @@ class ChatSession:
             return str(exc)
         return None
 
-    def _request_record(self, messages: list[Message]) -> dict[str, Any]:
+    def _request_record(self, messages: list[Message], backend: Backend, kind: str) -> dict[str, Any]:
         """Exactly what is sent, and with which settings; credentials never appear here."""
         return {
+            "kind": kind,
             "mode": "history" if self.use_history else "no-history",
             "json_schema": self.schema.schema if self.schema else None,
-            "backend": self.backend.name,
-            "url": getattr(self.backend, "url", None),
-            "model": self.backend.model_id,
+            "backend": backend.name,
+            "url": getattr(backend, "url", None),
+            "model": backend.model_id,
             "params": asdict(self.params),
             "messages": messages,
         }
@@ -222,7 +176,8 @@ class ChatSession:
     @staticmethod
     def _response_record(result: TurnResult, terminated: bool = False) -> dict[str, Any]:
         return {
-            "text": result.text, "reasoning": result.reasoning or None, "status": result.status.value, "finish_reason": result.stats.finish_reason,
+            "text": result.text, "reasoning": result.reasoning or None, "status": result.status.value,
+            "finish_reason": result.stats.finish_reason,
             "committed": result.committed, "error": result.error, "invalid": result.invalid,
             "signal": "SIGTERM" if terminated else None,
             "dropped_turns": result.dropped_turns, "stats": stats_to_dict(result.stats),
@@ -244,30 +199,40 @@ class ChatSession:
                                        f"{self.params.max_tokens})", False))
         return min(budgets, key=lambda b: b.tokens) if budgets else None
 
+    def known_budget(self) -> TokenBudget | None:
+        """The budget for the context gauge; None when it cannot be known (it is never an error here)."""
+        try:
+            return self.token_budget()
+        except UsageError:
+            return None
+
+    def count(self, messages: list[Message]) -> int | None:
+        """The prompt tokens of ``messages``, as the backend counts them (None when it cannot)."""
+        return self.backend.count_tokens(messages, self.params.think)
+
+    def pin(self, text: str) -> None:
+        """Keep ``text`` after the system message, where trimming and compaction never reach; a
+        pin that cannot fit the budget with the shortest question is refused, nothing changes."""
+        validate_input(text, self.trim.max_input_chars)
+        budget = self.token_budget()
+        self.conversation.pins.append(text.strip())
+        tokens = self.count(self.conversation.preview(NEXT_QUESTION, drop=len(self.conversation.turns))) \
+            if budget else None
+        if budget and tokens is not None and tokens > budget.tokens:
+            self.conversation.pins.pop()
+            raise UsageError(f"this pin would make the system message and pins alone {tokens} tokens, over "
+                             f"{budget.limit} ({budget.tokens}): not pinned")
+
     def _plan_trim(self, prompt: str) -> TrimPlan:
         budget = self.token_budget()
         drop = self.conversation.plan_trim(
             prompt, max_turns=self.trim.max_turns, max_tokens=budget.tokens if budget else None,
             count_tokens=partial(self.backend.count_tokens, think=self.params.think) if budget else None,
-            limit=budget.limit if budget else "--max-context-tokens", required=budget.required if budget else True)
+            limit=budget.limit if budget else "--max-context-tokens", required=budget.required if budget else True,
+            low_water=self.trim.trim_to)
         by_turns = self.conversation.plan_trim(prompt, max_turns=self.trim.max_turns)
         if drop == 0:
             return TrimPlan(0, None)
         return TrimPlan(drop, budget.limit if budget and drop > by_turns else "--max-turns")
 
 
-@dataclass(frozen=True)
-class _Listeners:
-    on_text: Callable[[str], None]
-    on_reasoning: Callable[[str], None]
-    on_progress: Callable[[Progress], None]
-
-
-@dataclass
-class _StreamOutcome:
-    done: Finished | None = None
-    error: str | None = None
-    failure: TurnStatus | None = None
-    trace: str | None = None
-    terminated: bool = False
-    unshowable: OutputError | None = None

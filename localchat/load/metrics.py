@@ -60,6 +60,7 @@ class RequestRecord:
     estimated: bool
     scored: bool
     correct: bool | None
+    compaction_tokens: int = 0  # a summary call before this request (its prompt and completion)
 
     @property
     def ok(self) -> bool:
@@ -87,7 +88,12 @@ def request_record(result: TurnResult, *, users: int, history: bool, user: int, 
         itl_median_s=gaps[len(gaps) // 2] if gaps else None, tpot_s=tpot, e2e_s=s.total_s,
         prompt_tokens=s.prompt_tokens, cached_tokens=s.cached_tokens, completion_tokens=s.completion_tokens,
         reasoning_tokens=s.reasoning_tokens, estimated=s.estimated, scored=scored,
-        correct=correct if not failed else None)
+        correct=correct if not failed else None, compaction_tokens=_summary_tokens(result))
+
+
+def _summary_tokens(result: TurnResult) -> int:
+    summary = result.compaction.result if result.compaction else None
+    return summary.stats.prompt_tokens + summary.stats.completion_tokens if summary else 0
 
 
 def summarize(records: list[RequestRecord], gaps: list[float], wall_s: float, slo: Slo) -> dict:
@@ -118,6 +124,8 @@ def summarize(records: list[RequestRecord], gaps: list[float], wall_s: float, sl
         "accuracy": {"correct": sum(bool(r.correct) for r in scored), "scored": len(scored),
                      "rate": sum(bool(r.correct) for r in scored) / len(scored) if scored else None},
         "by_turn": by_turn(ok),
+        "compactions": {"calls": sum(r.compaction_tokens > 0 for r in records),
+                        "tokens": sum(r.compaction_tokens for r in records)},
         "estimated_counts": any(r.estimated for r in ok),
     }
 

@@ -21,8 +21,9 @@ from typing import Any
 
 from localchat.backends import GenerationParams
 from localchat.bench.script import BenchScript, PlannedTurn, plan
+from localchat.conversation.compaction import CompactionPolicy
 from localchat.conversation.history import Conversation
-from localchat.conversation.turn import ChatSession
+from localchat.conversation.turn import ChatSession, TrimPolicy
 from localchat.load.metrics import RequestRecord, Slo, request_record
 
 FILLER_TURN = PlannedTurn("Thanks!", None, None)
@@ -40,6 +41,8 @@ class LoadPlan:
     params: GenerationParams
     seed: int
     slo: Slo = field(default_factory=Slo)
+    trim: TrimPolicy = field(default_factory=TrimPolicy)  # --max-context-tokens and --trim-to
+    compact: bool = False  # --compact auto
 
     def turns_for(self, user: int, k: int) -> list[PlannedTurn]:
         """Conversation ``k`` of ``user``: drawn from (seed, user, k), so every run and history
@@ -125,7 +128,8 @@ class Run:
     def _play(self, backend: Any, user: int, k: int) -> bool:
         """One conversation; False once the run must end."""
         session = ChatSession(backend, Conversation.for_backend(backend, self.plan.script.system), self.plan.params,
-                              use_history=self.history)
+                              use_history=self.history, trim=self.plan.trim,
+                              compaction=CompactionPolicy(auto=True) if self.plan.compact else None)
         for i, turn in enumerate(self.plan.turns_for(user, k), 1):
             if self.stopped.is_set() or self._past_deadline():
                 return False

@@ -14,6 +14,7 @@ from typing import Any
 from localchat.backends import DEFAULT_BASE_URL, DEFAULT_TIMEOUT_S, GenerationParams
 from localchat.bench.run import check_outputs
 from localchat.bench.script import SCRIPTS_DIR, load_script, script_path
+from localchat.conversation.turn import DEFAULT_TRIM_TO, TrimPolicy
 from localchat.environment import collect
 from localchat.errors import LocalchatError, UsageError
 from localchat.load.metrics import Slo, summarize
@@ -48,6 +49,9 @@ class LoadOptions:
     launch: bool = False
     server_args: tuple[str, ...] = ()
     timeout_s: float = DEFAULT_TIMEOUT_S
+    max_context_tokens: int | None = None
+    trim_to: float = DEFAULT_TRIM_TO
+    compact: bool = False  # --compact auto: needs --max-context-tokens and the model's local tokenizer
 
 
 @dataclass
@@ -110,6 +114,8 @@ def check_options(opts: LoadOptions) -> None:
         raise UsageError("--launch starts its own server: leave out --base-url")
     if opts.server_args and not opts.launch:
         raise UsageError(f"server arguments after -- ({' '.join(opts.server_args)}) need --launch")
+    if opts.compact and opts.max_context_tokens is None:
+        raise UsageError("--compact auto needs a budget here: add --max-context-tokens N")
     for name in ("slo_ttft_s", "slo_tpot_s"):
         value = getattr(opts, name)
         if value is not None and not value > 0:
@@ -122,7 +128,9 @@ def make_plan(opts: LoadOptions) -> LoadPlan:
     params = GenerationParams(temperature=opts.temperature, max_tokens=opts.max_tokens, seed=opts.seed)
     return LoadPlan(script=script, conversations=opts.conversations, turns=opts.turns,
                     think_time_s=opts.think_time_s, duration_s=opts.duration_s, params=params,
-                    seed=opts.seed or 0, slo=Slo(opts.slo_ttft_s, opts.slo_tpot_s))
+                    seed=opts.seed or 0, slo=Slo(opts.slo_ttft_s, opts.slo_tpot_s),
+                    trim=TrimPolicy(max_context_tokens=opts.max_context_tokens, trim_to=opts.trim_to),
+                    compact=opts.compact)
 
 
 def environment_block(opts: LoadOptions, ref: ModelRef | None, base_url: str) -> dict:
@@ -153,6 +161,9 @@ class Target:
         self.opts, self.on_status = opts, on_status
         self.ref = known_model(opts.model, opts.launch)
         loader = local_tokenizer_loader(self.ref)
+        if opts.max_context_tokens is not None and loader is None:
+            raise UsageError("--max-context-tokens counts tokens with the model's tokenizer: pass -m with a model "
+                             "that is on this machine")
         self.load_tokenizer = functools.cache(loader) if loader else None  # one load for every user
         self.server = None
         self.base_url = opts.base_url

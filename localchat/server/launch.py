@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import signal
 import socket
 import subprocess
-import re
 import sys
 import time
 from collections import deque

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from localchat.conversation.history import Turn, system_first, turn_messages
+from localchat.conversation.history import Turn, context_message, system_first, turn_messages
 from localchat.conversation.stats import stats_from_dict, stats_to_dict
 from localchat.conversation.turn import ChatSession
 from localchat.errors import LocalchatError, UsageError
@@ -48,6 +48,8 @@ MIGRATIONS = [
     );
     """,
     "ALTER TABLE turns ADD COLUMN reasoning TEXT",  # a thinking model's reasoning, beside the answer
+    # pinned facts (a JSON list of texts) and the notes of a compaction, both after the system message
+    "ALTER TABLE sessions ADD COLUMN pins TEXT; ALTER TABLE sessions ADD COLUMN summary TEXT",
 ]
 
 
@@ -62,6 +64,8 @@ class SavedSession:
     turns: tuple[Turn, ...]  # with their figures
     created: str = ""
     updated: str = ""
+    pins: tuple[str, ...] = ()
+    summary: str | None = None  # the notes that replaced earlier turns (those turns are not kept)
 
 
 @dataclass(frozen=True)
@@ -140,10 +144,10 @@ class SessionStore:
                 conn.execute("DELETE FROM sessions WHERE id = ?", (row[0],))
             created = row[2] if row else _now()
             cursor = conn.execute(
-                "INSERT INTO sessions (name, uid, created, updated, model, backend, system, params) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO sessions (name, uid, created, updated, model, backend, system, params, pins, summary) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (session.name, session.uid, created, _now(), session.model, session.backend, session.system,
-                 json.dumps(session.params)))
+                 json.dumps(session.params), json.dumps(list(session.pins)) if session.pins else None, session.summary))
             conn.executemany(
                 "INSERT INTO turns (session_id, position, user, assistant, stats, reasoning) VALUES (?, ?, ?, ?, ?, ?)",
                 [(cursor.lastrowid, i, t.user, t.assistant, json.dumps(stats_to_dict(t.stats)) if t.stats else None,
@@ -152,8 +156,8 @@ class SessionStore:
 
     def load(self, name: str) -> SavedSession:
         with self._connect() as conn:
-            row = conn.execute("SELECT id, name, uid, model, backend, system, params, created, updated "
-                               "FROM sessions WHERE name = ?", (name,)).fetchone()
+            row = conn.execute("SELECT id, name, uid, model, backend, system, params, created, updated, pins, "
+                               "summary FROM sessions WHERE name = ?", (name,)).fetchone()
             if row is None:
                 raise UsageError(f"no saved session named '{name}' (see: localchat sessions list)")
             turns = conn.execute("SELECT user, assistant, stats, reasoning FROM turns WHERE session_id = ? "
@@ -189,9 +193,15 @@ def _session_from_rows(row: tuple, turns: list[tuple]) -> SavedSession:
     for field, value in texts.items():
         if not isinstance(value, str):
             raise damaged(field, "is not text")
-    for field, value in (("model", row[3]), ("system", row[5])):
+    for field, value in (("model", row[3]), ("system", row[5]), ("summary", row[10])):
         if value is not None and not isinstance(value, str):
             raise damaged(field, "is not text")
+    try:
+        pins = json.loads(row[9]) if row[9] is not None else []
+    except (TypeError, ValueError):
+        raise damaged("pins", "is not JSON") from None
+    if not isinstance(pins, list) or not all(isinstance(p, str) for p in pins):
+        raise damaged("pins", "is not a list of texts")
     try:
         params = json.loads(row[6])
     except (TypeError, ValueError):
@@ -210,7 +220,7 @@ def _session_from_rows(row: tuple, turns: list[tuple]) -> SavedSession:
             raise damaged(f"turn {position} stats", "is not JSON") from None
         loaded.append(Turn(user, assistant, figures, reasoning or ""))
     return SavedSession(name=name, uid=row[2], model=row[3], backend=row[4], system=row[5], params=params,
-                        turns=tuple(loaded), created=row[7], updated=row[8])
+                        turns=tuple(loaded), created=row[7], updated=row[8], pins=tuple(pins), summary=row[10])
 
 
 @dataclass
@@ -225,10 +235,11 @@ class SessionSaver:
     def save(self, session: ChatSession, name: str | None = None) -> tuple[str, bool]:
         """Save the accepted turns; returns the name and whether an earlier save was replaced."""
         name = validate_name(name) if name else (self.name or f"chat-{self.uid}")
+        conversation = session.conversation
         replaced = self.store.save(SavedSession(
             name=name, uid=self.uid, model=self.model, backend=session.backend.name,
-            system=session.conversation.system, params=asdict(session.params),
-            turns=tuple(session.conversation.turns)))
+            system=conversation.system, params=asdict(session.params), turns=tuple(conversation.turns),
+            pins=tuple(conversation.pins), summary=conversation.summary.text if conversation.summary else None))
         self.name = name
         return name, replaced
 
@@ -250,7 +261,9 @@ def export_json(session: SavedSession) -> str:
     return json.dumps({
         "name": session.name, "model": session.model, "backend": session.backend, "params": session.params,
         "created": session.created, "updated": session.updated,
-        "messages": system_first(session.system, turn_messages(session.turns)),
+        "messages": system_first(context_message(session.system, list(session.pins), session.summary),
+                                 turn_messages(session.turns)),
+        "pins": list(session.pins), "summary": session.summary,
         "turn_stats": [stats_to_dict(t.stats) if t.stats else None for t in session.turns],
         "turn_reasoning": [t.reasoning or None for t in session.turns],
     }, ensure_ascii=False, indent=2)
@@ -262,6 +275,10 @@ def export_markdown(session: SavedSession) -> str:
              f"saved {session.updated}", ""]
     if session.system:
         lines += ["## System", "", session.system, ""]
+    if session.pins:
+        lines += ["## Pinned", "", *(f"- {p}" for p in session.pins), ""]
+    if session.summary:
+        lines += ["## Notes of earlier turns", "", session.summary, ""]
     for i, turn in enumerate(session.turns, 1):
         lines += [f"## Turn {i}", "", f"**User:** {turn.user}", ""]
         if turn.reasoning:

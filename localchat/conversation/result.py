@@ -1,0 +1,123 @@
+"""What one model call gives: its status, its result, and the backend's events fed to the clock.
+
+A turn (``turn``) and a compaction (``compaction``) are both calls: the same stream handling, the
+same clock, the same checks that the reply ended with ``stop`` and holds text.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from enum import Enum
+from typing import TYPE_CHECKING, Any
+
+from localchat.backends import Event, Finished, Message, Progress, ReasoningChunk, TextChunk
+from localchat.conversation.stats import TurnClock, TurnStats
+from localchat.errors import LocalchatError, OutputError, TerminationRequested
+
+if TYPE_CHECKING:
+    from localchat.conversation.compaction import Compaction
+
+
+class TurnStatus(str, Enum):
+    """What became of a turn; the runtime's own ``finish_reason`` is kept apart in its stats."""
+
+    COMMITTED = "committed"
+    NOT_KEPT = "not-kept"  # a good reply, but history is off
+    CUT = "cut"  # the runtime stopped at max-tokens
+    EMPTY = "empty"  # the reply ended with no text
+    INVALID = "invalid-json"
+    UNRENDERABLE = "unrenderable"  # the model's chat template would refuse the answer back in history
+    ERROR = "error"
+    INTERRUPTED = "interrupted"
+
+
+@dataclass(frozen=True)
+class TurnResult:
+    prompt: str
+    messages: list[Message]  # exactly what was sent
+    text: str  # the answer
+    stats: TurnStats
+    status: TurnStatus
+    dropped_turns: int = 0
+    trimmed_for: str | None = None  # the limit that made the oldest turns leave the request
+    error: str | None = None
+    trace: str | None = field(default=None, repr=False)  # an unexpected failure's traceback
+    answer: Any = None  # JSON mode: the parsed, valid reply
+    invalid: str | None = None  # JSON mode: why the reply failed validation
+    reasoning: str = ""  # a thinking model's reasoning, apart from the answer
+    token_gaps_s: tuple[float, ...] = field(default=(), repr=False)  # ITL, from the clock
+    compaction: Compaction | None = field(default=None, repr=False)  # the summary call made before this turn
+
+    @property
+    def committed(self) -> bool:
+        return self.status is TurnStatus.COMMITTED
+
+    @property
+    def accepted(self) -> bool:
+        """A reply good enough for history (committed, or would be with history on)."""
+        return self.status in (TurnStatus.COMMITTED, TurnStatus.NOT_KEPT)
+
+
+@dataclass(frozen=True)
+class Listeners:
+    """Who hears the reply as it streams (the UI); nobody by default."""
+
+    on_text: Callable[[str], None] = lambda _: None
+    on_reasoning: Callable[[str], None] = lambda _: None
+    on_progress: Callable[[Progress], None] = lambda _: None
+
+
+@dataclass
+class StreamOutcome:
+    done: Finished | None = None
+    error: str | None = None
+    failure: TurnStatus | None = None
+    trace: str | None = None
+    terminated: bool = False
+    unshowable: OutputError | None = None
+
+
+def consume(events: Iterator[Event], clock: TurnClock, listeners: Listeners, outcome: StreamOutcome) -> None:
+    """Feed the backend's events to the clock; what happened goes into ``outcome``. No exception
+    but SIGTERM's and a failing display's leaves a call: an unexpected one is an error with its
+    traceback."""
+    try:
+        for event in events:
+            if isinstance(event, TextChunk):
+                clock.on_text(event.text)
+                if event.text:
+                    listeners.on_text(event.text)
+            elif isinstance(event, ReasoningChunk):
+                clock.on_reasoning(event.text)
+                if event.text:
+                    listeners.on_reasoning(event.text)
+            elif isinstance(event, Progress):
+                listeners.on_progress(event)
+            elif isinstance(event, Finished):
+                outcome.done = event
+    except (TerminationRequested, OutputError):
+        raise
+    except KeyboardInterrupt:
+        outcome.failure = TurnStatus.INTERRUPTED
+    except LocalchatError as exc:
+        outcome.error, outcome.failure = str(exc), TurnStatus.ERROR
+    except Exception as exc:  # a bug or a library's surprise must not end the REPL or lose history
+        outcome.error = f"unexpected {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        outcome.failure, outcome.trace = TurnStatus.ERROR, traceback.format_exc()
+    finally:
+        events.close()
+    if outcome.done is None and outcome.failure is None:
+        outcome.error, outcome.failure = "the reply ended without the runtime's final report", TurnStatus.ERROR
+
+
+def finished(result: TurnResult) -> TurnResult:
+    """A call that streamed to its end: cut (not ``stop``), empty, or good for history."""
+    if result.status is not TurnStatus.COMMITTED:
+        return result
+    if result.stats.finish_reason != "stop":
+        return replace(result, status=TurnStatus.CUT)
+    if not result.text.strip():
+        return replace(result, status=TurnStatus.EMPTY)
+    return result

@@ -1,0 +1,19 @@
+"""A real mlx_lm.server for a test module: launched on a free loopback port, stopped after."""
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from localchat.registry import resolve
+from localchat.server.launch import free_port, launch, wait_ready
+
+
+@contextmanager
+def serving(model: str, log_dir: Path) -> Iterator:
+    """The registry's ``model`` served until the block ends; the server is stopped even on failure."""
+    server = launch(resolve(model).location, port=free_port(), log_path=log_dir / "server.log")
+    try:
+        wait_ready(server, timeout_s=120)
+        yield server
+    finally:
+        server.stop()
