@@ -8,7 +8,6 @@ already be in the local Hugging Face cache.
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 from collections.abc import Callable
@@ -16,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from localchat.backends.settings import SETTINGS, check_setting
 from localchat.errors import LocalchatError, UsageError
 from localchat.yamlfile import read_yaml
 
@@ -27,7 +27,10 @@ DEFAULT_MODEL = DEMO_MODEL
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 ENTRY_FIELDS = {"id", "aliases", "source", "description", "family", "defaults", "chat_template_kwargs", "imported"}
 DEFAULT_FIELDS = {"system": (str, type(None)), "temperature": (int, float), "top_p": (int, float),
-                  "max_tokens": (int,)}
+                  "top_k": (int,), "min_p": (int, float), "repetition_penalty": (int, float), "max_tokens": (int,),
+                  # mlx_lm's load-time features, in-process (see backends.mlx_options)
+                  "adapter_path": (str,), "draft_model": (str,), "num_draft_tokens": (int,), "kv_bits": (int,),
+                  "kv_group_size": (int,), "quantized_kv_start": (int,), "max_kv_size": (int,)}
 
 
 @dataclass(frozen=True)
@@ -92,9 +95,11 @@ def _parse_entry(raw: Any, index: int, path: Path) -> ModelEntry:
             raise _fail(path, where, f"unknown field 'defaults.{key}'")
         if not isinstance(value, DEFAULT_FIELDS[key]) or isinstance(value, bool):
             raise _fail(path, where, f"field 'defaults.{key}' has the wrong type ({value!r})")
-    temperature, top_p = defaults.get("temperature", 0.0), defaults.get("top_p", 1.0)
-    if not math.isfinite(temperature) or temperature < 0 or defaults.get("max_tokens", 1) < 1 or not 0 < top_p <= 1:
-        raise _fail(path, where, "defaults: temperature must be a finite number ≥ 0, top_p in (0, 1], max_tokens ≥ 1")
+        if key in SETTINGS:
+            try:
+                check_setting(key, value)
+            except UsageError as exc:
+                raise _fail(path, where, f"defaults: {exc}") from None
     kwargs = raw.get("chat_template_kwargs") or {}
     if not isinstance(kwargs, dict):
         raise _fail(path, where, "field 'chat_template_kwargs' must be a mapping")

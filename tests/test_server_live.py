@@ -77,6 +77,32 @@ def test_recall_with_history_through_the_server(live_server):
     assert second.stats.ttft_s is not None and second.stats.prompt_tokens > second.stats.cached_tokens
 
 
+def test_samplers_draft_model_and_adapter_go_per_request_to_the_server(live_server, tmp_path):
+    """mlx_lm.server reads top_k, min_p, repetition_penalty, draft_model and adapters per request:
+    greedy answers stay the model's (speculation never changes them) and an adapter changes it as
+    it does in-process."""
+    from test_mlx_options import lora_adapter
+
+    from localchat.backends.inproc import load_inproc
+    from localchat.backends.mlx_options import RuntimeOptions, server_fields
+    from localchat.registry import local_dir
+
+    ref = resolve("demo")
+    location = str(local_dir(ref))
+    params = GenerationParams(max_tokens=32, top_k=5, min_p=0.05, repetition_penalty=1.05)
+    fields = server_fields(RuntimeOptions(draft_model="demo-notes", num_draft_tokens=2), location, "default_model")
+    drafted = ChatSession(ServerBackend(make_client(live_server.base_url), location, model_id="demo",
+                                        extra_fields=fields), Conversation("You are a helpful assistant."), params)
+    assert drafted.ask(REMEMBER).text == "OK" and drafted.ask(RECALL).text == "harbor 17"
+    adapter = lora_adapter(ref.location, tmp_path / "adapter")
+    adapted = ServerBackend(make_client(live_server.base_url), location, model_id="demo",
+                            extra_fields=server_fields(RuntimeOptions(adapter_path=adapter), location, "default_model"))
+    inproc = load_inproc(ref, local_dir(ref), options=RuntimeOptions(adapter_path=adapter))
+    answers = [ChatSession(b, Conversation("You are a helpful assistant."), GenerationParams(max_tokens=32)).ask(
+        REMEMBER).text for b in (adapted, inproc)]
+    assert answers[0] == answers[1] != "OK"
+
+
 def test_no_history_through_the_server(live_server):
     chat = server_chat(live_server, use_history=False)
     chat.ask(REMEMBER)

@@ -36,7 +36,7 @@ def saved(name="s", uid="u1", turns=(("hi", "Hi there!"),)) -> SavedSession:
 def test_save_quit_resume_continues_with_history(home):
     first = repl(REMEMBER, "Hello", "/save demo1", "/quit")
     assert first.exit_code == 0, first.stderr
-    assert "saved 'demo1' (2 turn(s))" in first.stderr
+    assert "saved 'demo1' (2 turns)" in first.stderr
     second = repl("/history", "/quit", args=("--resume", "demo1"))
     assert second.exit_code == 0, second.stderr
     assert "resumed 'demo1': 2 turn(s)" in second.stderr and "KV cache is rebuilt" in second.stderr
@@ -51,7 +51,7 @@ def test_resumed_turn_sends_the_saved_history(home, tmp_path):
     request = json.loads(next((tmp_path / "r").glob("*-request.json")).read_text())
     assert [m["content"] for m in request["messages"]] == [
         "You are a helpful assistant.", REMEMBER, "OK", "Hello"]
-    assert "updated 'demo1' (2 turn(s))" in result.stderr  # /save without NAME reuses the resumed name
+    assert "updated 'demo1' (2 turns)" in result.stderr  # /save without NAME reuses the resumed name
 
 
 def test_list_show_export_rm(home):

@@ -43,7 +43,7 @@ def test_the_wheel_holds_the_package_and_not_the_trainer(installed):
     names = subprocess.run([sys.executable, "-m", "zipfile", "-l", str(next((where / "dist").glob("*.whl")))],
                            capture_output=True, text=True, check=True).stdout
     assert "localchat/models.yaml" in names and "localchat/demo_model/model.safetensors" in names
-    assert "localchat/bench/scripts/recall-en.yaml" in names
+    assert "localchat/bench/scripts/recall-en.yaml" in names and "localchat/demo_notes_model/model.safetensors" in names
     assert "demo/train.py" not in names and "scripts/" not in names.replace("bench/scripts/", "")
 
 
@@ -72,5 +72,5 @@ def test_installed_localchat_chats_benches_serves_and_lists(installed):
     assert "all required checks passed" in smoke.stdout
 
     models = run("models")
-    assert models.returncode == 0 and models.stdout.startswith("demo (default, tiny) · present")
+    assert models.returncode == 0 and models.stdout.startswith("demo (default, tiny) · demo family · present")
     assert str(where / "venv") in models.stdout  # the registry is the installed package's own

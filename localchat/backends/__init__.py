@@ -24,6 +24,9 @@ DEFAULT_TIMEOUT_S = 120.0  # a server that makes no progress for this long ends 
 class GenerationParams:
     temperature: float = 0.0
     top_p: float = 1.0
+    top_k: int = 0  # 0: off
+    min_p: float = 0.0  # 0: off
+    repetition_penalty: float | None = None  # None (or 1.0): off
     max_tokens: int = 256
     seed: int | None = None
     response_format: dict | None = None  # OpenAI structured output; sent only over HTTP
@@ -64,6 +67,8 @@ class Finished:
     cache_miss_tokens: int = 0  # tokens the KV cache held but the new prompt did not share
     reasoning_tokens: int = 0  # completion tokens from the think start marker to its end marker
     reasoning_estimated: bool = False  # counted by re-tokenizing the reasoning text (HTTP)
+    draft_tokens: int | None = None  # speculative decoding: completion tokens the draft model proposed and kept
+    cache_rebuilt: bool = False  # the KV cache could not be trimmed to the new prompt and started again
     peak_memory_gb: float | None = None
     runtime: dict[str, float] = field(default_factory=dict)  # e.g. mlx_lm prompt_tps
 

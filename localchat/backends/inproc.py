@@ -5,7 +5,9 @@ keeps the longest common prefix of the tokens it holds and the new prompt, trims
 mlx_lm's cache helpers and prefills only the new tokens. A thinking model's template usually drops
 earlier reasoning from the prompt, so the cached reasoning (and the answer after it) is trimmed
 and the answer re-prefilled. A cache that cannot be trimmed (hybrid models' ``ArraysCache``) keeps
-a checkpoint at the end of each prompt instead, as mlx_lm.server does, and restarts from it.
+a checkpoint at the end of each prompt instead, as mlx_lm.server does, and restarts from it; so
+does a rotating cache (``--max-kv-size``) once it has wrapped. With a draft model the cache is the
+model's layers then the draft's, each trimmed to the prefix both still hold.
 """
 
 from __future__ import annotations
@@ -18,9 +20,18 @@ from pathlib import Path
 from typing import Any
 
 from localchat.backends import Event, Finished, GenerationParams, Message
+from localchat.backends.mlx_options import (
+    RuntimeOptions,
+    check_draft,
+    check_kv_group,
+    load_model,
+    make_cache,
+    logits_processors_for,
+    sampler_for,
+)
 from localchat.backends.reasoning import ReasoningSplitter
 from localchat.errors import LocalchatError
-from localchat.registry import ModelRef, context_length
+from localchat.registry import ModelRef, context_length, local_dir, resolve
 from localchat.templates.render import ChatTemplate
 
 
@@ -43,41 +54,64 @@ class Checkpoint:
 
 @dataclass
 class PromptCache:
-    """mlx_lm's KV cache together with the token ids it holds."""
+    """mlx_lm's KV cache (the model's layers, then a draft model's) and the token ids it holds."""
 
     model: Any
+    draft_model: Any = None
+    max_kv_size: int | None = None
     cache: list[Any] = field(default_factory=list)
     ids: list[int] = field(default_factory=list)
     checkpoints: bool = True  # for caches that cannot be trimmed
     checkpoint: Checkpoint | None = None
+    rebuilt: bool = False  # the last ``reuse`` could not trim and started again
 
     def reuse(self, prompt_ids: list[int]) -> tuple[int, int]:
         """Keep the shared prefix (at least one prompt token is left to feed the model).
 
         Returns (cached tokens reused, cached tokens that no longer matched and were dropped).
         """
-        from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
+        from mlx_lm.models.cache import can_trim_prompt_cache
 
-        held = len(self.ids)
-        keep = min(common_prefix_length(self.ids, prompt_ids), len(prompt_ids) - 1)
+        held, offsets = len(self.ids), self._offsets()
+        keep = min(common_prefix_length(self.ids, prompt_ids), len(prompt_ids) - 1, *offsets)
+        stale = keep < held or any(offset > keep for offset in offsets)
+        self.rebuilt = False
         if not self.cache:
             self._restart([])
-        elif keep < held and can_trim_prompt_cache(self.cache):
-            trim_prompt_cache(self.cache, held - keep)
+        elif stale and can_trim_prompt_cache(self.cache):
+            self._trim_to(keep)
             self.ids = self.ids[:keep]
-        elif keep < held:
+        elif stale:
             self._restart(prompt_ids)
+            self.rebuilt = True
         return len(self.ids), held - len(self.ids)
+
+    def _parts(self) -> list[list[Any]]:
+        """The model's layers and the draft model's, which may hold a token more or less."""
+        split = len(self.model.layers) if self.draft_model is not None else len(self.cache)
+        return [part for part in (self.cache[:split], self.cache[split:]) if part]
+
+    def _offsets(self) -> list[int]:
+        return [part[0].offset for part in self._parts() if hasattr(part[0], "offset")]
+
+    def _trim_to(self, keep: int) -> None:
+        from mlx_lm.models.cache import trim_prompt_cache
+
+        for part in self._parts():
+            held = part[0].offset if hasattr(part[0], "offset") else len(self.ids)
+            if held > keep:
+                trim_prompt_cache(part, held - keep)
 
     def _restart(self, prompt_ids: list[int]) -> None:
         """From the checkpoint when the new prompt still starts with its tokens; else empty."""
-        from mlx_lm.models.cache import make_prompt_cache
-
         point = self.checkpoint
         if point and len(point.ids) < len(prompt_ids) and prompt_ids[:len(point.ids)] == point.ids:
             self.cache, self.ids = copy.deepcopy(point.cache), list(point.ids)
         else:
-            self.cache, self.ids = make_prompt_cache(self.model), []
+            self.cache = make_cache(self.model, self.max_kv_size)
+            if self.draft_model is not None:
+                self.cache += make_cache(self.draft_model)
+            self.ids = []
 
     def on_prefill(self, prompt_ids: list[int], cached: int) -> Callable[[int, int], None]:
         """A ``prompt_progress_callback`` that keeps a checkpoint once the prompt, less the token
@@ -103,15 +137,20 @@ class InProcessBackend:
 
     def __init__(self, model: Any, tokenizer: Any, model_id: str, *,
                  chat_template_kwargs: dict[str, Any] | None = None, cache_reuse: bool = True,
-                 checkpoints: bool = True):
+                 checkpoints: bool = True, options: RuntimeOptions | None = None, draft_model: Any = None):
         self.model = model
         self.tokenizer = tokenizer
         self.model_id = model_id
         self.template = ChatTemplate(tokenizer, model_id, dict(chat_template_kwargs or {}))
         self.cache_reuse = cache_reuse
         self.checkpoints = checkpoints
-        self._cache = PromptCache(model, checkpoints=checkpoints)
+        self.options = options or RuntimeOptions()
+        self.draft_model = draft_model
+        self._cache = self._new_cache()
         self._encoded: tuple[str | None, list[int]] = (None, [])
+
+    def _new_cache(self) -> PromptCache:
+        return PromptCache(self.model, self.draft_model, self.options.max_kv_size, checkpoints=self.checkpoints)
 
     @property
     def cached_ids(self) -> list[int]:
@@ -138,25 +177,27 @@ class InProcessBackend:
     def stream(self, messages: list[Message], params: GenerationParams) -> Iterator[Event]:
         import mlx.core as mx
         from mlx_lm import stream_generate
-        from mlx_lm.sample_utils import make_sampler
 
         prompt_ids = self.encode(messages, params.think)
         if not self.cache_reuse:
-            self._cache = PromptCache(self.model, checkpoints=self.checkpoints)
+            self._cache = self._new_cache()
         cached, missed = self._cache.reuse(prompt_ids)
         if params.seed is not None:
             mx.random.seed(params.seed)
         mx.reset_peak_memory()
-        sampler = make_sampler(temp=params.temperature, top_p=params.top_p)
         splitter = ReasoningSplitter.for_prompt(self.template.traits.reasoning, self.tokenizer, prompt_ids)
         generated: list[int] = []
+        drafted = 0
         last = None
         try:
             for last in stream_generate(self.model, self.tokenizer, prompt_ids[cached:],
-                                        max_tokens=params.max_tokens, sampler=sampler,
-                                        prompt_cache=self._cache.cache,
-                                        prompt_progress_callback=self._cache.on_prefill(prompt_ids, cached)):
+                                        max_tokens=params.max_tokens, sampler=sampler_for(params),
+                                        logits_processors=logits_processors_for(params, prompt_ids[:cached]),
+                                        prompt_cache=self._cache.cache, draft_model=self.draft_model,
+                                        prompt_progress_callback=self._cache.on_prefill(prompt_ids, cached),
+                                        **self.options.generate_kwargs()):
                 generated.append(last.token)
+                drafted += bool(last.from_draft)
                 yield from splitter.feed(last.text, last.token)
         except (RuntimeError, ValueError, MemoryError) as exc:  # MLX failures, e.g. out of memory
             raise LocalchatError(f"generation failed: {type(exc).__name__}: {exc}".splitlines()[0]) from None
@@ -174,20 +215,26 @@ class InProcessBackend:
             peak_memory_gb=last.peak_memory,
             runtime={"mlx_lm_prompt_tps": last.prompt_tps,
                      "mlx_lm_generation_tps": last.generation_tps},
+            draft_tokens=drafted if self.draft_model is not None else None,
+            cache_rebuilt=self._cache.rebuilt,
         )
 
     def close(self) -> None:
-        self._cache = PromptCache(self.model, checkpoints=self.checkpoints)
+        self._cache = self._new_cache()
 
 
-def load_inproc(ref: ModelRef, path: Path, *, cache_reuse: bool = True) -> InProcessBackend:
-    """Load a model directory with ``mlx_lm.load``; ``path`` comes from ``registry.local_dir``."""
-    from mlx_lm import load
-
-    try:
-        model, tokenizer = load(str(path))
-    except Exception as exc:  # mlx_lm raises many types for a broken or unsupported model
-        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise LocalchatError(f"cannot load {ref.id} from {path}: {detail}") from None
+def load_inproc(ref: ModelRef, path: Path, *, cache_reuse: bool = True,
+                options: RuntimeOptions | None = None, allow_download: bool = False) -> InProcessBackend:
+    """Load a model directory with ``mlx_lm.load`` (``path`` from ``registry.local_dir``), with its
+    adapter and draft model when the options name them."""
+    options = (options or RuntimeOptions()).check()
+    model, tokenizer = load_model(path, options, ref.id)
+    check_kv_group(model, options)
+    make_cache(model, options.max_kv_size)  # a model whose cache cannot be bounded is refused now
+    draft = None
+    if options.draft_model:
+        draft_ref = resolve(options.draft_model)
+        draft, draft_tokenizer = load_model(local_dir(draft_ref, allow_download), RuntimeOptions(), draft_ref.id)
+        check_draft(tokenizer, draft_tokenizer, draft_ref.id)
     return InProcessBackend(model, tokenizer, ref.id, chat_template_kwargs=ref.chat_template_kwargs,
-                            cache_reuse=cache_reuse)
+                            cache_reuse=cache_reuse, options=options, draft_model=draft)

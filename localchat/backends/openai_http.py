@@ -67,14 +67,28 @@ def backend_for(base_url: str, ref: ModelRef | None, *, name: str | None = None,
     )
 
 
+def sampling_fields(params: GenerationParams) -> dict[str, Any]:
+    """The samplers beyond temperature and top_p, sent only when set (mlx_lm.server and vLLM read
+    them; OpenAI's API does not know them)."""
+    fields: dict[str, Any] = {}
+    if params.top_k:
+        fields["top_k"] = params.top_k
+    if params.min_p:
+        fields["min_p"] = params.min_p
+    if params.repetition_penalty not in (None, 1.0):
+        fields["repetition_penalty"] = params.repetition_penalty
+    return fields
+
+
 class ServerBackend:
     name = "server"
 
     def __init__(self, client: httpx.Client, model_field: str, *, model_id: str | None = None,
                  load_tokenizer: Callable[[], Any] | None = None,
                  chat_template_kwargs: dict[str, Any] | None = None, known_context: int | None = None,
-                 timeout_s: float = DEFAULT_TIMEOUT_S):
+                 timeout_s: float = DEFAULT_TIMEOUT_S, extra_fields: dict[str, Any] | None = None):
         self.client = client
+        self.extra_fields = dict(extra_fields or {})  # mlx_lm.server's per-request adapter and draft model
         self.model_field = model_field
         self.model_id = model_id or model_field
         self._load_tokenizer = load_tokenizer
@@ -124,6 +138,8 @@ class ServerBackend:
         }
         if stream:
             body["stream_options"] = {"include_usage": True}
+        body.update(sampling_fields(params))
+        body.update(self.extra_fields)
         if params.seed is not None:
             body["seed"] = params.seed
         if params.response_format is not None:

@@ -9,7 +9,7 @@ import sys
 
 def main() -> None:
     """The ``localchat`` command. Ctrl+C while the app itself is still being imported or built
-    is one line and 130 too (inside a command, ``app.user_errors`` maps it). Standard output is
+    is one line and 130 too (inside a command, ``dispatch.user_errors`` maps it). Standard output is
     guarded (``stdout``): what it cannot take is one line, and what is left in its buffer is
     flushed here, where a failure can still be said."""
     try:

@@ -5,12 +5,15 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
 from localchat.backends import Backend, GenerationParams
+from localchat.backends.mlx_options import RuntimeOptions, server_fields
 from localchat.cli import outcomes
 from localchat.cli.options import ChatOptions
 from localchat.cli.render import ChatUI
@@ -64,14 +67,37 @@ def _default(ref: ModelRef | None, name: str, fallback: Any) -> Any:
     return ref.default(name, fallback) if ref else fallback
 
 
+def _given(ref: ModelRef | None, value: Any, name: str, fallback: Any) -> Any:
+    """The flag's value when given, else the model's default (models.yaml), else ``fallback``."""
+    return value if value is not None else _default(ref, name, fallback)
+
+
 def generation_params(ref: ModelRef | None, opts: ChatOptions) -> GenerationParams:
     gen = opts.generation
     return GenerationParams(
-        temperature=gen.temperature if gen.temperature is not None else _default(ref, "temperature", 0.0),
-        top_p=gen.top_p if gen.top_p is not None else _default(ref, "top_p", 1.0),
+        temperature=_given(ref, gen.temperature, "temperature", 0.0),
+        top_p=_given(ref, gen.top_p, "top_p", 1.0),
+        top_k=_given(ref, gen.top_k, "top_k", 0),
+        min_p=_given(ref, gen.min_p, "min_p", 0.0),
+        repetition_penalty=_given(ref, gen.repetition_penalty, "repetition_penalty", None),
         max_tokens=gen.max_tokens or _default(ref, "max_tokens", DEFAULT_MAX_TOKENS),
         seed=gen.seed,
         think=gen.think,
+    )
+
+
+def runtime_options(ref: ModelRef | None, opts: ChatOptions) -> RuntimeOptions:
+    """mlx_lm's load-time features: the flags, else the model's defaults, else mlx_lm's."""
+    flags, base = opts.runtime, RuntimeOptions()
+    adapter = _given(ref, flags.adapter_path, "adapter_path", None)
+    return RuntimeOptions(
+        adapter_path=Path(adapter).expanduser() if adapter is not None else None,
+        draft_model=_given(ref, flags.draft_model, "draft_model", None),
+        num_draft_tokens=_given(ref, flags.num_draft_tokens, "num_draft_tokens", base.num_draft_tokens),
+        kv_bits=_given(ref, flags.kv_bits, "kv_bits", None),
+        kv_group_size=_given(ref, flags.kv_group_size, "kv_group_size", base.kv_group_size),
+        quantized_kv_start=_given(ref, flags.quantized_kv_start, "quantized_kv_start", base.quantized_kv_start),
+        max_kv_size=_given(ref, flags.max_kv_size, "max_kv_size", None),
     )
 
 
@@ -134,10 +160,11 @@ def open_server(ref: ModelRef | None, opts: ChatOptions, ui: ChatUI) -> Backend:
     """An HTTP backend. A model the registry knows is sent as the location the server loads and
     lends its local tokenizer (for estimates); any other name (e.g. vLLM's served model name) is
     sent as it is; no name means the server's own model."""
-    from localchat.backends.openai_http import backend_for
+    from localchat.backends.openai_http import SERVER_DEFAULT_MODEL, backend_for
 
     backend = backend_for(opts.model.base_url, ref, name=opts.model.model, api_key=opts.model.api_key,
                           timeout_s=opts.model.timeout_s)
+    backend.extra_fields = server_fields(runtime_options(ref, opts), backend.model_field, SERVER_DEFAULT_MODEL)
     ui.info(f"talking to {backend.url} (model: {backend.model_id})")
     return backend
 
@@ -149,12 +176,19 @@ def open_inproc(ref: ModelRef, opts: ChatOptions, ui: ChatUI) -> Backend:
     from localchat.backends.inproc import load_inproc
 
     started = time.perf_counter()
+    options = runtime_options(ref, opts).check()
     with ui.err.status(f"Loading {ref.id} …"):
         path = local_dir(ref, opts.model.allow_download)
-        backend = load_inproc(ref, path, cache_reuse=opts.model.cache_reuse)
+        backend = load_inproc(ref, path, cache_reuse=opts.model.cache_reuse, options=options,
+                              allow_download=opts.model.allow_download)
     bits = quantization_bits(path)
     quant = f", {bits}-bit" if bits else ""
-    ui.info(f"loaded {ref.id} ({ref.kind}{quant}) in {time.perf_counter() - started:.2f}s")
+    extras = [f"adapter {options.adapter_path}" if options.adapter_path else "",
+              f"drafting with {options.draft_model} ({options.num_draft_tokens} a step)" if options.draft_model else "",
+              f"KV cache {options.kv_bits}-bit from {options.quantized_kv_start} tokens" if options.kv_bits else "",
+              f"rotating KV cache of {options.max_kv_size} tokens" if options.max_kv_size else ""]
+    extra = "".join(f"; {e}" for e in extras if e)
+    ui.info(f"loaded {ref.id} ({ref.kind}{quant}) in {time.perf_counter() - started:.2f}s{extra}")
     return backend
 
 
@@ -166,10 +200,22 @@ def open_backend(opts: ChatOptions, ui: ChatUI) -> tuple[ModelRef | None, Backen
     return ref, open_inproc(ref, opts, ui)
 
 
+def line_reader(opts: ChatOptions, ui: ChatUI) -> Callable[[str], str]:
+    """Shell-like line editing when both ends are a terminal; plain ``input()`` otherwise."""
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        return input
+    from localchat.cli.repl.line_editor import HISTORY_FILE, terminal_reader
+    from localchat.store.home import home_dir
+
+    path = home_dir() / HISTORY_FILE if opts.output.input_history else None
+    return terminal_reader(path, REPL_COMMANDS, secrets=[opts.model.api_key or ""], on_notice=ui.notice)
+
+
 def run_chat(*, opts: ChatOptions, prompt: str | None, err: Console) -> int:
     """Answer ``prompt``, or run the REPL when it is None; the exit code."""
     ui = ChatUI(err=err, show_stats=opts.output.stats, show_thinking=opts.output.show_thinking,
-                json_mode=opts.output.json_answer or opts.output.json_schema is not None)
+                json_mode=opts.output.json_answer or opts.output.json_schema is not None,
+                markdown=opts.output.markdown and sys.stdout.isatty())
     status = chat_with_ui(opts=opts, prompt=prompt, ui=ui)
     return outcomes.OK if status is None else outcomes.turn_exit(status)
 
@@ -205,7 +251,7 @@ def chat_with_ui(*, opts: ChatOptions, prompt: str | None, ui: ChatUI) -> TurnSt
         if text is None:
             saver = SessionSaver(default_store(), saved.uid if saved else new_session_id(),
                                  opts.model.model or (ref.id if ref else None), name=saved.name if saved else None)
-            Repl(session, ui, saver=saver).run()
+            Repl(session, ui, read_line=line_reader(opts, ui), saver=saver).run()
             return None
         result = session.ask(text, ui.listeners(), ui.compaction)
         ui.end_turn(result, session.params.max_tokens)

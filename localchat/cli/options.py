@@ -10,7 +10,8 @@ import math
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from collections.abc import Callable
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -59,10 +60,23 @@ def check_seed(value: int | None) -> int | None:
     return value
 
 
-def check_temperature(value: float | None) -> float | None:
-    if value is not None and not (math.isfinite(value) and value >= 0):
-        raise typer.BadParameter("must be a finite number ≥ 0")
-    return value
+def setting_callback(name: str) -> Callable[[Any], Any]:
+    """A flag's check: the same one ``/set`` and models.yaml defaults go through."""
+    from localchat.backends.settings import check_setting
+    from localchat.errors import UsageError
+
+    def check(value: Any) -> Any:
+        if value is None:
+            return None
+        try:
+            return check_setting(name, value)
+        except UsageError as exc:
+            raise typer.BadParameter(str(exc).removeprefix(f"{name} ")) from None
+
+    return check
+
+
+check_temperature = setting_callback("temperature")
 
 
 MAX_WAIT_S = 86_400.0  # a day: beyond that a wait is a typo (and threads cannot wait on infinity)
@@ -169,6 +183,9 @@ class GenerationOptions:
     system: str | None = None  # None: the model's default; "": no system message
     temperature: float | None = None
     top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
     max_tokens: int | None = None
     seed: int | None = None
     think: bool | None = None  # --think/--no-think; None: the model's default (models.yaml, then the template's)
@@ -180,6 +197,8 @@ class OutputOptions:
     json_answer: bool = False
     json_schema: Path | None = None
     show_thinking: bool = False
+    markdown: bool = True  # render answers on a terminal (--plain: raw text)
+    input_history: bool = True  # the REPL's line history, kept across sessions
 
 
 @dataclass(frozen=True)
@@ -200,8 +219,23 @@ class ContextOptions:
 
 
 @dataclass(frozen=True)
+class RuntimeFlags:
+    """mlx_lm's load-time features as given on the command line; None: the model's default from
+    models.yaml, then mlx_lm's (see ``backends.mlx_options.RuntimeOptions``)."""
+
+    adapter_path: Path | None = None
+    draft_model: str | None = None
+    num_draft_tokens: int | None = None
+    kv_bits: int | None = None
+    kv_group_size: int | None = None
+    quantized_kv_start: int | None = None
+    max_kv_size: int | None = None
+
+
+@dataclass(frozen=True)
 class ChatOptions:
     model: ModelOptions = field(default_factory=ModelOptions)
+    runtime: RuntimeFlags = field(default_factory=RuntimeFlags)
     generation: GenerationOptions = field(default_factory=GenerationOptions)
     history: bool = True
     trim: TrimPolicy = field(default_factory=TrimPolicy)

@@ -15,25 +15,14 @@ from rich.console import Console
 from rich.markup import escape
 
 from localchat.backends import Message, Progress
+from localchat.cli.markdown import MarkdownStream
 from localchat.conversation.compaction import Compaction
 from localchat.conversation.jsonmode import pretty
 from localchat.conversation.result import Listeners, TurnResult, TurnStatus
 from localchat.conversation.stats import TurnStats
 
-HELP = """Commands (typed alone on a line; nothing here is sent to the model):
-  /history         the accepted messages (system included), numbered
-  /preview TEXT    the exact messages and token count the next request would send
-  /reset           forget every turn, keep the system message
-  /stats           figures for this session
-  /think on|off    let a thinking model reason first, or answer directly
-  /compact [FOCUS] turn all but the last turns into notes (one model call; counted in /stats)
-  /uncompact       put back the turns the notes replaced (while this session is open)
-  /pin TEXT        keep a fact after the system message: trimming and compaction never drop it
-  /pins, /unpin N  the pinned facts, numbered; forget one
-  /save [NAME]     save the conversation (resume: localchat chat --resume NAME)
-  /help            this text
-  /quit            leave (Ctrl+D too)
-A line with only \"\"\" starts and ends multi-line input. Ctrl+C stops a reply (discarded)."""
+HELP_FOOTER = ('A line with only """ starts and ends multi-line input (a pasted block is one message on a terminal). '
+               "Ctrl+C stops a reply (discarded); Ctrl+R searches what you typed before.")
 
 
 def count(n: int, noun: str) -> str:
@@ -62,6 +51,8 @@ def stats_line(stats: TurnStats) -> str:
         f"out {est}{stats.completion_tokens}" if stats.completion_tokens else None,
         f"{stats.total_s:.2f}s",
         f"ctx {round(100 * stats.context_share)} %" if stats.context_share is not None else None,
+        f"drafted {stats.draft_tokens}/{stats.completion_tokens}" if stats.draft_tokens is not None else None,
+        "KV cache rebuilt" if stats.cache_rebuilt else None,
         _memory(stats.peak_memory_gb),
         f"dropped {stats.cache_miss_tokens} cached" if stats.cache_miss_tokens else None,
         "estimated counts" if stats.estimated else None,
@@ -76,8 +67,10 @@ def _failed_before_first_token(result: TurnResult) -> bool:
 
 class ChatUI:
     def __init__(self, out: TextIO | None = None, err: Console | None = None, show_stats: bool = True,
-                 json_mode: bool = False, show_thinking: bool = False):
+                 json_mode: bool = False, show_thinking: bool = False, markdown: bool = False):
         self.out = out or sys.stdout
+        # answers rendered as Markdown as they stream (a terminal only; never in JSON mode)
+        self.markdown = MarkdownStream(Console(file=self.out, highlight=False)) if markdown and not json_mode else None
         self.err = err or Console(stderr=True, highlight=False, soft_wrap=True)
         self.show_stats = show_stats
         self.json_mode = json_mode  # stdout gets validated JSON only, pretty-printed, once complete
@@ -110,6 +103,9 @@ class ChatUI:
         self._clear_progress()
         self._end_thinking()
         if self.json_mode:
+            return
+        if self.markdown is not None:
+            self.markdown.feed(chunk)
             return
         self.out.write(chunk)
         self.out.flush()
@@ -152,6 +148,8 @@ class ChatUI:
         self._end_thinking()
         if self.json_mode:
             self._json_reply(result)
+        elif self.markdown is not None:
+            self.markdown.close()
         elif result.text:
             self.out.write("\n")
             self.out.flush()
@@ -219,6 +217,9 @@ class ChatUI:
         if s.get("compactions"):
             self.err.print(f"compactions {s['compactions']} · their tokens {s['compaction_tokens']} · their time "
                            f"{s['compaction_s']:.2f}s (counted in the figures above)", markup=False)
+        if s.get("draft_share") is not None:
+            self.err.print(f"speculative decoding: {s['draft_tokens']} of the generated tokens came from the draft "
+                           f"model and were kept ({s['draft_share']:.0%})", markup=False)
         if s.get("reasoning_tokens"):
             est = "~" if s["reasoning_estimated"] else ""
             self.err.print(f"reasoning tokens {est}{s['reasoning_tokens']} · time to first answer token median "
@@ -227,5 +228,10 @@ class ChatUI:
             figures = " · ".join(f"{k} {v:.1f}" for k, v in last.runtime.items())
             self.err.print(f"last turn, as the runtime reports it: {figures}", style="dim", markup=False)
 
-    def help(self) -> None:
-        self.err.print(HELP, markup=False)
+    def help(self, commands: list[tuple[str, str]]) -> None:
+        """The REPL's commands, one a line, then how input works."""
+        width = max(len(usage) for usage, _ in commands)
+        self.err.print("Commands (typed alone on a line):", markup=False)
+        for usage, summary in commands:
+            self.err.print(f"  {usage:<{width}}  {summary}", markup=False, highlight=False)
+        self.err.print(HELP_FOOTER, markup=False, highlight=False)

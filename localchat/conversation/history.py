@@ -159,6 +159,17 @@ class Conversation:
         del self.turns[:drop]
         self.turns.append(Turn(prompt, reply, stats, reasoning))
 
+    def take_back(self) -> Turn:
+        """Remove the last accepted turn and return it (``/undo``; ``/retry`` puts it back if the
+        new answer is not accepted)."""
+        if not self.turns:
+            notes = " (earlier turns are in the notes: /uncompact)" if self.summary else ""
+            raise UsageError(f"no turn to take back: the history is empty{notes}")
+        return self.turns.pop()
+
+    def put_back(self, turn: Turn) -> None:
+        self.turns.append(turn)
+
     def reset(self) -> None:
         """Forget every turn and the summary; the system message and the pins stay."""
         self.turns.clear()

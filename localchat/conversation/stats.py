@@ -17,7 +17,7 @@ from typing import Any
 
 from localchat.backends import Finished
 
-STATS_VERSION = 3  # 2: ttfa_s, reasoning_tokens, reasoning_estimated; 3: budget_tokens
+STATS_VERSION = 4  # 2: ttfa_s, reasoning_tokens, reasoning_estimated; 3: budget_tokens; 4: draft_tokens, cache_rebuilt
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,8 @@ class TurnStats:
     reasoning_estimated: bool = False
     runtime: dict[str, float] = field(default_factory=dict)
     budget_tokens: int | None = None  # the prompt's budget (--max-context-tokens or the model's window)
+    draft_tokens: int | None = None  # speculative decoding: completion tokens the draft model proposed
+    cache_rebuilt: bool = False  # the KV cache could not be trimmed (rotating, hybrid): rebuilt from a checkpoint
 
     @property
     def thought(self) -> bool:
@@ -69,6 +71,7 @@ _STORED_TYPES: dict[str, tuple[type, ...]] = {
     "reasoning_estimated": (bool,), "prefill_tps": _OPTIONAL_NUMBER, "decode_tps": _OPTIONAL_NUMBER,
     "peak_memory_gb": _OPTIONAL_NUMBER, "total_s": (int, float), "finish_reason": (str, type(None)),
     "estimated": (bool,), "runtime": (dict,), "budget_tokens": (int, type(None)),
+    "draft_tokens": (int, type(None)), "cache_rebuilt": (bool,),
 }
 
 
@@ -155,6 +158,8 @@ class TurnClock:
             reasoning_tokens=done.reasoning_tokens if done else 0,
             reasoning_estimated=done.reasoning_estimated if done else False,
             runtime=dict(done.runtime) if done else {},
+            draft_tokens=done.draft_tokens if done else None,
+            cache_rebuilt=done.cache_rebuilt if done else False,
         )
 
 
@@ -207,4 +212,14 @@ class Ledger:
             "compactions": len(compactions),
             "compaction_tokens": sum(t.prompt_tokens + t.completion_tokens for t in compactions),
             "compaction_s": sum(t.total_s for t in compactions),
+            **_drafted(self.turns),
         }
+
+
+def _drafted(turns: list[TurnStats]) -> dict[str, float | int | None]:
+    """Speculative decoding's acceptance: the share of generated tokens the draft model proposed
+    and the model kept (over the calls that drafted)."""
+    drafting = [t for t in turns if t.draft_tokens is not None]
+    generated = sum(t.completion_tokens for t in drafting)
+    kept = sum(t.draft_tokens or 0 for t in drafting)
+    return {"draft_tokens": kept, "draft_share": kept / generated if generated else None}

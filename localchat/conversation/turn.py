@@ -103,6 +103,20 @@ class ChatSession:
             self.conversation.commit(prompt, result.text, trim.drop, result.stats, reasoning=result.reasoning)
         return replace(result, compaction=compaction)
 
+    def retry(self, listeners: Listeners | None = None,
+              on_compaction: Callable[[Compaction], None] = lambda _: None) -> TurnResult:
+        """Ask the last question again, without its answer in the request; the old answer leaves
+        the history only when the new one is accepted."""
+        last = self.conversation.take_back()
+        try:
+            result = self.ask(last.user, listeners, on_compaction)
+        except BaseException:
+            self.conversation.put_back(last)
+            raise
+        if not result.committed:
+            self.conversation.put_back(last)
+        return result
+
     def call(self, prompt: str, messages: list[Message], listeners: Listeners, *, clock: TurnClock | None = None,
              judge: Callable[[TurnResult], TurnResult] = finished, trim: TrimPlan | None = None,
              backend: Backend | None = None, kind: str = "turn") -> TurnResult:

@@ -1,0 +1,110 @@
+"""``localchat chat``'s options: collected into ``ChatOptions`` and handed to ``cli.chat``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from localchat.backends import DEFAULT_BASE_URL, DEFAULT_TIMEOUT_S
+from localchat.backends.mlx_options import KV_BITS, KV_GROUP_SIZES, MAX_DRAFT_TOKENS
+from localchat.cli.dispatch import err_console, run
+from localchat.cli.options import (
+    ApiKeyOpt,
+    Backend,
+    BaseUrlOpt,
+    ChatOptions,
+    Compact,
+    CompactAtOpt,
+    CompactKeepOpt,
+    CompactOpt,
+    ContextOptions,
+    GenerationOptions,
+    ModelOpt,
+    ModelOptions,
+    OutputOptions,
+    RuntimeFlags,
+    StorageOptions,
+    ThinkOpt,
+    TimeoutOpt,
+    TrimToOpt,
+    check_seed,
+    setting_callback,
+)
+from localchat.conversation.compaction import DEFAULT_KEEP, DEFAULT_TRIGGER
+from localchat.conversation.turn import DEFAULT_TRIM_TO, TrimPolicy
+
+MLX = "mlx_lm, in-process"  # the help panel of the runtime options
+
+
+def _choices(values: tuple[int, ...]) -> str:
+    return ", ".join(map(str, values))
+
+
+def chat(
+    prompt: Annotated[Optional[str], typer.Argument(
+        help="Answer this one prompt and exit ('-' reads stdin); without it, start the REPL.")] = None,
+    model: ModelOpt = None,
+    backend: Annotated[Backend, typer.Option(help="inproc: mlx_lm in this process; server: an OpenAI-compatible server.")] = Backend.inproc,
+    base_url: BaseUrlOpt = DEFAULT_BASE_URL,
+    api_key: ApiKeyOpt = None,
+    system: Annotated[Optional[str], typer.Option(
+        "--system", "-s", help='System message ("" for none; default: the model\'s from models.yaml).')] = None,
+    temperature: Annotated[Optional[float], typer.Option(callback=setting_callback("temperature"), help="Sampling temperature (default 0.0: greedy).")] = None,
+    top_p: Annotated[Optional[float], typer.Option(callback=setting_callback("top_p"), help="Nucleus sampling, in (0, 1] (default: the model's, else 1.0).")] = None,
+    top_k: Annotated[Optional[int], typer.Option(callback=setting_callback("top_k"), help="Sample from the K most likely tokens (0: off).")] = None,
+    min_p: Annotated[Optional[float], typer.Option(callback=setting_callback("min_p"), help="Drop tokens below this share of the top token's probability (0: off).")] = None,
+    repetition_penalty: Annotated[Optional[float], typer.Option(callback=setting_callback("repetition_penalty"), help="Penalize the last 20 tokens' repeats (1.0: off).")] = None,
+    max_tokens: Annotated[Optional[int], typer.Option(min=1, help="Longest reply, in tokens.")] = None,
+    seed: Annotated[Optional[int], typer.Option(callback=check_seed, help="Random seed for sampling (set before each turn).")] = None,
+    think: ThinkOpt = None,
+    show_thinking: Annotated[bool, typer.Option("--show-thinking", help="Stream a thinking model's reasoning (dim, on stderr) instead of a one-line counter.")] = False,
+    no_history: Annotated[bool, typer.Option("--no-history", help="REPL only: send each question alone.")] = False,
+    max_turns: Annotated[Optional[int], typer.Option(min=0, help="Keep at most N past turns (oldest dropped first).")] = None,
+    max_context_tokens: Annotated[Optional[int], typer.Option(min=1, help="Drop oldest turns until the request fits N tokens.")] = None,
+    max_input_chars: Annotated[int, typer.Option(min=1, help="Longest accepted input, in characters.")] = 8000,
+    trim_to: TrimToOpt = DEFAULT_TRIM_TO,
+    compact: CompactOpt = Compact.off,
+    compact_at: CompactAtOpt = DEFAULT_TRIGGER,
+    compact_keep: CompactKeepOpt = DEFAULT_KEEP,
+    compact_model: Annotated[Optional[str], typer.Option(help="Summarize with this model instead [default: the chat's].")] = None,
+    pin: Annotated[Optional[list[str]], typer.Option(help="A fact kept after the system message, never trimmed; repeatable.")] = None,
+    stats: Annotated[bool, typer.Option("--stats/--no-stats", help="Show the figures line after each reply.")] = True,
+    plain: Annotated[bool, typer.Option("--plain", help="Show answers as raw text on a terminal too (no Markdown rendering).")] = False,
+    no_input_history: Annotated[bool, typer.Option("--no-input-history", help="REPL: do not keep what you type across sessions.")] = False,
+    no_cache_reuse: Annotated[bool, typer.Option("--no-cache-reuse", help="Re-prefill the whole prompt every turn (for benchmarks).")] = False,
+    allow_download: Annotated[bool, typer.Option("--allow-download", help="Let a missing Hugging Face model download.")] = False,
+    json_answer: Annotated[bool, typer.Option("--json", help='Answers must be JSON {"answer": string}; invalid ones are not kept.')] = False,
+    json_schema: Annotated[Optional[Path], typer.Option(help="Answers must be JSON valid against this JSON Schema file.")] = None,
+    record: Annotated[Optional[Path], typer.Option(help="Write each turn's request (before the call) and response as JSON files here [config: records_dir].")] = None,
+    resume: Annotated[Optional[str], typer.Option(help="Continue a conversation saved with /save NAME.")] = None,
+    timeout: TimeoutOpt = DEFAULT_TIMEOUT_S,
+    adapter_path: Annotated[Optional[Path], typer.Option(rich_help_panel=MLX, help="A LoRA adapter directory from mlx_lm.lora.")] = None,
+    draft_model: Annotated[Optional[str], typer.Option(rich_help_panel=MLX, help="A smaller model with the same tokenizer drafts tokens (speculative decoding).")] = None,
+    num_draft_tokens: Annotated[Optional[int], typer.Option(min=1, max=MAX_DRAFT_TOKENS, rich_help_panel=MLX, help="Tokens drafted a step [default: 3].")] = None,
+    kv_bits: Annotated[Optional[int], typer.Option(rich_help_panel=MLX, help=f"Quantize the KV cache to this many bits ({_choices(KV_BITS)}).")] = None,
+    kv_group_size: Annotated[Optional[int], typer.Option(rich_help_panel=MLX, help=f"Its group size ({_choices(KV_GROUP_SIZES)}) [default: 64].")] = None,
+    quantized_kv_start: Annotated[Optional[int], typer.Option(min=0, rich_help_panel=MLX, help="Quantize from this many cached tokens on [default: 5000, mlx_lm's].")] = None,
+    max_kv_size: Annotated[Optional[int], typer.Option(min=1, rich_help_panel=MLX, help="A rotating KV cache of at most N tokens (the oldest are overwritten).")] = None,
+) -> None:
+    """Chat with a model: one PROMPT, or the REPL."""
+    opts = ChatOptions(
+        model=ModelOptions(model=model, backend=backend.value, base_url=base_url, api_key=api_key, timeout_s=timeout,
+                           allow_download=allow_download, cache_reuse=not no_cache_reuse),
+        runtime=RuntimeFlags(adapter_path=adapter_path, draft_model=draft_model, num_draft_tokens=num_draft_tokens,
+                             kv_bits=kv_bits, kv_group_size=kv_group_size, quantized_kv_start=quantized_kv_start,
+                             max_kv_size=max_kv_size),
+        generation=GenerationOptions(system=system, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
+                                     repetition_penalty=repetition_penalty, max_tokens=max_tokens, seed=seed,
+                                     think=think),
+        history=not no_history,
+        trim=TrimPolicy(max_turns=max_turns, max_context_tokens=max_context_tokens,
+                        max_input_chars=max_input_chars, trim_to=trim_to),
+        context=ContextOptions(compact=compact is Compact.auto, compact_at=compact_at, compact_keep=compact_keep,
+                               compact_model=compact_model, pins=tuple(pin or ())),
+        output=OutputOptions(stats=stats, json_answer=json_answer, json_schema=json_schema,
+                             show_thinking=show_thinking, markdown=not plain, input_history=not no_input_history),
+        storage=StorageOptions(record=record, resume=resume),
+    )
+    run("localchat.cli.chat:run_chat", opts=opts, prompt=prompt, err=err_console)

@@ -1,0 +1,93 @@
+"""How every command runs: errors become one line and an exit code here and only here.
+
+A ``LocalchatError`` becomes one red line on stderr and its exit code (2 for usage errors, like
+Typer's own); Ctrl+C exits 130 and SIGTERM 143 without a traceback. The codes themselves are in
+``outcomes``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from typer.core import TyperGroup
+
+from localchat.cli import outcomes
+from localchat.errors import LocalchatError, TerminationRequested
+
+
+def _click_class(name: str) -> type:
+    """Click's own exception classes, as the installed Typer has them (it may vendor click)."""
+    return next(c for c in typer.BadParameter.__mro__ if c.__name__ == name)
+
+
+ClickUsageError, ClickException = _click_class("UsageError"), _click_class("ClickException")
+
+
+class OneLineErrors(TyperGroup):
+    """Usage errors as one line (``error: … (see: localchat chat --help)``), exit 2, instead of
+    click's usage block; every other outcome as click and Typer decide it."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except ClickUsageError as exc:
+            if type(exc).__name__ == "NoArgsIsHelpError":  # `localchat` alone: the help, as click shows it
+                exc.show()
+                sys.exit(exc.exit_code)
+            command = exc.ctx.command_path if exc.ctx else "localchat"
+            err_console.print(f"[red]error:[/red] {escape(exc.format_message())} (see: {command} --help)")
+            sys.exit(outcomes.USAGE)
+        except typer.Abort:
+            sys.exit(outcomes.INTERRUPTED)
+        except ClickException as exc:
+            err_console.print(f"[red]error:[/red] {escape(exc.format_message())}")
+            sys.exit(exc.exit_code)
+        if code == outcomes.INTERRUPTED:  # Typer's own mapping of a Ctrl+C it caught, silently
+            err_console.print("[yellow]interrupted[/yellow]")
+        sys.exit(code if isinstance(code, int) else outcomes.OK)
+
+    def invoke(self, ctx):
+        """Ctrl+C between Typer and a command's ``run`` is the same one line as inside it."""
+        with user_errors():
+            return super().invoke(ctx)
+
+
+err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def out_console() -> Console:
+    """stdout; long lines wrap in the terminal, never in the text (ids and commands stay whole)."""
+    return Console(highlight=False, soft_wrap=True)
+
+
+@contextmanager
+def user_errors() -> Iterator[None]:
+    try:
+        yield
+    except LocalchatError as exc:
+        err_console.print(f"[red]error:[/red] {escape(str(exc))}")
+        raise typer.Exit(exc.exit_code) from None
+    except TerminationRequested:
+        err_console.print("[yellow]terminated (SIGTERM)[/yellow]")
+        raise SystemExit(outcomes.TERMINATED) from None  # past click, which maps a 130 of its own
+    except KeyboardInterrupt:
+        err_console.print("[yellow]interrupted[/yellow]")
+        raise SystemExit(outcomes.INTERRUPTED) from None
+
+
+def run(target: str, **kwargs: Any) -> None:
+    """Import ``module:function`` and call it by keyword, both inside the error mapping (so even
+    Ctrl+C during an import is one line and 130), then exit with the code it returns."""
+    with user_errors():
+        module, name = target.split(":")
+        code = getattr(importlib.import_module(module), name)(**kwargs)
+    raise typer.Exit(outcomes.OK if code is None else code)
