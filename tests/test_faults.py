@@ -252,6 +252,9 @@ USAGE_FAULTS = {
     "sessions show unknown": (["sessions", "show", "nope"], "no saved session named 'nope'"),
     "sessions rm unknown": (["sessions", "rm", "nope"], "no saved session named 'nope'"),
     "sessions export bad format": (["sessions", "export", "kept", "--format", "pdf"], "--format"),
+    "cache-max-bytes not a size": (["chat", "--cache-max-bytes", "lots", "x"], "--cache-max-bytes"),
+    "cache-max-bytes negative": (["chat", "--cache-max-bytes", "-1", "x"], "--cache-max-bytes"),
+    "cache-max-bytes unknown unit": (["chat", "--cache-max-bytes", "4X", "x"], "--cache-max-bytes"),
 }
 
 
@@ -263,6 +266,18 @@ def test_bad_values_are_usage_errors(home, name):
 
 def test_stdin_that_is_not_utf8_is_a_usage_error(home):
     check(runner.invoke(app, ["chat", "-"], input=b"\xff\xfe bad"), 2, "not valid UTF-8", home)
+
+
+@pytest.mark.parametrize("damage", [b"", b"\x00" * 8, b"not a cache at all", "dir"])
+def test_a_damaged_kv_cache_is_one_line_and_the_resume_goes_on(home, damage):
+    cache = home["db"].parent / "kv-cache" / "kept.safetensors"
+    cache.parent.mkdir()
+    cache.mkdir() if damage == "dir" else cache.write_bytes(damage)
+    result = runner.invoke(app, ["chat", "--resume", "kept", "Hello"])
+    assert result.exit_code == 0 and "Traceback" not in result.stdout + result.stderr, result.stderr
+    notices = [line for line in result.stderr.splitlines() if "KV cache" in line]
+    assert len(notices) == 1 and ("not used: it is damaged" in notices[0] or "no saved KV cache" in notices[0])
+    assert _digest(home["db"]) == home["digest"]
 
 
 def test_localchat_home_that_is_a_file_is_named(tmp_path, monkeypatch):

@@ -39,7 +39,7 @@ def test_save_quit_resume_continues_with_history(home):
     assert "saved 'demo1' (2 turns)" in first.stderr
     second = repl("/history", "/quit", args=("--resume", "demo1"))
     assert second.exit_code == 0, second.stderr
-    assert "resumed 'demo1': 2 turn(s)" in second.stderr and "KV cache is rebuilt" in second.stderr
+    assert "resumed 'demo1': 2 turn(s)" in second.stderr and "KV cache loaded" in second.stderr
     assert "user: " + REMEMBER in second.stderr and "assistant: OK" in second.stderr
     assert "history: 5 messages" in second.stderr
 

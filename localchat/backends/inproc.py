@@ -25,11 +25,12 @@ from localchat.backends.mlx_options import (
     check_draft,
     check_kv_group,
     load_model,
-    make_cache,
     logits_processors_for,
+    make_cache,
     sampler_for,
 )
 from localchat.backends.reasoning import ReasoningSplitter
+from localchat.backends.saved_cache import model_fingerprint
 from localchat.errors import LocalchatError
 from localchat.registry import ModelRef, context_length, local_dir, resolve
 from localchat.templates.render import ChatTemplate
@@ -108,10 +109,15 @@ class PromptCache:
         if point and len(point.ids) < len(prompt_ids) and prompt_ids[:len(point.ids)] == point.ids:
             self.cache, self.ids = copy.deepcopy(point.cache), list(point.ids)
         else:
-            self.cache = make_cache(self.model, self.max_kv_size)
-            if self.draft_model is not None:
-                self.cache += make_cache(self.draft_model)
-            self.ids = []
+            self.cache, self.ids = self.fresh_layers(), []
+
+    def fresh_layers(self) -> list[Any]:
+        cache = make_cache(self.model, self.max_kv_size)
+        return cache + make_cache(self.draft_model) if self.draft_model is not None else cache
+
+    def adopt(self, cache: list[Any], ids: list[int]) -> None:
+        """Hold a cache made elsewhere (a saved session's), whose layers hold ``ids``."""
+        self.cache, self.ids, self.checkpoint = cache, list(ids), None
 
     def on_prefill(self, prompt_ids: list[int], cached: int) -> Callable[[int, int], None]:
         """A ``prompt_progress_callback`` that keeps a checkpoint once the prompt, less the token
@@ -137,7 +143,8 @@ class InProcessBackend:
 
     def __init__(self, model: Any, tokenizer: Any, model_id: str, *,
                  chat_template_kwargs: dict[str, Any] | None = None, cache_reuse: bool = True,
-                 checkpoints: bool = True, options: RuntimeOptions | None = None, draft_model: Any = None):
+                 checkpoints: bool = True, options: RuntimeOptions | None = None, draft_model: Any = None,
+                 fingerprint: str = ""):
         self.model = model
         self.tokenizer = tokenizer
         self.model_id = model_id
@@ -148,6 +155,7 @@ class InProcessBackend:
         self.draft_model = draft_model
         self._cache = self._new_cache()
         self._encoded: tuple[str | None, list[int]] = (None, [])
+        self.fingerprint = fingerprint  # of the model's files (a saved cache is only used with the same)
 
     def _new_cache(self) -> PromptCache:
         return PromptCache(self.model, self.draft_model, self.options.max_kv_size, checkpoints=self.checkpoints)
@@ -156,6 +164,16 @@ class InProcessBackend:
     def cached_ids(self) -> list[int]:
         """The token ids the KV cache holds after the last turn (prompt and reply)."""
         return list(self._cache.ids)
+
+    def held_cache(self) -> tuple[list[Any], list[int]]:
+        """The KV cache's layers and the ids they hold (for saving; not to be changed)."""
+        return self._cache.cache, list(self._cache.ids)
+
+    def fresh_cache_layers(self) -> list[Any]:
+        return self._cache.fresh_layers()
+
+    def adopt_cache(self, cache: list[Any], ids: list[int]) -> None:
+        self._cache.adopt(cache, ids)
 
     def encode(self, messages: list[Message], think: bool | None = None) -> list[int]:
         """Token ids of the model's own chat template, with the assistant turn opened (a
@@ -231,10 +249,12 @@ def load_inproc(ref: ModelRef, path: Path, *, cache_reuse: bool = True,
     model, tokenizer = load_model(path, options, ref.id)
     check_kv_group(model, options)
     make_cache(model, options.max_kv_size)  # a model whose cache cannot be bounded is refused now
-    draft = None
+    draft = draft_path = None
     if options.draft_model:
         draft_ref = resolve(options.draft_model)
-        draft, draft_tokenizer = load_model(local_dir(draft_ref, allow_download), RuntimeOptions(), draft_ref.id)
+        draft_path = local_dir(draft_ref, allow_download)
+        draft, draft_tokenizer = load_model(draft_path, RuntimeOptions(), draft_ref.id)
         check_draft(tokenizer, draft_tokenizer, draft_ref.id)
     return InProcessBackend(model, tokenizer, ref.id, chat_template_kwargs=ref.chat_template_kwargs,
-                            cache_reuse=cache_reuse, options=options, draft_model=draft)
+                            cache_reuse=cache_reuse, options=options, draft_model=draft,
+                            fingerprint=model_fingerprint(path, options.adapter_path, draft_path))

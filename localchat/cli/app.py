@@ -78,7 +78,7 @@ def sessions_show(name: str) -> None:
 
 @sessions_app.command("rm")
 def sessions_rm(name: str) -> None:
-    """Delete the saved session NAME."""
+    """Delete the saved session NAME and its KV cache."""
     run("localchat.cli.sessions:remove_session", console=err_console, name=name)
 
 

@@ -18,6 +18,7 @@ from localchat.cli import outcomes
 from localchat.cli.options import ChatOptions
 from localchat.cli.render import ChatUI
 from localchat.cli.repl import REPL_COMMANDS, Repl
+from localchat.cli.repl.commands import saved_line
 from localchat.conversation.compaction import CompactionPolicy
 from localchat.conversation.history import Conversation, Summary, validate_input
 from localchat.conversation.jsonmode import (
@@ -37,7 +38,9 @@ from localchat.registry import (
     resolve,
 )
 from localchat.store.home import records_dir
-from localchat.store.saved_sessions import SavedSession, SessionSaver, default_store
+from localchat.store.kv_files import cache_files
+from localchat.store.saved_sessions import SavedSession, SessionSaver, default_store, saved_state
+from localchat.store.session_cache import SessionCaches, restore_cache
 
 DEFAULT_MAX_TOKENS = 512
 
@@ -134,6 +137,13 @@ def conversation_for(ref: ModelRef | None, opts: ChatOptions, schema: AnswerSche
         conversation.pins = list(saved.pins)
         conversation.summary = Summary(saved.summary) if saved.summary else None
     return conversation
+
+
+def resumed_line(saved: SavedSession, session: ChatSession, caches: SessionCaches) -> str:
+    """What was resumed, and whether its saved KV cache spares the first turn's prefill."""
+    notes = f", {len(saved.pins)} pin(s)" + (", notes of earlier turns" if saved.summary else "")
+    cache = restore_cache(session, saved.uid, saved.name, caches.files)
+    return f"resumed '{saved.name}': {len(saved.turns)} turn(s){notes}" + (f"; {cache}" if cache else "")
 
 
 def compaction_policy(opts: ChatOptions, ui: ChatUI) -> CompactionPolicy:
@@ -241,17 +251,20 @@ def chat_with_ui(*, opts: ChatOptions, prompt: str | None, ui: ChatUI) -> TurnSt
     for fact in opts.context.pins:
         session.pin(fact)
     template_notices(session, ui)
+    caches = SessionCaches(cache_files(opts.storage.cache_max_bytes), write=opts.storage.save_cache)
     if saved:
-        notes = f", {len(saved.pins)} pin(s)" + (", notes of earlier turns" if saved.summary else "")
-        ui.info(f"resumed '{saved.name}': {len(saved.turns)} turn(s){notes}; the KV cache is rebuilt on the "
-                "first turn (its whole prompt is prefilled)")
+        ui.info(resumed_line(saved, session, caches))
     if recorder:
         ui.info(f"recording turns in {recorder.directory} as {recorder.session_id}-NNNN-*.json")
     try:
         if text is None:
             saver = SessionSaver(default_store(), saved.uid if saved else new_session_id(),
-                                 opts.model.model or (ref.id if ref else None), name=saved.name if saved else None)
+                                 opts.model.model or (ref.id if ref else None), name=saved.name if saved else None,
+                                 caches=caches,
+                                 saved_state=saved_state(saved.turns, saved.pins, saved.summary) if saved else None)
             Repl(session, ui, read_line=line_reader(opts, ui), saver=saver).run()
+            if saved and saver.unsaved(session):  # leaving a resumed session saves it again, cache too
+                ui.info(saved_line(saver.save(session), len(session.conversation.turns)))
             return None
         result = session.ask(text, ui.listeners(), ui.compaction)
         ui.end_turn(result, session.params.max_tokens)

@@ -30,6 +30,7 @@ from localchat.cli.options import (
     TimeoutOpt,
     TrimToOpt,
     check_seed,
+    check_size,
     setting_callback,
 )
 from localchat.conversation.compaction import DEFAULT_KEEP, DEFAULT_TRIGGER
@@ -78,7 +79,9 @@ def chat(
     json_answer: Annotated[bool, typer.Option("--json", help='Answers must be JSON {"answer": string}; invalid ones are not kept.')] = False,
     json_schema: Annotated[Optional[Path], typer.Option(help="Answers must be JSON valid against this JSON Schema file.")] = None,
     record: Annotated[Optional[Path], typer.Option(help="Write each turn's request (before the call) and response as JSON files here [config: records_dir].")] = None,
-    resume: Annotated[Optional[str], typer.Option(help="Continue a conversation saved with /save NAME.")] = None,
+    resume: Annotated[Optional[str], typer.Option(help="Continue a conversation saved with /save NAME (with its KV cache when it still fits).")] = None,
+    no_save_cache: Annotated[bool, typer.Option("--no-save-cache", help="/save keeps the messages only, not the in-process KV cache.")] = False,
+    cache_max_bytes: Annotated[Optional[str], typer.Option(callback=check_size, metavar="SIZE", help="Total size of saved KV caches, oldest evicted first (e.g. 2G) [default: 4G; config: cache_max_bytes].")] = None,
     timeout: TimeoutOpt = DEFAULT_TIMEOUT_S,
     adapter_path: Annotated[Optional[Path], typer.Option(rich_help_panel=MLX, help="A LoRA adapter directory from mlx_lm.lora.")] = None,
     draft_model: Annotated[Optional[str], typer.Option(rich_help_panel=MLX, help="A smaller model with the same tokenizer drafts tokens (speculative decoding).")] = None,
@@ -105,6 +108,7 @@ def chat(
                                compact_model=compact_model, pins=tuple(pin or ())),
         output=OutputOptions(stats=stats, json_answer=json_answer, json_schema=json_schema,
                              show_thinking=show_thinking, markdown=not plain, input_history=not no_input_history),
-        storage=StorageOptions(record=record, resume=resume),
+        storage=StorageOptions(record=record, resume=resume, save_cache=not no_save_cache,
+                               cache_max_bytes=cache_max_bytes),
     )
     run("localchat.cli.chat:run_chat", opts=opts, prompt=prompt, err=err_console)

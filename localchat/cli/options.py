@@ -60,6 +60,17 @@ def check_seed(value: int | None) -> int | None:
     return value
 
 
+def check_size(value: str | None) -> int | None:
+    """``--cache-max-bytes``: bytes, or a number with K, M, G or T."""
+    from localchat.errors import UsageError
+    from localchat.store.kv_files import parse_size
+
+    try:
+        return parse_size(value) if value is not None else None
+    except UsageError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
 def setting_callback(name: str) -> Callable[[Any], Any]:
     """A flag's check: the same one ``/set`` and models.yaml defaults go through."""
     from localchat.backends.settings import check_setting
@@ -205,6 +216,8 @@ class OutputOptions:
 class StorageOptions:
     record: Path | None = None
     resume: str | None = None
+    save_cache: bool = True  # /save writes the in-process KV cache beside the session
+    cache_max_bytes: int | None = None  # None: config.yaml's cache_max_bytes, else the default
 
 
 @dataclass(frozen=True)

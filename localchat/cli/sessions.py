@@ -2,25 +2,47 @@
 
 from __future__ import annotations
 
+import json
 import sys
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from localchat.store.kv_files import cache_files, human_size, read_metadata
 from localchat.store.saved_sessions import default_store, export_json, export_markdown
 
 
 def show_list(console: Console) -> None:
-    store = default_store()
+    store, caches = default_store(), cache_files()
     summaries = store.list()
     if not summaries:
         console.print(f"no saved sessions in {store.path} (save one with /save NAME in the REPL)")
         return
-    table = Table("name", "turns", "model", "backend", "saved", title=str(store.path), title_justify="left")
+    table = Table("name", "turns", "model", "backend", "saved", "KV cache", title=str(store.path),
+                  title_justify="left")
+    sizes = []
     for s in summaries:
-        table.add_row(s.name, str(s.turns), s.model or "(server default)", s.backend, s.updated)
+        size = caches.size_of(s.name)
+        sizes.append(size or 0)
+        table.add_row(s.name, str(s.turns), s.model or "(server default)", s.backend, s.updated,
+                      human_size(size) if size is not None else "-")
     console.print(table)
+    console.print(f"KV caches: {human_size(sum(sizes))} of {human_size(caches.max_bytes)} in {caches.directory}",
+                  style="dim", markup=False)
+
+
+def cache_description(name: str) -> str:
+    """A saved cache's size and what it holds, read from its header only."""
+    path = cache_files().path_for(name)
+    if not path.is_file():
+        return "KV cache: none (saved without one, or evicted)"
+    try:
+        metadata = read_metadata(path)
+        tokens = len(json.loads(metadata["ids"]))
+        return f"KV cache: {human_size(path.stat().st_size)}, {tokens} tokens of {metadata.get('model', '?')}"
+    except (OSError, ValueError, KeyError) as exc:
+        return f"KV cache: {human_size(path.stat().st_size)}, damaged ({exc}); a resume will not use it"
 
 
 def show_session(console: Console, name: str) -> None:
@@ -29,6 +51,7 @@ def show_session(console: Console, name: str) -> None:
     saved = default_store().load(name)
     console.print(f"[bold]{escape(saved.name)}[/bold] · model {escape(saved.model or '(server default)')} · "
                   f"{saved.backend} · saved {saved.updated}")
+    console.print(cache_description(saved.name), style="dim", markup=False)
     if saved.system:
         console.print(f"[cyan]system[/cyan]: {escape(saved.system)}")
     for i, turn in enumerate(saved.turns, 1):
@@ -42,7 +65,9 @@ def show_session(console: Console, name: str) -> None:
 
 def remove_session(console: Console, name: str) -> None:
     default_store().remove(name)
-    console.print(f"removed '{escape(name)}'")
+    size = cache_files().remove(name)
+    cache = f" and its KV cache ({human_size(size)})" if size is not None else ""
+    console.print(f"removed '{escape(name)}'{cache}")
 
 
 def export_session(name: str, fmt: str) -> None:

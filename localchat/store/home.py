@@ -1,7 +1,7 @@
 """Where localchat keeps the user's things: the data directory and its optional config file.
 
 ``LOCALCHAT_HOME`` overrides the platform's user data directory (platformdirs), so tests and
-users with several setups can keep them apart. ``config.yaml`` there may set ``records_dir``.
+users with several setups can keep them apart. ``config.yaml`` there may set ``records_dir`` and ``cache_max_bytes``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 from localchat.errors import UsageError
 from localchat.yamlfile import read_yaml
 
-CONFIG_KEYS = {"records_dir"}
+CONFIG_KEYS = {"records_dir", "cache_max_bytes"}
 
 
 def home_dir() -> Path:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -22,6 +22,7 @@ from localchat.conversation.history import Turn, context_message, system_first, 
 from localchat.conversation.stats import stats_from_dict, stats_to_dict
 from localchat.conversation.turn import ChatSession
 from localchat.errors import LocalchatError, UsageError
+from localchat.store.session_cache import CacheWrite, SessionCaches, write_cache
 
 DB_NAME = "sessions.sqlite3"
 BUSY_TIMEOUT_S = 10.0
@@ -223,6 +224,13 @@ def _session_from_rows(row: tuple, turns: list[tuple]) -> SavedSession:
                         turns=tuple(loaded), created=row[7], updated=row[8], pins=tuple(pins), summary=row[10])
 
 
+@dataclass(frozen=True)
+class Saved:
+    name: str
+    replaced: bool  # an earlier save of this conversation under the name
+    cache: CacheWrite | None  # None: this backend keeps no cache, or --no-save-cache
+
+
 @dataclass
 class SessionSaver:
     """What ``/save`` needs besides the live session: where, under which identity and name."""
@@ -231,9 +239,11 @@ class SessionSaver:
     uid: str
     model: str | None
     name: str | None = None  # the last name saved (or resumed) under; /save without NAME reuses it
+    caches: SessionCaches | None = None
+    saved_state: tuple | None = None  # ``saved_state(...)`` at the last save (or resume)
 
-    def save(self, session: ChatSession, name: str | None = None) -> tuple[str, bool]:
-        """Save the accepted turns; returns the name and whether an earlier save was replaced."""
+    def save(self, session: ChatSession, name: str | None = None) -> Saved:
+        """Save the accepted turns, then the KV cache beside them."""
         name = validate_name(name) if name else (self.name or f"chat-{self.uid}")
         conversation = session.conversation
         replaced = self.store.save(SavedSession(
@@ -241,7 +251,21 @@ class SessionSaver:
             system=conversation.system, params=asdict(session.params), turns=tuple(conversation.turns),
             pins=tuple(conversation.pins), summary=conversation.summary.text if conversation.summary else None))
         self.name = name
-        return name, replaced
+        self.saved_state = saved_state(conversation.turns, conversation.pins,
+                                       conversation.summary.text if conversation.summary else None)
+        cache = write_cache(session, self.uid, name, self.caches) if self.caches else None
+        return Saved(name=name, replaced=replaced, cache=cache)
+
+    def unsaved(self, session: ChatSession) -> bool:
+        """Turns, pins or notes changed since the last save (or the resume)."""
+        conversation = session.conversation
+        return self.saved_state != saved_state(conversation.turns, conversation.pins,
+                                               conversation.summary.text if conversation.summary else None)
+
+
+def saved_state(turns: Sequence[Turn], pins: Sequence[str], summary: str | None) -> tuple:
+    """What a save keeps of a conversation, comparable."""
+    return tuple(turns), tuple(pins), summary
 
 
 def default_store() -> SessionStore:

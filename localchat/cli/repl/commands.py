@@ -14,6 +14,7 @@ from localchat.cli.render import count
 from localchat.conversation.attachment import read_attachment
 from localchat.conversation.compaction import DEFAULT_KEEP, compact
 from localchat.errors import LocalchatError, UsageError
+from localchat.store.saved_sessions import Saved
 
 if TYPE_CHECKING:
     from localchat.cli.repl.loop import Repl
@@ -186,11 +187,15 @@ def _think(repl: Repl, arg: str) -> bool:
 def _save(repl: Repl, arg: str) -> bool:
     if repl.saver is None:
         raise UsageError("saving is not available here")
-    name, replaced = repl.saver.save(repl.session, arg or None)
-    turns = len(repl.session.conversation.turns)
-    repl.ui.info(f"{'updated' if replaced else 'saved'} '{name}' ({count(turns, 'turn')}); "
-                 f"continue later with: localchat chat --resume {name}")
+    saved = repl.saver.save(repl.session, arg or None)
+    repl.ui.info(saved_line(saved, len(repl.session.conversation.turns)))
     return True
+
+
+def saved_line(saved: Saved, turns: int) -> str:
+    cache = f" {saved.cache.describe()}" if saved.cache else ""
+    return (f"{'updated' if saved.replaced else 'saved'} '{saved.name}' ({count(turns, 'turn')}){cache}; "
+            f"continue later with: localchat chat --resume {saved.name}")
 
 
 def _help(repl: Repl, _: str) -> bool:

@@ -1,0 +1,149 @@
+"""Saved sessions' KV caches on disk: one file per saved session, a total cap, oldest out first.
+
+The files live in ``kv-cache/`` in the user's data directory (mode 0700, files 0600), named after
+the saved session. What a file holds and when it may be used is ``backends.saved_cache``'s
+business; here is only where files go, how big they are and which go first when the total passes
+the cap (``--cache-max-bytes`` or ``cache_max_bytes`` in config.yaml). Reading a file's metadata
+needs no mlx: a safetensors file starts with the length of its JSON header.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import struct
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from localchat.errors import LocalchatError, UsageError
+
+DIR_NAME = "kv-cache"
+SUFFIX = ".safetensors"
+TEMP_DIR = "writing"
+DEFAULT_MAX_BYTES = 4 * 1024**3
+STALE_TEMP_S = 3600.0  # a temporary file this old was left by a write that died
+MAX_HEADER_BYTES = 64 * 1024**2
+_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*", re.IGNORECASE)
+
+
+def parse_size(text: str | int) -> int:
+    """``4G``, ``500MB``, ``1.5GiB`` or a number of bytes; 0 means keep no caches."""
+    if isinstance(text, int) and not isinstance(text, bool) and text >= 0:
+        return text
+    match = _SIZE.fullmatch(str(text))
+    if not match:
+        raise UsageError(f"invalid size {text!r}: use bytes or a number with K, M, G or T (e.g. 4G)")
+    return int(float(match[1]) * _UNITS[match[2].upper()])
+
+
+def human_size(n: float) -> str:
+    if n < 1024:
+        return f"{n:.0f} B"
+    for unit in ("KB", "MB", "GB"):
+        n /= 1024
+        if n < 1024 or unit == "GB":
+            return f"{n:.1f} {unit}"
+    raise AssertionError("unreachable")
+
+
+@dataclass(frozen=True)
+class CacheFiles:
+    """The directory of saved KV caches and its cap in bytes."""
+
+    directory: Path
+    max_bytes: int = DEFAULT_MAX_BYTES
+
+    def path_for(self, name: str) -> Path:
+        """A saved session's cache file (names were checked when saved; a damaged database's
+        name that could leave the directory gets no file)."""
+        if not name or any(c in name for c in "/\\\0") or name in (".", ".."):
+            raise UsageError(f"invalid session name {name!r}")
+        return self.directory / f"{name}{SUFFIX}"
+
+    def temp_for(self, name: str) -> Path:
+        """Where a cache is written before it is renamed into place (the same file system, so the
+        rename is atomic); mlx insists on the suffix."""
+        return self.directory / TEMP_DIR / f"{name}.{os.getpid()}.{time.monotonic_ns()}{SUFFIX}"
+
+    def prepare(self) -> None:
+        (self.directory / TEMP_DIR).mkdir(parents=True, exist_ok=True)
+        os.chmod(self.directory, 0o700)
+
+    def size_of(self, name: str) -> int | None:
+        try:
+            return self.path_for(name).stat().st_size
+        except OSError:
+            return None
+
+    def remove(self, name: str) -> int | None:
+        """Remove ``name``'s cache; its size, or None when it had none."""
+        size = self.size_of(name)
+        try:
+            self.path_for(name).unlink()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as exc:
+            raise LocalchatError(f"cannot remove the KV cache {self.path_for(name)}: {exc.strerror}") from None
+        return size
+
+    def evict(self, keep: str) -> list[str]:
+        """Remove the oldest caches (by last write) until the total fits the cap; ``keep`` (the
+        one just written) goes last, and only when it alone is over the cap. Returns the names
+        removed. Temporary files a dead write left behind go first."""
+        for path in (self.directory / TEMP_DIR).glob(f"*{SUFFIX}"):
+            with contextlib.suppress(OSError):
+                if time.time() - path.stat().st_mtime > STALE_TEMP_S:
+                    path.unlink()
+        entries = []
+        for path in self.directory.glob(f"*{SUFFIX}"):
+            try:
+                stat = path.stat()
+            except OSError:
+                continue
+            entries.append((path.name != f"{keep}{SUFFIX}", stat.st_mtime, stat.st_size, path))
+        total = sum(size for _, _, size, _ in entries)
+        removed = []
+        for _, _, size, path in sorted(entries, key=lambda e: (not e[0], e[1])):
+            if total <= self.max_bytes:
+                break
+            path.unlink(missing_ok=True)
+            total -= size
+            removed.append(path.name[:-len(SUFFIX)])
+        return removed
+
+
+def read_metadata(path: Path) -> dict[str, str]:
+    """The metadata given to mlx_lm's ``save_prompt_cache``, read without loading any tensor
+    (mlx_lm stores ``[metadata, classes, scalars]`` flattened: its keys start with ``0.``);
+    ValueError when the file is not such a file (truncated, damaged, something else)."""
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise ValueError("the file is shorter than a safetensors header")
+        (length,) = struct.unpack("<Q", head)
+        if length > MAX_HEADER_BYTES:
+            raise ValueError("its header length is implausible")
+        raw = f.read(length)
+    if len(raw) < length:
+        raise ValueError("the file ends inside its header")
+    try:
+        header = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise ValueError("its header is not JSON") from None
+    stored = header.get("__metadata__") if isinstance(header, dict) else None
+    if not isinstance(stored, dict) or not all(isinstance(v, str) for v in stored.values()):
+        raise ValueError("it has no metadata")
+    return {key[2:]: value for key, value in stored.items() if key.startswith("0.")}
+
+
+def cache_files(max_bytes: int | None = None) -> CacheFiles:
+    """The user's cache directory with the cap from the flag, else config.yaml, else the default."""
+    from localchat.store.home import home_dir, load_config
+
+    if max_bytes is None:
+        max_bytes = parse_size(load_config().get("cache_max_bytes", DEFAULT_MAX_BYTES))
+    return CacheFiles(home_dir() / DIR_NAME, max_bytes)
