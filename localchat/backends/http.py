@@ -52,8 +52,8 @@ def describe_http_error(exc: httpx.HTTPError, url: str, timeout_s: float | None 
     if isinstance(exc, httpx.TimeoutException):
         limit = f" for {timeout_s:.0f}s" if timeout_s else ""
         return f"{url} sent nothing{limit} ({type(exc).__name__}); raise --timeout for very long prompts"
-    if isinstance(exc, httpx.RemoteProtocolError):
-        return f"{url} closed the connection without a complete response ({exc})"
+    if isinstance(exc, (httpx.RemoteProtocolError, httpx.ReadError)):  # a close, or a reset (RST)
+        return f"{url} closed the connection without a complete response ({exc or type(exc).__name__})"
     return f"HTTP failure talking to {url}: {type(exc).__name__}"
 
 
