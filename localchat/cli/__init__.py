@@ -22,6 +22,11 @@ def main() -> None:
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
         _exit_now(130)
+    except RuntimeError as exc:  # Ctrl+C inside a class's __set_name__ while importing arrives wrapped
+        if not isinstance(exc.__cause__, KeyboardInterrupt):
+            raise
+        sys.stderr.write("interrupted\n")
+        _exit_now(130)
     except BrokenPipeError:  # `localchat chat … | head`: the reader left; nothing more to say
         _exit_now(141)
     except SystemExit as done:
