@@ -17,11 +17,11 @@ from typing import Any
 
 from localchat.backends.settings import SETTINGS, check_setting
 from localchat.errors import LocalchatError, UsageError
+from localchat.gguf.package import PACKAGE_GGUF_PREFIX, ensure_imported
 from localchat.yamlfile import read_yaml
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 BUNDLED_PREFIX = "bundled:"
-PACKAGE_GGUF_PREFIX = "gguf-package:"  # gguf-package:DISTRIBUTION/PATH/IN/IT.gguf, imported on first use
 DEMO_MODEL = "demo"  # the bundled toy: the one model smoke and bench judge on its answers
 DEFAULT_MODEL = DEMO_MODEL
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -199,9 +199,8 @@ def local_dir(ref: ModelRef, allow_download: bool = False) -> Path:
     """The directory to load ``ref`` from; a hub model must be cached unless downloads are allowed,
     a GGUF shipped in a package is imported the first time."""
     if ref.kind == "package-gguf":
-        from localchat.gguf.package import ensure_imported
-
-        return check_model_dir(ensure_imported(ref.entry, Path(ref.location)), ref.id)
+        source = ref.entry.source if ref.entry else None
+        return check_model_dir(ensure_imported(source, Path(ref.location)), ref.id)
     if ref.kind != "hub":
         return check_model_dir(Path(ref.location), ref.id)
     snapshot = hub_snapshot(ref.location)

@@ -19,7 +19,8 @@ import statistics
 from localchat.backends import GenerationParams
 from localchat.backends.inproc import load_inproc
 from localchat.conversation.history import Conversation
-from localchat.conversation.turn import ChatSession, TrimPolicy
+from localchat.conversation.settings import TrimPolicy
+from localchat.conversation.turn import ChatSession
 from localchat.environment import collect
 from localchat.registry import local_dir, resolve
 

@@ -2,6 +2,7 @@ import os
 from pathlib import Path
 
 import pytest
+from machine_cache import machine_cache
 
 from localchat.demo import MODEL_DIR
 
@@ -57,10 +58,10 @@ def smollm2():
 
     source = package_file(resolve("smollm2").entry.source)
     digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
-    cache = Path.home() / ".cache" / "localchat-tests" / f"smollm2-{digest}"
-    if not (cache / "config.json").is_file():
-        import shutil
+    with machine_cache(f"smollm2-{digest}") as cache:
+        if not (cache / "config.json").is_file():
+            import shutil
 
-        shutil.rmtree(cache, ignore_errors=True)
-        import_gguf(source, cache)
+            shutil.rmtree(cache, ignore_errors=True)
+            import_gguf(source, cache)
     return cache

@@ -239,7 +239,6 @@ USAGE_FAULTS = {
     "blank prompt": (["chat", "   \n "], "empty input"),
     "prompt over the limit": (["chat", "--max-input-chars", "5", "123456"], "over the limit of 5"),
     "unknown model": (["chat", "-m", "nosuchmodel", "x"], "unknown model 'nosuchmodel'"),
-    "resume an unknown session": (["chat", "--resume", "nope", "x"], "no saved session named 'nope'"),
     "resume with --system": (["chat", "--resume", "kept", "--system", "S", "x"], "leave out --system"),
     "serve port out of range": (["serve", "--port", "70000"], "--port"),
     "serve an unknown model": (["serve", "-m", "nosuchmodel"], "unknown model"),
@@ -247,10 +246,7 @@ USAGE_FAULTS = {
     "bench seed negative": (["bench", "--seed", "-5"], "--seed"),
     "bench temperature nan": (["bench", "--temperature", "nan"], "finite"),
     "bench base-url broken": (["bench", "--base-url", "http://[::1/v1"], "not a URL"),
-    "bench an unknown session": (["bench", "--replay", "nope"], "no saved session named 'nope'"),
     "sessions show without a name": (["sessions", "show"], "Missing argument"),
-    "sessions show unknown": (["sessions", "show", "nope"], "no saved session named 'nope'"),
-    "sessions rm unknown": (["sessions", "rm", "nope"], "no saved session named 'nope'"),
     "sessions export bad format": (["sessions", "export", "kept", "--format", "pdf"], "--format"),
     "cache-max-bytes not a size": (["chat", "--cache-max-bytes", "lots", "x"], "--cache-max-bytes"),
     "cache-max-bytes negative": (["chat", "--cache-max-bytes", "-1", "x"], "--cache-max-bytes"),
@@ -262,6 +258,12 @@ USAGE_FAULTS = {
 def test_bad_values_are_usage_errors(home, name):
     args, needle = USAGE_FAULTS[name]
     check(runner.invoke(app, args), 2, needle, home)
+
+
+@pytest.mark.parametrize("args", [["chat", "--resume", "nope", "x"], ["bench", "--replay", "nope"],
+                                  ["sessions", "show", "nope"], ["sessions", "rm", "nope"]])
+def test_a_session_name_that_is_not_saved_is_a_failure_not_a_usage_error(home, args):
+    check(runner.invoke(app, args), 1, "no saved session named 'nope'", home)
 
 
 def test_stdin_that_is_not_utf8_is_a_usage_error(home):
@@ -276,7 +278,7 @@ def test_a_damaged_kv_cache_is_one_line_and_the_resume_goes_on(home, damage):
     result = runner.invoke(app, ["chat", "--resume", "kept", "Hello"])
     assert result.exit_code == 0 and "Traceback" not in result.stdout + result.stderr, result.stderr
     notices = [line for line in result.stderr.splitlines() if "KV cache" in line]
-    assert len(notices) == 1 and ("not used: it is damaged" in notices[0] or "no saved KV cache" in notices[0])
+    assert len(notices) == 1 and ("not used: it is damaged" in notices[0] or "is not a regular file" in notices[0])
     assert _digest(home["db"]) == home["digest"]
 
 

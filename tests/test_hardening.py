@@ -20,10 +20,10 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 from fakeserver import USAGE, FakeServer, Reply, delta, sse
 from gguf_reference import write_tiny_gguf
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from localchat.cli.app import app

@@ -3,11 +3,11 @@ against a faulty server: each ends cleanly, says what happened, and keeps what i
 
 import json
 import os
-from pathlib import Path
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from fakeserver import FakeServer, Reply, sse

@@ -20,7 +20,8 @@ from localchat.cli.repl import Repl
 from localchat.conversation.compaction import SUMMARY_PROMPT, CompactionPolicy, compact
 from localchat.conversation.history import Conversation, Turn
 from localchat.conversation.records import TurnRecorder
-from localchat.conversation.turn import ChatSession, TrimPolicy, TurnStatus
+from localchat.conversation.settings import TrimPolicy
+from localchat.conversation.turn import ChatSession, TurnStatus
 
 SYSTEM = "You are a helpful assistant."
 REMEMBER = "Remember the code harbor 17. Reply only OK."
@@ -195,7 +196,7 @@ def test_repl_compact_pins_and_uncompact(demo):
     Repl(chat, ChatUI(out=io.StringIO(), err=Console(file=err, width=200)), read_line=lambda _: next(lines)).run()
     shown = err.getvalue()
     assert "compacted 1 turn into notes (1 line" in shown and NOTES in shown
-    assert f"system: {SYSTEM}\n\nNote: the user is Mei.\n\n{NOTES}" in shown  # /history shows what is sent
+    assert f"system: {SYSTEM}\n\n     Note: the user is Mei.\n\n     {NOTES}" in shown  # /history shows what is sent
     assert "restored 1 turn" in shown and "unpinned: the user is Mei" in shown
     assert "usage: /unpin N" in shown and "nothing is pinned" in shown and "usage: /pin TEXT" in shown
     assert "compactions 1" in shown

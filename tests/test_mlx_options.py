@@ -151,7 +151,8 @@ def test_a_lora_adapter_is_applied_as_mlx_lm_applies_it(tmp_path):
 
 @pytest.mark.parametrize("args, said", [
     (["--kv-bits", "7"], "--kv-bits must be one of 2, 3, 4, 5, 6, 8"),
-    (["--kv-bits", "4"], "does not divide this model's head dimension (32): use --kv-group-size 32"),
+    (["--kv-bits", "4", "--kv-group-size", "64"], "does not divide this model's head dimension (32): use "
+                                                  "--kv-group-size 32"),
     (["--max-kv-size", "4"], "at least 8 tokens"),
     (["--draft-model", "demo", "--max-kv-size", "64"], "leave out --max-kv-size"),
     (["--draft-model", "demo", "--kv-bits", "4"], "use one of them"),
@@ -168,6 +169,13 @@ def test_bad_runtime_options_are_one_line(args, said):
     assert result.exit_code in (1, 2), result.stdout + result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and said in errors[0], result.stderr
+
+
+def test_kv_bits_without_a_group_size_picks_one_that_divides_the_head_dimension_and_says_so():
+    result = runner.invoke(app, ["chat", "--kv-bits", "8", "--quantized-kv-start", "0", "Hello"])
+    assert result.exit_code == 0, result.stderr
+    assert "KV cache 8-bit from 0 tokens, groups of 32 (64 does not divide the head dimension)" in result.stderr
+    assert result.stdout.strip()
 
 
 def test_over_http_the_samplers_and_the_draft_model_are_sent_per_request():

@@ -10,10 +10,11 @@ import time
 from pathlib import Path
 
 import pexpect
+import pty_chat
 import pytest
 from fakeserver import FakeServer, Reply, delta, sse
+from pty_chat import PROMPT, quit, send
 
-PROMPT = ">>>"  # prompt_toolkit draws ">>> " with a cursor move for the space
 PASTE = "\x1b[200~{}\x1b[201~"  # a terminal's bracketed paste
 UP, CTRL_R = "\x1b[A", "\x12"
 
@@ -26,24 +27,7 @@ def home(tmp_path, monkeypatch):
 
 
 def spawn(*args: str, path: str = "/usr/bin:/bin", color: bool = False) -> pexpect.spawn:
-    env = {"HF_HUB_OFFLINE": "1", "PATH": path, "TERM": "xterm", "PROMPT_TOOLKIT_NO_CPR": "1",
-           "LOCALCHAT_HOME": os.environ["LOCALCHAT_HOME"], "COLUMNS": "200", **({} if color else {"NO_COLOR": "1"})}
-    child = pexpect.spawn(sys.executable, ["-m", "localchat", "chat", *args], encoding="utf-8",
-                          timeout=60, dimensions=(40, 200), env=env)
-    child.expect_exact(PROMPT)
-    return child
-
-
-def send(child: pexpect.spawn, line: str) -> None:
-    """Type a line and Enter (prompt_toolkit reads a carriage return as Enter)."""
-    child.send(line + "\r")
-
-
-def quit(child: pexpect.spawn) -> None:
-    send(child, "/quit")
-    child.expect(pexpect.EOF)
-    child.close()
-    assert child.exitstatus == 0
+    return pty_chat.spawn(*args, home=os.environ["LOCALCHAT_HOME"], color=color, path=path)
 
 
 def test_remembers_with_history():
@@ -80,7 +64,7 @@ def test_multiline_input_between_triple_quotes():
     send(child, "/history")
     child.expect(r"history: (\d) messages")
     assert child.match.group(1) == "2"  # the two lines went as one message, and the greedy reply "OK" was kept
-    child.expect_exact("user: Remember the code harbor 17.\r\nReply only OK.")
+    child.expect_exact("user: Remember the code harbor 17.\r\n     Reply only OK.")  # later lines indented
     quit(child)
 
 
@@ -94,7 +78,14 @@ def test_ctrl_c_mid_reply_discards_the_turn(rambling_model):
     send(child, "/history")
     child.expect_exact("history: 0 messages")
     child.expect_exact(PROMPT)
-    child.sendintr()  # Ctrl+C at the prompt leaves cleanly
+    child.send("half typed")
+    child.sendintr()  # Ctrl+C at the prompt clears the line and says how to leave
+    child.expect_exact("(Ctrl+C clears the line; /quit or Ctrl+D leaves)")
+    child.expect_exact(PROMPT)
+    send(child, "/history")
+    child.expect_exact("history: 0 messages")  # "half typed" was never sent
+    child.expect_exact(PROMPT)
+    child.sendeof()
     child.expect(pexpect.EOF)
     child.close()
     assert child.exitstatus == 0
@@ -158,7 +149,7 @@ def test_a_pasted_block_is_one_message_and_tab_completes_commands():
     time.sleep(0.3)
     child.send("\r")
     child.expect_exact("history: 2 messages")
-    child.expect_exact("user: Remember the code harbor 17.\r\nReply only OK.")
+    child.expect_exact("user: Remember the code harbor 17.\r\n     Reply only OK.")  # later lines indented
     quit(child)
 
 
@@ -204,7 +195,7 @@ def test_load_puts_a_file_into_the_next_message_and_refuses_what_it_must(tmp_pat
     send(child, "Hello")
     turn_done(child)
     send(child, "/history")
-    child.expect_exact(f"user: {tmp_path}/notes.md:\r\n```\r\nThe code is harbor 17.\r\n```\r\n\r\nHello")
+    child.expect_exact(f"user: {tmp_path}/notes.md:\r\n     ```\r\n     The code is harbor 17.\r\n     ```\r\n\r\n     Hello")
     quit(child)
 
 

@@ -11,7 +11,8 @@ from localchat.backends.inproc import InProcessBackend
 from localchat.cli.render import ChatUI
 from localchat.cli.repl import Repl
 from localchat.conversation.history import Conversation
-from localchat.conversation.turn import ChatSession, TrimPolicy, TurnStatus
+from localchat.conversation.settings import TrimPolicy
+from localchat.conversation.turn import ChatSession, TurnStatus
 from localchat.errors import LocalchatError
 
 SYSTEM = "You are a helpful assistant."

@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from localchat.backends import Event, Finished, GenerationParams, Message
+from localchat.backends import Event, Finished, GenerationParams, Message, Progress
 from localchat.backends.mlx_options import (
     RuntimeOptions,
     check_draft,
-    check_kv_group,
+    fit_kv_group,
     load_model,
     logits_processors_for,
     make_cache,
@@ -200,6 +200,7 @@ class InProcessBackend:
         if not self.cache_reuse:
             self._cache = self._new_cache()
         cached, missed = self._cache.reuse(prompt_ids)
+        yield Progress(cached, len(prompt_ids))  # what is left to prefill, for a spinner to say
         if params.seed is not None:
             mx.random.seed(params.seed)
         mx.reset_peak_memory()
@@ -247,7 +248,7 @@ def load_inproc(ref: ModelRef, path: Path, *, cache_reuse: bool = True,
     adapter and draft model when the options name them."""
     options = (options or RuntimeOptions()).check()
     model, tokenizer = load_model(path, options, ref.id)
-    check_kv_group(model, options)
+    options = fit_kv_group(model, options)
     make_cache(model, options.max_kv_size)  # a model whose cache cannot be bounded is refused now
     draft = draft_path = None
     if options.draft_model:

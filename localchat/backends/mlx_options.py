@@ -9,7 +9,7 @@ one (``make_prompt_cache(max_kv_size=)``). The sampling settings of ``Generation
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ class RuntimeOptions:
     draft_model: str | None = None  # a models.yaml id, a local MLX directory or a Hugging Face repo id
     num_draft_tokens: int = DEFAULT_NUM_DRAFT_TOKENS
     kv_bits: int | None = None
-    kv_group_size: int = DEFAULT_KV_GROUP_SIZE
+    kv_group_size: int | None = None  # None: mlx_lm's 64, or the largest that divides the head dimension
     quantized_kv_start: int = DEFAULT_QUANTIZED_KV_START
     max_kv_size: int | None = None
 
@@ -38,7 +38,7 @@ class RuntimeOptions:
         """Usage errors for values mlx_lm would reject later, or combinations it mishandles."""
         if self.kv_bits is not None and self.kv_bits not in KV_BITS:
             raise UsageError(f"--kv-bits must be one of {', '.join(map(str, KV_BITS))}, not {self.kv_bits}")
-        if self.kv_group_size not in KV_GROUP_SIZES:
+        if self.kv_group_size is not None and self.kv_group_size not in KV_GROUP_SIZES:
             raise UsageError(f"--kv-group-size must be one of {', '.join(map(str, KV_GROUP_SIZES))}, "
                              f"not {self.kv_group_size}")
         if not 1 <= self.num_draft_tokens <= MAX_DRAFT_TOKENS:
@@ -59,7 +59,7 @@ class RuntimeOptions:
         """What ``stream_generate`` takes for the cache's quantization and the drafting."""
         kwargs: dict[str, Any] = {}
         if self.kv_bits is not None:
-            kwargs.update(kv_bits=self.kv_bits, kv_group_size=self.kv_group_size,
+            kwargs.update(kv_bits=self.kv_bits, kv_group_size=self.kv_group_size or DEFAULT_KV_GROUP_SIZE,
                           quantized_kv_start=self.quantized_kv_start)
         if self.draft_model:
             kwargs["num_draft_tokens"] = self.num_draft_tokens
@@ -143,16 +143,24 @@ def load_model(path: Path, options: RuntimeOptions, name: str) -> tuple[Any, Any
         raise LocalchatError(f"cannot load {what} from {path}: {detail}") from None
 
 
-def check_kv_group(model: Any, options: RuntimeOptions) -> None:
-    """mx.quantize groups along a head's dimension: the group size must divide it."""
+def fit_kv_group(model: Any, options: RuntimeOptions) -> RuntimeOptions:
+    """mx.quantize groups along a head's dimension, so the group size must divide it: a size the
+    user set that does not is a usage error; one left unset is mlx_lm's 64 when it fits, else the
+    largest that does (the demo's heads have 32 dimensions)."""
+    if options.kv_bits is None:
+        return options
     args = getattr(model, "args", None)
     heads, hidden = getattr(args, "num_attention_heads", None), getattr(args, "hidden_size", None)
     head_dim = getattr(args, "head_dim", None) or (hidden // heads if heads and hidden else None)
-    if options.kv_bits is not None and head_dim and head_dim % options.kv_group_size:
-        fits = [g for g in KV_GROUP_SIZES if head_dim % g == 0]
+    fits = [g for g in KV_GROUP_SIZES if head_dim and head_dim % g == 0]
+    if options.kv_group_size is None:
+        chosen = DEFAULT_KV_GROUP_SIZE if DEFAULT_KV_GROUP_SIZE in fits or not fits else fits[-1]
+        return replace(options, kv_group_size=chosen)
+    if head_dim and head_dim % options.kv_group_size:
         hint = f": use --kv-group-size {fits[-1]}" if fits else ""
         raise UsageError(f"--kv-group-size {options.kv_group_size} does not divide this model's head dimension "
                          f"({head_dim}){hint}")
+    return options
 
 
 def check_draft(model_tokenizer: Any, draft_tokenizer: Any, draft: str) -> None:

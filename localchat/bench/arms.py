@@ -17,8 +17,9 @@ from localchat.bench.policies import policy_summary
 from localchat.bench.script import BenchScript, plan
 from localchat.conversation.history import Conversation
 from localchat.conversation.policy import HistoryPolicy
+from localchat.conversation.settings import TrimPolicy
 from localchat.conversation.stats import percentile
-from localchat.conversation.turn import ChatSession, TrimPolicy
+from localchat.conversation.turn import ChatSession
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,7 @@ def play_conversation(backend: Backend, arm: Arm, script: BenchScript, conversat
     history = Conversation.for_backend(backend, script.system)
     session = ChatSession(backend, history, replace(bench.params, think=arm.think), use_history=arm.history,
                           trim=arm.policy.trim(TrimPolicy()) if arm.policy else TrimPolicy(),
-                          compaction=arm.policy.compaction() if arm.policy else None)
+                          compaction=arm.policy.compaction() if arm.policy else None).prepare()
     records: list[TurnRecord] = []
     for i, turn in enumerate(plan(script, bench.seed, repeat, conversation), 1):
         on_turn(arm.label, repeat, script.name, i)

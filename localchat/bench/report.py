@@ -16,13 +16,25 @@ from typing import Any
 
 from localchat import files
 from localchat.bench.arms import BenchResult, TurnRecord
+from localchat.plots import finish_figure
 
 
 def _f(value: Any, spec: str = ".3f", scale: float = 1.0) -> str:
     return "–" if value is None else format(value * scale, spec)
 
 
-def summary_rows(result: BenchResult) -> list[list[str]]:
+def points(difference: float | None) -> str:
+    """A difference of two accuracies, in percentage points (``+48 points``), not a percentage."""
+    return "–" if difference is None else f"{difference * 100:+.0f} points"
+
+
+SUMMARY_HEADERS = ["arm", "accuracy", "TTFT med ms", "TTFT p90 ms", "TTFA med ms", "think tok/turn", "total med s",
+                   "tok/s med", "tok/s p90", "prompt tokens", "cached", "cache misses"]
+THINKING_HEADERS = ("TTFA med ms", "think tok/turn")  # shown only when some turn reasoned
+
+
+def summary_table(result: BenchResult) -> tuple[list[str], list[list[str]]]:
+    """The summary's headers and one row an arm; without reasoning, no thinking columns."""
     rows = []
     for arm, s in result.summary()["arms"].items():
         acc = f"{_f(s['accuracy'], '.0%')} ({s['correct']}/{s['scored']})"
@@ -31,11 +43,10 @@ def summary_rows(result: BenchResult) -> list[list[str]]:
                      _f(s["ttfa_median_s"], ".1f", 1e3), think, _f(s["total_s_median"], ".2f"),
                      _f(s["decode_tps_median"], ".1f"), _f(s["decode_tps_p90"], ".1f"),
                      str(s["prompt_tokens_total"]), str(s["cached_tokens_total"]), str(s["cache_misses"])])
-    return rows
-
-
-SUMMARY_HEADERS = ["arm", "accuracy", "TTFT med ms", "TTFT p90 ms", "TTFA med ms", "think tok/turn", "total med s",
-                   "tok/s med", "tok/s p90", "prompt tokens", "cached", "cache misses"]
+    if any(t.reasoning_tokens for t in result.turns):
+        return SUMMARY_HEADERS, rows
+    keep = [i for i, header in enumerate(SUMMARY_HEADERS) if header not in THINKING_HEADERS]
+    return [SUMMARY_HEADERS[i] for i in keep], [[row[i] for i in keep] for row in rows]
 
 
 POLICY_HEADERS = ["policy", "early facts", "recent facts", "prompt tok/turn", "with compactions", "prefilled tok/turn",
@@ -63,7 +74,7 @@ def comparison_lines(result: BenchResult) -> list[str]:
     summary = result.summary()
     lines = []
     for backend, c in summary["history_on_vs_off"].items():
-        lines.append(f"{backend}: history on vs off: accuracy {_f(c['accuracy_difference'], '+.0%')}, "
+        lines.append(f"{backend}: history on vs off: accuracy {points(c['accuracy_difference'])}, "
                      f"prompt tokens ×{_f(c['prompt_token_ratio'], '.2f')}, TTFT ×{_f(c['ttft_ratio'], '.2f')}")
     for arm, g in summary["growth"].items():
         if arm in summary["policies"]:
@@ -79,7 +90,7 @@ def comparison_lines(result: BenchResult) -> list[str]:
         lines.append(f"{backend}: KV reuse prefilled {_f(k['prefilled_ratio'], '.0%')} of the tokens "
                      f"no-reuse did ({k['prefilled_tokens_saved']} saved), TTFT ×{_f(k['ttft_ratio'], '.2f')}")
     for family, t in summary["think_on_vs_off"].items():
-        lines.append(f"{family}: thinking on vs off: accuracy {_f(t['accuracy_difference'], '+.0%')}, "
+        lines.append(f"{family}: thinking on vs off: accuracy {points(t['accuracy_difference'])}, "
                      f"TTFT ×{_f(t['ttft_ratio'], '.2f')}, time to first answer ×{_f(t['ttfa_ratio'], '.2f')}, "
                      f"output tokens ×{_f(t['completion_token_ratio'], '.2f')} "
                      f"({_f(t['reasoning_tokens_per_turn'], '.1f')} reasoning tokens a turn), "
@@ -97,7 +108,7 @@ def environment_line(result: BenchResult) -> str:
 
 def to_markdown(result: BenchResult) -> str:
     policies = policy_rows(result)
-    table = _table(SUMMARY_HEADERS, summary_rows(result))
+    table = _table(*summary_table(result))
     if policies:
         table = "## History policies\n\n" + _table(POLICY_HEADERS, policies) + "\n## Every arm\n\n" + table
     per_script = ["", "| arm | script | accuracy |", "|---|---|---|"]
@@ -154,7 +165,7 @@ def write_plot(result: BenchResult, path: Path) -> None:
             values = per_turn_medians(result.records(arm), key)
             ax.plot(list(values), [v * scale for v in values.values()], marker="o", label=arm)
         ax.set(title=title, xlabel="turn", ylabel=unit)
-    _finish(fig, axes, f"localchat bench · {environment_line(result)[:150]}", path, plt)
+    _finish(fig, axes, f"localchat bench · {environment_line(result)}", path, plt)
 
 
 def write_outputs(result: BenchResult, out: Path) -> list[Path]:
@@ -182,15 +193,11 @@ def write_policy_plot(result: BenchResult, path: Path, plt) -> None:
                     width=0.4, label=f"{fact} facts")
     axes[2].set_xticks(range(len(names)), names, rotation=20, fontsize=8)
     axes[2].set(title="recall", ylabel="% correct", ylim=(0, 105))
-    _finish(fig, axes, f"localchat bench --policy · {environment_line(result)[:150]}", path, plt)
+    _finish(fig, axes, f"localchat bench --policy · {environment_line(result)}", path, plt)
 
 
 def _finish(fig, axes, title: str, path: Path, plt) -> None:
     """Grid and legend on every panel, the run's environment as the title, then the file."""
-    for ax in axes:
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle(title, fontsize=8)
-    fig.tight_layout()
+    finish_figure(fig, axes, title)
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -79,7 +79,7 @@ def sessions_show(name: str) -> None:
 @sessions_app.command("rm")
 def sessions_rm(name: str) -> None:
     """Delete the saved session NAME and its KV cache."""
-    run("localchat.cli.sessions:remove_session", console=err_console, name=name)
+    run("localchat.cli.sessions:remove_session", console=err_console(), name=name)
 
 
 @sessions_app.command("export")
@@ -100,7 +100,7 @@ def import_cmd(
 ) -> None:
     """Turn a GGUF file into an MLX model without loss; then -m NAME works everywhere."""
     run("localchat.cli.importing:run_import", file=file, name=name, from_ollama=from_ollama, console=out_console(),
-        err=err_console)
+        err=err_console())
 
 
 @app.command()

@@ -20,11 +20,10 @@ from rich.table import Table
 from localchat.bench.arms import BenchResult
 from localchat.bench.report import (
     POLICY_HEADERS,
-    SUMMARY_HEADERS,
     comparison_lines,
     environment_line,
     policy_rows,
-    summary_rows,
+    summary_table,
     to_csv,
     to_json,
     to_markdown,
@@ -33,6 +32,7 @@ from localchat.bench.report import (
 )
 from localchat.bench.run import BenchOptions, prepare_bench, run_bench
 from localchat.cli import outcomes
+from localchat.cli.terminal import for_stream, wrap_parts
 
 
 def _fits(table: Table, console: Console) -> bool:
@@ -48,41 +48,28 @@ def _table(title: str, headers: list[str], rows: list[list[str]]) -> Table:
     return table
 
 
-def _show_policies(rows: list[list[str]], console: Console) -> None:
-    """The policy table when it fits, else one block a policy, ``header value`` pairs."""
-    table = _table("history policies", POLICY_HEADERS, rows)
+def _show(title: str, headers: list[str], rows: list[list[str]], console: Console) -> None:
+    """A table when it fits the terminal, else one block a row of ``header value`` pairs, wrapped
+    between pairs: no name or figure is ever cut."""
+    table = _table(title, headers, rows)
     if _fits(table, console):
         console.print(table)
         return
-    console.print("history policies", style="italic")
+    console.print(title, style="italic")
     for name, *cells in rows:
         console.print(name, style="bold", markup=False)
-        pairs = [f"{header} {cell}" for header, cell in zip(POLICY_HEADERS[1:], cells)]
-        console.print("\n".join("  " + " · ".join(pairs[i:i + 3]) for i in range(0, len(pairs), 3)),
-                      markup=False, highlight=False)
+        console.print(wrap_parts([f"{h} {c}" for h, c in zip(headers[1:], cells)], console.width), markup=False)
 
 
 def show_table(result: BenchResult, console: Console) -> None:
-    """The summary as a table when it fits the terminal, else one block an arm: no arm name or
-    figure is ever cut."""
-    rows = summary_rows(result)
-    table = _table("localchat bench", SUMMARY_HEADERS, rows)
-    if _fits(table, console):
-        console.print(table)
-    else:
-        console.print("localchat bench", style="italic")
-        for arm, accuracy, ttft, ttft_p90, ttfa, think, total, tps, tps_p90, prompt, cached, misses in rows:
-            console.print(arm, style="bold", markup=False)
-            console.print(f"  accuracy {accuracy}\n  TTFT med {ttft} ms · p90 {ttft_p90} ms · tok/s med {tps} · "
-                          f"p90 {tps_p90}\n  TTFA med {ttfa} ms · think {think} tokens a turn · total med {total} s"
-                          f"\n  prompt tokens {prompt} · cached {cached} · cache misses {misses}",
-                          markup=False)
+    """The summary, the history policies (when the run had some) and the comparisons."""
+    _show("localchat bench", *summary_table(result), console)
     policies = policy_rows(result)
     if policies:
-        _show_policies(policies, console)
-    for line in comparison_lines(result):
-        console.print(line, markup=False, highlight=False)
-    console.print(environment_line(result), style="dim", markup=False, highlight=False)
+        _show("history policies", POLICY_HEADERS, policies, console)
+    for line in comparison_lines(result):  # prose: wrapped between words
+        console.print(line, markup=False, highlight=False, soft_wrap=False)
+    console.print(environment_line(result), style="dim", markup=False, highlight=False, soft_wrap=False)
 
 
 def run_bench_cmd(*, options: dict[str, Any], console: Console, err: Console) -> int:
@@ -100,7 +87,8 @@ def run_bench_cmd(*, options: dict[str, Any], console: Console, err: Console) ->
     if opts.format == "table":
         show_table(result, console)
     else:
-        console.out(renderers[opts.format](result), highlight=False)
+        text = renderers[opts.format](result).rstrip("\n") + "\n"
+        console.file.write(for_stream(console.file)(text))  # data: exact through a pipe
     if opts.out:
         for path in write_outputs(result, opts.out):
             err.print(f"wrote {path}", style="dim")

@@ -18,7 +18,6 @@ from localchat.cli import outcomes
 from localchat.cli.options import ChatOptions
 from localchat.cli.render import ChatUI
 from localchat.cli.repl import REPL_COMMANDS, Repl
-from localchat.cli.repl.commands import saved_line
 from localchat.conversation.compaction import CompactionPolicy
 from localchat.conversation.history import Conversation, Summary, validate_input
 from localchat.conversation.jsonmode import (
@@ -193,9 +192,12 @@ def open_inproc(ref: ModelRef, opts: ChatOptions, ui: ChatUI) -> Backend:
                               allow_download=opts.model.allow_download)
     bits = quantization_bits(path)
     quant = f", {bits}-bit" if bits else ""
+    group = backend.options.kv_group_size  # the user's, or the one that fits the model's heads
+    chosen = f", groups of {group}" + (" (64 does not divide the head dimension)" if group != 64 else "")
     extras = [f"adapter {options.adapter_path}" if options.adapter_path else "",
               f"drafting with {options.draft_model} ({options.num_draft_tokens} a step)" if options.draft_model else "",
-              f"KV cache {options.kv_bits}-bit from {options.quantized_kv_start} tokens" if options.kv_bits else "",
+              f"KV cache {options.kv_bits}-bit from {options.quantized_kv_start} tokens"
+              + (chosen if options.kv_group_size is None else "") if options.kv_bits else "",
               f"rotating KV cache of {options.max_kv_size} tokens" if options.max_kv_size else ""]
     extra = "".join(f"; {e}" for e in extras if e)
     ui.info(f"loaded {ref.id} ({ref.kind}{quant}) in {time.perf_counter() - started:.2f}s{extra}")
@@ -210,10 +212,23 @@ def open_backend(opts: ChatOptions, ui: ChatUI) -> tuple[ModelRef | None, Backen
     return ref, open_inproc(ref, opts, ui)
 
 
+def terminal() -> bool:
+    """A person at a terminal: both ends of the REPL are one."""
+    return sys.stdin.isatty() and sys.stdout.isatty()
+
+
+def typing_guard(interactive: bool) -> Callable[[], Any]:
+    """What happens to keys typed while a reply streams: dropped and counted on a terminal."""
+    from contextlib import nullcontext
+    from functools import partial
+
+    from localchat.cli.repl.line_editor import KeysDropped, typed_ahead
+
+    return partial(typed_ahead, sys.stdin) if interactive else lambda: nullcontext(KeysDropped())
+
+
 def line_reader(opts: ChatOptions, ui: ChatUI) -> Callable[[str], str]:
-    """Shell-like line editing when both ends are a terminal; plain ``input()`` otherwise."""
-    if not (sys.stdin.isatty() and sys.stdout.isatty()):
-        return input
+    """Shell-like line editing on a terminal (prompt_toolkit)."""
     from localchat.cli.repl.line_editor import HISTORY_FILE, terminal_reader
     from localchat.store.home import home_dir
 
@@ -247,7 +262,7 @@ def chat_with_ui(*, opts: ChatOptions, prompt: str | None, ui: ChatUI) -> TurnSt
         params = replace(params, response_format=schema.response_format())
     session = ChatSession(backend=backend, conversation=conversation_for(ref, opts, schema, saved, backend),
                           params=params, use_history=opts.history, trim=opts.trim, schema=schema,
-                          recorder=recorder, compaction=compaction_policy(opts, ui))
+                          recorder=recorder, compaction=compaction_policy(opts, ui)).prepare()
     for fact in opts.context.pins:
         session.pin(fact)
     template_notices(session, ui)
@@ -262,9 +277,10 @@ def chat_with_ui(*, opts: ChatOptions, prompt: str | None, ui: ChatUI) -> TurnSt
                                  opts.model.model or (ref.id if ref else None), name=saved.name if saved else None,
                                  caches=caches,
                                  saved_state=saved_state(saved.turns, saved.pins, saved.summary) if saved else None)
-            Repl(session, ui, read_line=line_reader(opts, ui), saver=saver).run()
-            if saved and saver.unsaved(session):  # leaving a resumed session saves it again, cache too
-                ui.info(saved_line(saver.save(session), len(session.conversation.turns)))
+            interactive = terminal()
+            Repl(session, ui, read_line=line_reader(opts, ui) if interactive else input, saver=saver,
+                 interactive=interactive, autosave=saved is not None,  # leaving a resumed session saves it again
+                 while_replying=typing_guard(interactive)).run()
             return None
         result = session.ask(text, ui.listeners(), ui.compaction)
         ui.end_turn(result, session.params.max_tokens)

@@ -33,8 +33,7 @@ from localchat.cli.options import (
     check_size,
     setting_callback,
 )
-from localchat.conversation.compaction import DEFAULT_KEEP, DEFAULT_TRIGGER
-from localchat.conversation.turn import DEFAULT_TRIM_TO, TrimPolicy
+from localchat.conversation.settings import DEFAULT_KEEP, DEFAULT_TRIGGER, DEFAULT_TRIM_TO, TrimPolicy
 
 MLX = "mlx_lm, in-process"  # the help panel of the runtime options
 
@@ -111,4 +110,4 @@ def chat(
         storage=StorageOptions(record=record, resume=resume, save_cache=not no_save_cache,
                                cache_max_bytes=cache_max_bytes),
     )
-    run("localchat.cli.chat:run_chat", opts=opts, prompt=prompt, err=err_console)
+    run("localchat.cli.chat:run_chat", opts=opts, prompt=prompt, err=err_console())

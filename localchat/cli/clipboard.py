@@ -30,8 +30,11 @@ def copy_to_clipboard(text: str) -> str:
         try:
             done = subprocess.run(command, input=text.encode("utf-8"), stdout=subprocess.DEVNULL,
                                   stderr=subprocess.DEVNULL, timeout=TIMEOUT_S, check=False)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise LocalchatError(f"{command[0]} failed: {exc}") from None
+        except subprocess.TimeoutExpired:
+            raise LocalchatError(f"{command[0]} did not finish within {TIMEOUT_S:.0f}s (stopped); nothing was "
+                                 "copied") from None
+        except OSError as exc:
+            raise LocalchatError(f"{command[0]} failed: {exc.strerror or exc}") from None
         if done.returncode != 0:
             raise LocalchatError(f"{command[0]} failed (exit {done.returncode}): is a display available?")
         return command[0]

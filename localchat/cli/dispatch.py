@@ -11,15 +11,16 @@ import importlib
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 from typer.core import TyperGroup
 
 from localchat.cli import outcomes
 from localchat.errors import LocalchatError, TerminationRequested
+
+if TYPE_CHECKING:
+    from localchat.cli.terminal import TerminalConsole
 
 
 def _click_class(name: str) -> type:
@@ -44,15 +45,15 @@ class OneLineErrors(TyperGroup):
                 exc.show()
                 sys.exit(exc.exit_code)
             command = exc.ctx.command_path if exc.ctx else "localchat"
-            err_console.print(f"[red]error:[/red] {escape(exc.format_message())} (see: {command} --help)")
+            say_error(f"{exc.format_message()} (see: {command} --help)")
             sys.exit(outcomes.USAGE)
         except typer.Abort:
             sys.exit(outcomes.INTERRUPTED)
         except ClickException as exc:
-            err_console.print(f"[red]error:[/red] {escape(exc.format_message())}")
+            say_error(exc.format_message())
             sys.exit(exc.exit_code)
         if code == outcomes.INTERRUPTED:  # Typer's own mapping of a Ctrl+C it caught, silently
-            err_console.print("[yellow]interrupted[/yellow]")
+            say("interrupted")
         sys.exit(code if isinstance(code, int) else outcomes.OK)
 
     def invoke(self, ctx):
@@ -61,12 +62,29 @@ class OneLineErrors(TyperGroup):
             return super().invoke(ctx)
 
 
-err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+def err_console() -> TerminalConsole:
+    """stderr, for errors, notices and progress (Rich is loaded only when something is printed)."""
+    from localchat.cli.terminal import console
+
+    return console(stderr=True, soft_wrap=True)
 
 
-def out_console() -> Console:
+def out_console() -> TerminalConsole:
     """stdout; long lines wrap in the terminal, never in the text (ids and commands stay whole)."""
-    return Console(highlight=False, soft_wrap=True)
+    from localchat.cli.terminal import console
+
+    return console(soft_wrap=True)
+
+
+def say_error(message: str) -> None:
+    """One red ``error:`` line on stderr (the message is text, never markup)."""
+    from rich.markup import escape
+
+    err_console().print(f"[red]error:[/red] {escape(message)}")
+
+
+def say(message: str) -> None:
+    err_console().print(f"[yellow]{message}[/yellow]")
 
 
 @contextmanager
@@ -74,13 +92,13 @@ def user_errors() -> Iterator[None]:
     try:
         yield
     except LocalchatError as exc:
-        err_console.print(f"[red]error:[/red] {escape(str(exc))}")
+        say_error(str(exc))
         raise typer.Exit(exc.exit_code) from None
     except TerminationRequested:
-        err_console.print("[yellow]terminated (SIGTERM)[/yellow]")
+        say("terminated (SIGTERM)")
         raise SystemExit(outcomes.TERMINATED) from None  # past click, which maps a 130 of its own
     except KeyboardInterrupt:
-        err_console.print("[yellow]interrupted[/yellow]")
+        say("interrupted")
         raise SystemExit(outcomes.INTERRUPTED) from None
 
 

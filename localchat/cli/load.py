@@ -16,11 +16,13 @@ from rich.status import Status
 from rich.table import Table
 
 from localchat.cli import outcomes
+from localchat.cli.terminal import wrap_parts
 from localchat.errors import TerminationRequested, raise_on_sigterm
 from localchat.load.metrics import RequestRecord
-from localchat.load.report import TABLE_HEADERS, environment_line, sweep_lines, table_rows, write_outputs, write_plot
+from localchat.load.report import environment_line, load_table, sweep_lines, write_outputs, write_plot
 from localchat.load.run import Run
 from localchat.load.sweep import LoadOptions, LoadResult, Target, check_options, make_plan, new_result, run_load
+from localchat.wording import count
 
 
 class LiveLine:
@@ -45,14 +47,15 @@ class LiveLine:
 
     def _show(self, what: str) -> None:
         run = self.run
-        self.status.update(f"{run.users} users · history {'on' if run.history else 'off'} · {what}")
+        self.status.update(f"{count(run.users, 'user')} · history {'on' if run.history else 'off'} · {what}")
 
 
 def show(result: LoadResult, console: Console) -> None:
-    """The runs as a table when it fits the terminal, else one block a run: nothing is cut."""
-    rows = table_rows(result)
+    """The runs as a table when it fits the terminal, else one block a run, wrapped between
+    figures: nothing is cut."""
+    headers, rows = load_table(result)
     table = Table(title="localchat load", box=box.SIMPLE_HEAD)
-    for i, header in enumerate(TABLE_HEADERS):
+    for i, header in enumerate(headers):
         table.add_column(header, no_wrap=True, justify="left" if i < 2 else "right")
     for row in rows:
         table.add_row(*row)
@@ -61,11 +64,13 @@ def show(result: LoadResult, console: Console) -> None:
     else:
         console.print("localchat load", style="italic")
         for row in rows:
-            console.print(f"{row[0]} users, history {row[1]}", style="bold", markup=False)
-            console.print("  " + " · ".join(f"{h} {v}" for h, v in zip(TABLE_HEADERS[2:], row[2:])), markup=False)
-    for line in sweep_lines(result):
-        console.print(line, markup=False, highlight=False)
-    console.print(environment_line(result), style="dim", markup=False, highlight=False)
+            console.print(f"{row[0]} {'user' if row[0] == '1' else 'users'}, history {row[1]}", style="bold",
+                          markup=False)
+            console.print(wrap_parts([f"{h} {v}" for h, v in zip(headers[2:], row[2:])], console.width),
+                          markup=False)
+    for line in sweep_lines(result):  # prose: wrapped between words
+        console.print(line, markup=False, highlight=False, soft_wrap=False)
+    console.print(environment_line(result), style="dim", markup=False, highlight=False, soft_wrap=False)
 
 
 def run_load_cmd(*, opts: LoadOptions, console: Console, err: Console) -> int:

@@ -17,6 +17,8 @@ from rich.live import Live
 from rich.markdown import Markdown
 from rich.segment import Segment
 
+from localchat.safe_text import visible
+
 MIN_REFRESH_S = 0.1
 RENDER_SHARE = 0.01  # redraw only when the last redraw took at most this share of the time since
 FENCE = re.compile(r"^\s{0,3}(```|~~~)")
@@ -35,6 +37,19 @@ def finished_end(text: str, start: int) -> int:
             end, blank_at = blank_at, None
         position += len(line)
     return end
+
+
+class ChatMarkdown(Markdown):
+    """Rich's Markdown as a chat answer needs it: the model's single line breaks kept (a poem or an
+    address stays on its lines; CommonMark would join them into one paragraph), and links shown
+    with their address rather than made clickable (a model's text cannot hide where a link goes)."""
+
+    def __init__(self, markup: str):
+        super().__init__(markup, hyperlinks=False)
+        for token in self.parsed:
+            for child in token.children or ():
+                if child.type == "softbreak":
+                    child.type = "hardbreak"
 
 
 class _Lines:
@@ -58,7 +73,7 @@ class MarkdownStream:
         self.next_redraw = 0.0
 
     def feed(self, chunk: str) -> None:
-        self.text += chunk
+        self.text += visible(chunk)  # a terminal only: nothing a model sends may act on it
         now = time.perf_counter()
         if now < self.next_redraw:
             return
@@ -74,18 +89,18 @@ class MarkdownStream:
             self.live = None
         rest = self.text[self.printed:]
         if rest.strip():
-            self.console.print(Markdown(rest))
+            self.console.print(ChatMarkdown(rest))
         self.text, self.printed, self.next_redraw = "", 0, 0.0
 
     def _print_finished(self) -> None:
         end = finished_end(self.text, self.printed)
         if end > self.printed:
-            self.console.print(Markdown(self.text[self.printed:end]))  # above the live region
+            self.console.print(ChatMarkdown(self.text[self.printed:end]))  # above the live region
             self.printed = end
 
     def _redraw(self) -> None:
         tail = self.text[self.printed:]
-        lines = self.console.render_lines(Markdown(tail), self.console.options, pad=False) if tail.strip() else []
+        lines = self.console.render_lines(ChatMarkdown(tail), self.console.options, pad=False) if tail.strip() else []
         visible = lines[-max(1, self.console.size.height - 1):]
         if self.live is None:
             self.live = Live(console=self.console, auto_refresh=False, transient=True, redirect_stdout=False,

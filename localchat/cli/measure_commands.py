@@ -26,7 +26,7 @@ from localchat.cli.options import (
     check_temperature,
     check_wait,
 )
-from localchat.conversation.turn import DEFAULT_TRIM_TO
+from localchat.conversation.settings import DEFAULT_TRIM_TO
 
 SERVER_ARGS = {"allow_extra_args": True, "ignore_unknown_options": True}  # mlx_lm.server's, after --
 
@@ -55,7 +55,7 @@ def bench(
                         repeat=repeat, warmup=warmup, temperature=temperature, seed=seed, max_tokens=max_tokens,
                         no_cache_reuse=no_cache_reuse, base_url=base_url, out=out, format=format.value,
                         plot=plot, replay=tuple(replay or ()), think=think.value if think else None, policy=policy)
-    run("localchat.cli.bench:run_bench_cmd", options=opts, console=out_console(), err=err_console)
+    run("localchat.cli.bench:run_bench_cmd", options=opts, console=out_console(), err=err_console())
 
 
 def load(
@@ -96,4 +96,4 @@ def load(
                        slo_ttft_s=slo_ttft, slo_tpot_s=slo_tpot, out=out, plot=plot, launch=launch,
                        server_args=tuple(ctx.args), timeout_s=timeout, max_context_tokens=max_context_tokens,
                        trim_to=trim_to, compact=compact is Compact.auto)
-    run("localchat.cli.load:run_load_cmd", opts=opts, console=out_console(), err=err_console)
+    run("localchat.cli.load:run_load_cmd", opts=opts, console=out_console(), err=err_console())

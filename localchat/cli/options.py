@@ -7,16 +7,16 @@ are written once here; so are the groups a chat is run with.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from collections.abc import Callable
 from typing import Annotated, Any, Optional
 
 import typer
 
 from localchat.backends import DEFAULT_BASE_URL, DEFAULT_TIMEOUT_S
-from localchat.conversation.turn import TrimPolicy
+from localchat.conversation.settings import TrimPolicy
 
 MAX_SEED = 2**64 - 1  # mx.random.seed takes an unsigned 64-bit integer
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from localchat.conversation.turn import TurnStatus
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from localchat.conversation.result import TurnStatus
 
 OK = 0
 FAILED = 1
@@ -10,20 +13,20 @@ USAGE = 2  # like Typer's own
 INTERRUPTED = 130  # 128 + SIGINT
 TERMINATED = 143  # 128 + SIGTERM
 
-TURN_EXIT_CODES = {
-    TurnStatus.COMMITTED: OK,
-    TurnStatus.NOT_KEPT: OK,
-    TurnStatus.CUT: OK,  # the reply was shown; the notice says it was not kept
-    TurnStatus.EMPTY: OK,
-    TurnStatus.INVALID: FAILED,
-    TurnStatus.UNRENDERABLE: FAILED,  # shown, but the model's template would refuse it in history
-    TurnStatus.ERROR: FAILED,
-    TurnStatus.INTERRUPTED: INTERRUPTED,
+TURN_EXIT_CODES = {  # by TurnStatus value: this table is read before any turn module is loaded
+    "committed": OK,
+    "not-kept": OK,
+    "cut": OK,  # the reply was shown; the notice says it was not kept
+    "empty": OK,
+    "invalid-json": FAILED,
+    "unrenderable": FAILED,  # shown, but the model's template would refuse it in history
+    "error": FAILED,
+    "interrupted": INTERRUPTED,
 }
 
 
 def turn_exit(status: TurnStatus) -> int:
-    return TURN_EXIT_CODES[status]
+    return TURN_EXIT_CODES[status.value]
 
 
 def report_exit(ok: bool) -> int:

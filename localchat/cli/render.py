@@ -13,21 +13,27 @@ from typing import Any, TextIO
 
 from rich.console import Console
 from rich.markup import escape
+from rich.status import Status
 
 from localchat.backends import Message, Progress
 from localchat.cli.markdown import MarkdownStream
-from localchat.conversation.compaction import Compaction
+from localchat.cli.terminal import console, for_stream
 from localchat.conversation.jsonmode import pretty
-from localchat.conversation.result import Listeners, TurnResult, TurnStatus
+from localchat.conversation.result import Compaction, Listeners, TurnResult, TurnStatus
 from localchat.conversation.stats import TurnStats
+from localchat.store.saved_sessions import Saved
+from localchat.wording import count
 
+INDENT = 5  # "  1. ": where a message's text starts in /history and /preview
 HELP_FOOTER = ('A line with only """ starts and ends multi-line input (a pasted block is one message on a terminal). '
                "Ctrl+C stops a reply (discarded); Ctrl+R searches what you typed before.")
 
 
-def count(n: int, noun: str) -> str:
-    """``1 message``, ``2 messages``."""
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+def saved_line(saved: Saved, turns: int) -> str:
+    """What ``/save`` (or leaving a resumed session) did, and how to continue."""
+    cache = f" {saved.cache.describe()}" if saved.cache else ""
+    return (f"{'updated' if saved.replaced else 'saved'} '{saved.name}' ({count(turns, 'turn')}){cache}; "
+            f"continue later with: localchat chat --resume {saved.name}")
 
 
 def _memory(gb: float | None) -> str | None:
@@ -69,18 +75,29 @@ class ChatUI:
     def __init__(self, out: TextIO | None = None, err: Console | None = None, show_stats: bool = True,
                  json_mode: bool = False, show_thinking: bool = False, markdown: bool = False):
         self.out = out or sys.stdout
+        self.shown = for_stream(self.out)  # answer text: exact through a pipe, made harmless on a terminal
         # answers rendered as Markdown as they stream (a terminal only; never in JSON mode)
-        self.markdown = MarkdownStream(Console(file=self.out, highlight=False)) if markdown and not json_mode else None
-        self.err = err or Console(stderr=True, highlight=False, soft_wrap=True)
+        self.markdown = MarkdownStream(console(self.out)) if markdown and not json_mode else None
+        self.err = err or console(stderr=True, soft_wrap=True)
         self.show_stats = show_stats
         self.json_mode = json_mode  # stdout gets validated JSON only, pretty-printed, once complete
         self.show_thinking = show_thinking
-        self._progress_shown = False
+        self._waiting: Status | None = None  # the spinner between Enter and the first token
         self._thinking = 0  # reasoning chunks shown (or counted) in this turn
 
     def listeners(self) -> Listeners:
-        """The reply as it streams: the answer on stdout, reasoning and prefill progress on stderr."""
+        """The reply as it streams: the answer on stdout, reasoning and prefill progress on stderr.
+        On a terminal a spinner runs from now until the first text (it is started after the turn's
+        clock and stopped after the first text was timed, so TTFT is the same with or without it)."""
+        if self.err.is_terminal and self._waiting is None:
+            self._waiting = self.err.status("waiting for the first token…", spinner="dots")
+            self._waiting.start()
         return Listeners(on_text=self.text, on_reasoning=self.reasoning, on_progress=self.progress)
+
+    def _stop_waiting(self) -> None:
+        if self._waiting is not None:
+            self._waiting.stop()
+            self._waiting = None
 
     def compaction(self, done: Compaction) -> None:
         """A compaction's outcome and its own figures (it is never free)."""
@@ -100,19 +117,19 @@ class ChatUI:
 
     def text(self, chunk: str) -> None:
         """Streamed answer text, flushed as it comes (held back in JSON mode)."""
-        self._clear_progress()
+        self._stop_waiting()
         self._end_thinking()
         if self.json_mode:
             return
         if self.markdown is not None:
             self.markdown.feed(chunk)
             return
-        self.out.write(chunk)
+        self.out.write(self.shown(chunk))
         self.out.flush()
 
     def reasoning(self, chunk: str) -> None:
         """Reasoning, on stderr only: streamed dim with --show-thinking, else a counter on a terminal."""
-        self._clear_progress()
+        self._stop_waiting()
         self._thinking += 1
         if self.show_thinking:
             self.err.print(chunk, style="dim", end="", markup=False, highlight=False)
@@ -132,19 +149,13 @@ class ChatUI:
         self._thinking = 0
 
     def progress(self, progress: Progress) -> None:
-        """``prefill 41 %`` on one line of a terminal's stderr while a long prompt is processed."""
-        if self.err.is_terminal and progress.total:
-            self.err.file.write(f"\r\x1b[2Kprefill {100 * progress.processed // progress.total} %")
-            self.err.file.flush()
-            self._progress_shown = True
-
-    def _clear_progress(self) -> None:
-        if self._progress_shown:
-            self.err.file.write("\r\x1b[2K")
-            self._progress_shown = False
+        """What the spinner says while a long prompt is prefilled (a terminal only)."""
+        if self._waiting is not None and progress.total:
+            left = max(0, progress.total - progress.processed)
+            self._waiting.update(f"prefilling {left:,} of {progress.total:,} prompt tokens…")
 
     def end_turn(self, result: TurnResult, max_tokens: int) -> None:
-        self._clear_progress()
+        self._stop_waiting()
         self._end_thinking()
         if self.json_mode:
             self._json_reply(result)
@@ -197,9 +208,12 @@ class ChatUI:
         self.err.print(escape(message), style="dim")
 
     def messages(self, messages: list[Message], title: str) -> None:
+        """Numbered messages; a message's later lines are indented under its first."""
         self.err.print(f"[bold]{escape(title)}[/bold]")
         for i, m in enumerate(messages, 1):
-            self.err.print(f"{i:>3}. [cyan]{m['role']}[/cyan]: {escape(m['content'])}")
+            first, *rest = m["content"].split("\n")
+            content = "\n".join([first, *(" " * INDENT + line if line.strip() else "" for line in rest)])
+            self.err.print(f"{i:>3}. [cyan]{escape(m['role'])}[/cyan]: {escape(content)}")
 
     def ledger(self, summary: dict[str, Any], last: TurnStats | None) -> None:
         def fmt(value: Any, spec: str) -> str:

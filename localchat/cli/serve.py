@@ -60,8 +60,9 @@ def run_serve(*, model: str | None, host: str, port: int, log: Path | None, smok
     except KeyboardInterrupt:
         return outcomes.OK
     finally:
+        stopped_by_us = server.process.poll() is None
         code = server.stop()
-        console.print(f"server stopped (exit code {code})", style="dim")
+        console.print("server stopped" if stopped_by_us else f"server exited (exit code {code})", style="dim")
 
 
 def run_smoke_cmd(*, base_url: str, model: str | None, api_key: str | None, timeout_s: float, as_json: bool,

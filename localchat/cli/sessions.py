@@ -9,6 +9,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from localchat.cli.terminal import for_stream
+from localchat.errors import LocalchatError
 from localchat.store.kv_files import cache_files, human_size, read_metadata
 from localchat.store.saved_sessions import default_store, export_json, export_markdown
 
@@ -34,8 +36,11 @@ def show_list(console: Console) -> None:
 
 def cache_description(name: str) -> str:
     """A saved cache's size and what it holds, read from its header only."""
-    path = cache_files().path_for(name)
-    if not path.is_file():
+    try:
+        path = cache_files().existing(name)
+    except LocalchatError as exc:
+        return f"KV cache: not usable ({exc}); a resume will not use it"
+    if path is None:
         return "KV cache: none (saved without one, or evicted)"
     try:
         metadata = read_metadata(path)
@@ -54,6 +59,10 @@ def show_session(console: Console, name: str) -> None:
     console.print(cache_description(saved.name), style="dim", markup=False)
     if saved.system:
         console.print(f"[cyan]system[/cyan]: {escape(saved.system)}")
+    for i, pin in enumerate(saved.pins, 1):
+        console.print(f"[cyan]pin {i}[/cyan]: {escape(pin)}")
+    if saved.summary:
+        console.print(f"[cyan]notes of earlier turns[/cyan]: {escape(saved.summary)}")
     for i, turn in enumerate(saved.turns, 1):
         console.print(f"{i:>3}. [cyan]user[/cyan]: {escape(turn.user)}")
         if turn.reasoning:
@@ -65,12 +74,15 @@ def show_session(console: Console, name: str) -> None:
 
 def remove_session(console: Console, name: str) -> None:
     default_store().remove(name)
-    size = cache_files().remove(name)
+    try:
+        size = cache_files().remove(name)
+    except LocalchatError as exc:
+        raise LocalchatError(f"removed {name!r}, but not its KV cache: {exc}") from None
     cache = f" and its KV cache ({human_size(size)})" if size is not None else ""
-    console.print(f"removed '{escape(name)}'{cache}")
+    console.print(f"removed {escape(repr(name))}{cache}")
 
 
 def export_session(name: str, fmt: str) -> None:
     saved = default_store().load(name)
     text = export_json(saved) if fmt == "json" else export_markdown(saved)
-    sys.stdout.write(text.rstrip("\n") + "\n")
+    sys.stdout.write(for_stream(sys.stdout)(text.rstrip("\n") + "\n"))  # exact through a pipe

@@ -18,12 +18,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from localchat.backends import Message
+from localchat.conversation.settings import DEFAULT_MAX_INPUT_CHARS
 from localchat.conversation.stats import TurnStats
 from localchat.errors import UsageError
 from localchat.templates.render import TemplateError
 from localchat.templates.traits import TemplateTraits, fold_system
 
-DEFAULT_MAX_INPUT_CHARS = 8000
 NEXT_QUESTION = "…"  # stands for the next question when checking that an answer renders back
 NOTE_PREFIX = {"en": "Note: ", "zh": "笔记："}  # how pinned facts and summaries read (demo/notes.py)
 CJK = re.compile(r"[\u3400-\u9fff]")

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from localchat.conversation.compaction import CompactionPolicy
-from localchat.conversation.turn import TrimPolicy
+from localchat.conversation.settings import TrimPolicy
 from localchat.errors import UsageError
 
 KINDS = ("full", "window", "budget", "compact", "pin")

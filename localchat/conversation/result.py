@@ -10,14 +10,11 @@ import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from localchat.backends import Event, Finished, Message, Progress, ReasoningChunk, TextChunk
 from localchat.conversation.stats import TurnClock, TurnStats
 from localchat.errors import LocalchatError, OutputError, TerminationRequested
-
-if TYPE_CHECKING:
-    from localchat.conversation.compaction import Compaction
 
 
 class TurnStatus(str, Enum):
@@ -58,6 +55,20 @@ class TurnResult:
     def accepted(self) -> bool:
         """A reply good enough for history (committed, or would be with history on)."""
         return self.status in (TurnStatus.COMMITTED, TurnStatus.NOT_KEPT)
+
+
+@dataclass(frozen=True)
+class Compaction:
+    """What a compaction did (``compaction.compact``): the summary call (None when there was
+    nothing to summarize), how many turns it replaced, and why nothing changed when it did not."""
+
+    result: TurnResult | None
+    replaced: int = 0
+    reason: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.reason is None
 
 
 @dataclass(frozen=True)

@@ -15,13 +15,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from localchat.backends import Backend, GenerationParams, Message
-from localchat.conversation.history import DEFAULT_MAX_INPUT_CHARS, NEXT_QUESTION, Conversation, validate_input
+from localchat.conversation.compaction import CompactionPolicy
+from localchat.conversation.history import NEXT_QUESTION, Conversation, validate_input
 from localchat.conversation.jsonmode import AnswerSchema
 from localchat.conversation.records import TurnRecorder
 from localchat.conversation.result import (
+    Compaction,
     Listeners,
     StreamOutcome,
     TurnResult,
@@ -29,22 +31,10 @@ from localchat.conversation.result import (
     consume,
     finished,
 )
+from localchat.conversation.settings import TrimPolicy
 from localchat.conversation.stats import Ledger, TurnClock, stats_to_dict
 from localchat.errors import OutputError, TerminationRequested, UsageError
 from localchat.templates.render import TemplateError
-
-if TYPE_CHECKING:
-    from localchat.conversation.compaction import Compaction, CompactionPolicy
-
-DEFAULT_TRIM_TO = 0.5  # big steps: down to half the budget, so the next turns share the prefix again
-
-
-@dataclass
-class TrimPolicy:
-    max_turns: int | None = None  # the window: at most this many past turns
-    max_context_tokens: int | None = None  # the budget
-    max_input_chars: int = DEFAULT_MAX_INPUT_CHARS
-    trim_to: float = DEFAULT_TRIM_TO  # past the budget, drop turns down to this share of it
 
 
 @dataclass(frozen=True)
@@ -73,6 +63,14 @@ class ChatSession:
     schema: AnswerSchema | None = None
     recorder: TurnRecorder | None = None
     compaction: CompactionPolicy | None = None  # automatic summary compaction (see ``compaction``)
+
+    def prepare(self) -> ChatSession:
+        """Do now what the first turn would otherwise do inside its clock: load the model's template
+        (a server backend's local tokenizer) and learn its context window (a server's /v1/models),
+        so that the first TTFT is the model's, not a one-time set-up's."""
+        _ = self.backend.template
+        self.known_budget()
+        return self
 
     def preview(self, prompt: str) -> list[Message]:
         """The exact request the next turn would send (trimming included); changes nothing."""
@@ -228,14 +226,36 @@ class ChatSession:
         """Keep ``text`` after the system message, where trimming and compaction never reach; a
         pin that cannot fit the budget with the shortest question is refused, nothing changes."""
         validate_input(text, self.trim.max_input_chars)
-        budget = self.token_budget()
         self.conversation.pins.append(text.strip())
-        tokens = self.count(self.conversation.preview(NEXT_QUESTION, drop=len(self.conversation.turns))) \
-            if budget else None
+        self._context_must_fit("this pin", "not pinned", undo=self.conversation.pins.pop)
+
+    def set_system(self, text: str | None) -> None:
+        """A new system message from the next turn (None: none), checked like any input and
+        against the budget; one that cannot fit is refused and the old one stays."""
+        if text is not None:
+            validate_input(text, self.trim.max_input_chars)
+        before = self.conversation.system
+        self.conversation.system = text
+
+        def undo() -> None:
+            self.conversation.system = before
+
+        self._context_must_fit("this system message", "the system message is unchanged", undo=undo)
+
+    def _context_must_fit(self, what: str, unchanged: str, undo: Callable[[], Any]) -> None:
+        """After a change to the context (system message, pins): if it alone, with the shortest
+        question, passes the token budget, ``undo`` it and say so."""
+        try:
+            budget = self.token_budget()
+            tokens = self.count(self.conversation.preview(NEXT_QUESTION, drop=len(self.conversation.turns))) \
+                if budget else None
+        except (UsageError, TemplateError):
+            undo()
+            raise
         if budget and tokens is not None and tokens > budget.tokens:
-            self.conversation.pins.pop()
-            raise UsageError(f"this pin would make the system message and pins alone {tokens} tokens, over "
-                             f"{budget.limit} ({budget.tokens}): not pinned")
+            undo()
+            raise UsageError(f"{what} would make the system message and pins alone {tokens} tokens, over "
+                             f"{budget.limit} ({budget.tokens}): {unchanged}")
 
     def _plan_trim(self, prompt: str) -> TrimPlan:
         budget = self.token_budget()

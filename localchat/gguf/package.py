@@ -9,7 +9,8 @@ import re
 from pathlib import Path
 
 from localchat.errors import LocalchatError, UsageError
-from localchat.registry import PACKAGE_GGUF_PREFIX, ModelEntry
+
+PACKAGE_GGUF_PREFIX = "gguf-package:"  # gguf-package:DISTRIBUTION/PATH/IN/IT.gguf, imported on first use
 
 OLLAMA_MODEL_LAYER = "application/vnd.ollama.image.model"
 OLLAMA_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,79}")  # a host, namespace, model or tag
@@ -32,13 +33,14 @@ def package_file(source: str) -> Path:
     return path
 
 
-def ensure_imported(entry: ModelEntry | None, directory: Path) -> Path:
-    """The imported directory of a packaged GGUF, importing it on first use."""
+def ensure_imported(source: str | None, directory: Path) -> Path:
+    """The imported directory of a packaged GGUF (``source`` as models.yaml gives it), importing it
+    on first use."""
     from localchat.gguf.convert import import_gguf
 
-    if (directory / "config.json").is_file() or entry is None:
+    if (directory / "config.json").is_file() or source is None:
         return directory
-    import_gguf(package_file(entry.source), directory)
+    import_gguf(package_file(source), directory)
     return directory
 
 

@@ -17,6 +17,8 @@ from typing import Any
 from localchat import files
 from localchat.load.metrics import RequestRecord
 from localchat.load.sweep import LoadResult
+from localchat.plots import finish_figure
+from localchat.wording import count
 
 TABLE_HEADERS = ["users", "history", "requests", "errors", "req/s", "out tok/s", "TTFT p50 ms", "TTFT p99 ms",
                  "TPOT p50 ms", "ITL p50 ms", "e2e p99 s", "goodput", "accuracy"]
@@ -26,7 +28,9 @@ def _f(value: Any, spec: str = ".1f", scale: float = 1.0) -> str:
     return "–" if value is None else format(value * scale, spec)
 
 
-def table_rows(result: LoadResult) -> list[list[str]]:
+def load_table(result: LoadResult) -> tuple[list[str], list[list[str]]]:
+    """The table's headers and one row a run; goodput only when an SLO was given (without one
+    every request would count as good)."""
     rows = []
     for s in result.summaries():
         acc = s["accuracy"]
@@ -36,7 +40,10 @@ def table_rows(result: LoadResult) -> list[list[str]]:
                      _f(s["tpot_s"]["p50"], ".1f", 1e3), _f(s["itl_s"]["p50"], ".1f", 1e3),
                      _f(s["e2e_s"]["p99"], ".2f"), _f(s["goodput"]["share"], ".0%"),
                      f"{_f(acc['rate'], '.0%')} ({acc['correct']}/{acc['scored']})"])
-    return rows
+    if result.settings["slo_ttft_s"] or result.settings["slo_tpot_s"]:
+        return TABLE_HEADERS, rows
+    keep = [i for i, header in enumerate(TABLE_HEADERS) if header != "goodput"]
+    return [TABLE_HEADERS[i] for i in keep], [[row[i] for i in keep] for row in rows]
 
 
 def sweep_lines(result: LoadResult) -> list[str]:
@@ -44,15 +51,15 @@ def sweep_lines(result: LoadResult) -> list[str]:
     lines = []
     slo = result.settings["slo_ttft_s"]
     for history, figures in result.sweep().items():
-        gains = ", ".join(f"{users} users ×{_f(g, '.2f')}" for users, g in figures["batching_gain"].items())
-        knee = (f"TTFT p99 first exceeds {slo:g}s at {figures['knee_users']} users" if figures["knee_users"]
+        gains = ", ".join(f"{count(int(users), 'user')} ×{_f(g, '.2f')}" for users, g in figures["batching_gain"].items())
+        knee = (f"TTFT p99 first exceeds {slo:g}s at {count(figures['knee_users'], 'user')}" if figures["knee_users"]
                 else f"TTFT p99 stays within {slo:g}s" if slo else "no --slo-ttft: no knee")
         lines.append(f"history {history}: batching gain (output tokens/s ÷ 1 user) {gains}; {knee}")
     for s in result.summaries():
         if s["history"] == "on":
             hits = " · ".join(f"turn {n} {_f(t['cached_tokens_mean'], '.0f')}/{_f(t['prompt_tokens_mean'], '.0f')}"
                               for n, t in s["by_turn"].items())
-            lines.append(f"{s['users']} users, history on: cached/prompt tokens by turn: {hits}")
+            lines.append(f"{count(s['users'], 'user')}, history on: cached/prompt tokens by turn: {hits}")
     return lines
 
 
@@ -64,8 +71,9 @@ def environment_line(result: LoadResult) -> str:
 
 
 def to_markdown(result: LoadResult) -> str:
-    head = "| " + " | ".join(TABLE_HEADERS) + " |\n|" + "---|" * len(TABLE_HEADERS) + "\n"
-    body = "".join("| " + " | ".join(row) + " |\n" for row in table_rows(result))
+    headers, rows = load_table(result)
+    head = "| " + " | ".join(headers) + " |\n|" + "---|" * len(headers) + "\n"
+    body = "".join("| " + " | ".join(row) + " |\n" for row in rows)
     status = ["", "**Partial: the run was stopped before it finished.**"] if result.partial else []
     return "\n".join(["# localchat load", *status, "", f"Measured on: {environment_line(result)}", "",
                       head + body, *[f"- {line}" for line in sweep_lines(result)], ""])
@@ -94,14 +102,14 @@ def write_plot(result: LoadResult, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (ax_tps, ax_ttft) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for history in ("on", "off"):
+    for history, color in (("on", "C0"), ("off", "C1")):  # one colour a history setting, in both panels
         runs = [s for s in result.summaries() if s["history"] == history]
         if not runs:
             continue
         users = [s["users"] for s in runs]
-        ax_tps.plot(users, [s["output_tps"] or 0 for s in runs], marker="o", label=f"history {history}")
+        ax_tps.plot(users, [s["output_tps"] or 0 for s in runs], color=color, marker="o", label=f"history {history}")
         for q, style in (("p50", "-"), ("p99", "--")):
-            ax_ttft.plot(users, [(s["ttft_s"][q] or 0) * 1e3 for s in runs], style, marker="o",
+            ax_ttft.plot(users, [(s["ttft_s"][q] or 0) * 1e3 for s in runs], style, color=color, marker="o",
                          label=f"history {history} {q}")
     if result.settings["slo_ttft_s"]:
         ax_ttft.axhline(result.settings["slo_ttft_s"] * 1e3, color="grey", linewidth=0.8, label="TTFT SLO")
@@ -112,11 +120,6 @@ def write_plot(result: LoadResult, path: Path) -> None:
         ax.set_xscale("log", base=2)
         ax.set_xticks(counts, [str(n) for n in counts])
         ax.minorticks_off()
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    environment = environment_line(result)
-    cut = environment.find(", mlx ")
-    fig.suptitle(f"localchat load · {environment[:cut]}\n{environment[cut + 2:][:170]}", fontsize=8)
-    fig.tight_layout()
+    finish_figure(fig, (ax_tps, ax_ttft), f"localchat load · {environment_line(result)}")
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -23,7 +23,8 @@ from localchat.backends import GenerationParams
 from localchat.bench.script import BenchScript, PlannedTurn, plan
 from localchat.conversation.compaction import CompactionPolicy
 from localchat.conversation.history import Conversation
-from localchat.conversation.turn import ChatSession, TrimPolicy
+from localchat.conversation.settings import TrimPolicy
+from localchat.conversation.turn import ChatSession
 from localchat.load.metrics import RequestRecord, Slo, request_record
 
 FILLER_TURN = PlannedTurn("Thanks!", None, None)
@@ -129,7 +130,7 @@ class Run:
         """One conversation; False once the run must end."""
         session = ChatSession(backend, Conversation.for_backend(backend, self.plan.script.system), self.plan.params,
                               use_history=self.history, trim=self.plan.trim,
-                              compaction=CompactionPolicy(auto=True) if self.plan.compact else None)
+                              compaction=CompactionPolicy(auto=True) if self.plan.compact else None).prepare()
         for i, turn in enumerate(self.plan.turns_for(user, k), 1):
             if self.stopped.is_set() or self._past_deadline():
                 return False

@@ -14,7 +14,7 @@ from typing import Any
 from localchat.backends import DEFAULT_BASE_URL, DEFAULT_TIMEOUT_S, GenerationParams
 from localchat.bench.run import check_outputs
 from localchat.bench.script import SCRIPTS_DIR, load_script, script_path
-from localchat.conversation.turn import DEFAULT_TRIM_TO, TrimPolicy
+from localchat.conversation.settings import DEFAULT_TRIM_TO, TrimPolicy
 from localchat.environment import collect
 from localchat.errors import LocalchatError, UsageError
 from localchat.load.metrics import Slo, summarize

@@ -18,6 +18,7 @@ from localchat.backends.openai_http import ServerBackend
 from localchat.conversation.history import Conversation
 from localchat.conversation.turn import ChatSession, TurnStatus
 from localchat.demo import RECALL, REMEMBER
+from localchat.wording import count
 
 # The recall check tests the server (does history reach the model?), not how the demo model copies
 # words it never saw: a fixed code it recalls makes the check deterministic. Random held-out codes
@@ -94,7 +95,7 @@ def run_smoke(backend: ServerBackend, judge_recall: bool) -> SmokeReport:
         data = _json_object(r).get("data")
         if not isinstance(data, list):
             return False, f"HTTP 200, but no 'data' list: {_body(r)}"
-        return True, f"HTTP 200, {len(data)} models listed"
+        return True, f"HTTP 200, {count(len(data), 'model')} listed"
 
     def completion():
         r = client.post("chat/completions", json=backend.request_body(
@@ -111,7 +112,7 @@ def run_smoke(backend: ServerBackend, judge_recall: bool) -> SmokeReport:
         return usage == "with usage", f"HTTP 200, {usage}: {text!r}"
 
     def streaming():
-        result = ChatSession(backend, Conversation(), params).ask("Hello")
+        result = ChatSession(backend, Conversation.for_backend(backend, None), params).prepare().ask("Hello")
         if result.status in (TurnStatus.ERROR, TurnStatus.INTERRUPTED):
             return False, result.error or result.status.value
         s = result.stats
@@ -123,7 +124,7 @@ def run_smoke(backend: ServerBackend, judge_recall: bool) -> SmokeReport:
 
     def recall():
         code = SMOKE_CODE
-        chat = ChatSession(backend, Conversation(), params)
+        chat = ChatSession(backend, Conversation.for_backend(backend, None), params).prepare()
         first = chat.ask(REMEMBER["en"][0].format(code=code))
         if not first.committed:
             return False, f"turn 1 was not accepted ({first.error or first.status.value}): {first.text!r}"

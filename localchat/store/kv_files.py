@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import re
+import stat
 import struct
 import time
 from dataclasses import dataclass
@@ -70,17 +71,60 @@ class CacheFiles:
         return self.directory / TEMP_DIR / f"{name}.{os.getpid()}.{time.monotonic_ns()}{SUFFIX}"
 
     def prepare(self) -> None:
+        """The directory and its temporary one, made owner-only; never through a link."""
+        self._check_directories()
         (self.directory / TEMP_DIR).mkdir(parents=True, exist_ok=True)
+        self._check_directories()
         os.chmod(self.directory, 0o700)
 
-    def size_of(self, name: str) -> int | None:
+    def _check_directories(self) -> None:
+        """Each of the directory and its temporary one is a real directory, or not there yet: a
+        link (to anywhere) or a file in their place is refused, never followed."""
+        for path in (self.directory, self.directory / TEMP_DIR):
+            try:
+                mode = os.lstat(path).st_mode
+            except FileNotFoundError:
+                return
+            except OSError as exc:
+                raise LocalchatError(f"cannot use {path}: {exc.strerror}") from None
+            if stat.S_ISLNK(mode):
+                raise LocalchatError(f"{path} is a symbolic link: saved KV caches are never read or written "
+                                     "through one (remove it)")
+            if not stat.S_ISDIR(mode):
+                raise LocalchatError(f"{path} is not a directory (remove it)")
+
+    def existing(self, name: str) -> Path | None:
+        """``name``'s cache file when there is one that may be read: a regular file (a link is
+        never followed, a FIFO or device never opened) no larger than the cap; None when there is
+        none; a LocalchatError saying why otherwise."""
+        self._check_directories()
+        path = self.path_for(name)
         try:
-            return self.path_for(name).stat().st_size
-        except OSError:
+            info = os.lstat(path)
+        except (FileNotFoundError, NotADirectoryError):
             return None
+        except OSError as exc:
+            raise LocalchatError(f"cannot use {path}: {exc.strerror}") from None
+        if stat.S_ISLNK(info.st_mode):
+            raise LocalchatError(f"{path} is a symbolic link (never followed)")
+        if not stat.S_ISREG(info.st_mode):
+            raise LocalchatError(f"{path} is not a regular file")
+        if info.st_size > self.max_bytes:
+            raise LocalchatError(f"at {human_size(info.st_size)} it is over the cap of {human_size(self.max_bytes)} "
+                                 "(--cache-max-bytes)")
+        return path
+
+    def size_of(self, name: str) -> int | None:
+        """The size of ``name``'s cache file (a regular file only; links are not followed)."""
+        try:
+            info = os.lstat(self.path_for(name))
+        except (OSError, UsageError):
+            return None
+        return info.st_size if stat.S_ISREG(info.st_mode) else None
 
     def remove(self, name: str) -> int | None:
         """Remove ``name``'s cache; its size, or None when it had none."""
+        self._check_directories()
         size = self.size_of(name)
         try:
             self.path_for(name).unlink()
@@ -101,10 +145,10 @@ class CacheFiles:
         entries = []
         for path in self.directory.glob(f"*{SUFFIX}"):
             try:
-                stat = path.stat()
+                info = path.lstat()
             except OSError:
                 continue
-            entries.append((path.name != f"{keep}{SUFFIX}", stat.st_mtime, stat.st_size, path))
+            entries.append((path.name != f"{keep}{SUFFIX}", info.st_mtime, info.st_size, path))
         total = sum(size for _, _, size, _ in entries)
         removed = []
         for _, _, size, path in sorted(entries, key=lambda e: (not e[0], e[1])):
@@ -120,7 +164,11 @@ def read_metadata(path: Path) -> dict[str, str]:
     """The metadata given to mlx_lm's ``save_prompt_cache``, read without loading any tensor
     (mlx_lm stores ``[metadata, classes, scalars]`` flattened: its keys start with ``0.``);
     ValueError when the file is not such a file (truncated, damaged, something else)."""
-    with open(path, "rb") as f:
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ValueError("it is not a regular file")
+    with os.fdopen(fd, "rb") as f:
         head = f.read(8)
         if len(head) < 8:
             raise ValueError("the file is shorter than a safetensors header")

@@ -82,6 +82,15 @@ class StoreError(LocalchatError):
     pass
 
 
+class SessionNotFound(StoreError):
+    """No saved session by that name (exit 1: the name was well formed, there is just none)."""
+
+
+def shown_name(name: str, width: int = 40) -> str:
+    """A name as typed, quoted and escaped (``repr``), cut to ``width``: one short line whatever it holds."""
+    return repr(name) if len(name) <= width else repr(name[:width]) + f"… ({len(name)} characters)"
+
+
 def _now() -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S")
 
@@ -94,7 +103,7 @@ class SessionStore:
     def _connect(self, write: bool = False) -> Iterator[sqlite3.Connection]:
         """A connection inside one transaction; sqlite errors become one-line StoreErrors."""
         if not write and not self.path.exists():
-            raise UsageError(f"no saved sessions yet ({self.path} does not exist)")
+            raise SessionNotFound(f"no saved sessions yet ({self.path} does not exist)")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
@@ -156,11 +165,12 @@ class SessionStore:
             return row is not None
 
     def load(self, name: str) -> SavedSession:
+        validate_name(name)
         with self._connect() as conn:
             row = conn.execute("SELECT id, name, uid, model, backend, system, params, created, updated, pins, "
                                "summary FROM sessions WHERE name = ?", (name,)).fetchone()
             if row is None:
-                raise UsageError(f"no saved session named '{name}' (see: localchat sessions list)")
+                raise SessionNotFound(f"no saved session named {shown_name(name)} (see: localchat sessions list)")
             turns = conn.execute("SELECT user, assistant, stats, reasoning FROM turns WHERE session_id = ? "
                                  "ORDER BY position", (row[0],)).fetchall()
         return _session_from_rows(row, turns)
@@ -176,9 +186,12 @@ class SessionStore:
                 for row in rows]
 
     def remove(self, name: str) -> None:
+        validate_name(name)
+        if not self.path.exists():
+            raise SessionNotFound(f"no saved sessions yet ({self.path} does not exist)")
         with self._connect(write=True) as conn:
             if conn.execute("DELETE FROM sessions WHERE name = ?", (name,)).rowcount == 0:
-                raise UsageError(f"no saved session named '{name}' (see: localchat sessions list)")
+                raise SessionNotFound(f"no saved session named {shown_name(name)} (see: localchat sessions list)")
 
 
 def _session_from_rows(row: tuple, turns: list[tuple]) -> SavedSession:
@@ -276,8 +289,9 @@ def default_store() -> SessionStore:
 
 def validate_name(name: str) -> str:
     """Names are typed on command lines: letters, digits, '.', '_' and '-', at most 64."""
-    if not name or len(name) > 64 or not all(c.isalnum() or c in "._-" for c in name):
-        raise UsageError(f"invalid session name {name!r}: use letters, digits, '.', '_' or '-' (at most 64)")
+    if not name or len(name) > 64 or not all(c.isalnum() or c in "._-" for c in name) \
+            or name in (".", ".."):
+        raise UsageError(f"invalid session name {shown_name(name)}: use letters, digits, '.', '_' or '-' (at most 64)")
     return name
 
 

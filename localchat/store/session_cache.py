@@ -59,6 +59,8 @@ def write_cache(session: ChatSession, uid: str, name: str, caches: SessionCaches
         caches.files.prepare()
         size = saved_cache.save(backend, uid, caches.files.temp_for(name), caches.files.path_for(name))
         evicted = tuple(caches.files.evict(keep=name))
+    except LocalchatError as exc:  # the directory cannot be used (a link, a file in its place)
+        return CacheWrite(problem=str(exc))
     except (OSError, RuntimeError, ValueError) as exc:
         with contextlib.suppress(LocalchatError):
             caches.files.remove(name)  # an older file would no longer describe this save
@@ -80,8 +82,11 @@ def restore_cache(session: ChatSession, uid: str, name: str, files: CacheFiles) 
     backend = session.backend
     if not holds_cache(backend):
         return None
-    path = files.path_for(name)
-    if not path.is_file():
+    try:
+        path = files.existing(name)
+    except LocalchatError as exc:
+        return f"saved KV cache not used: {exc}; the first turn prefills the whole prompt"
+    if path is None:
         return "no saved KV cache (saved without one, or evicted): the first turn prefills the whole prompt"
     if not backend.cache_reuse:
         return "saved KV cache not used: --no-cache-reuse prefills every turn's whole prompt"

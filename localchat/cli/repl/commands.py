@@ -10,14 +10,15 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from localchat.backends.settings import SETTINGS, parse_setting
-from localchat.cli.render import count
+from localchat.cli.render import saved_line
 from localchat.conversation.attachment import read_attachment
-from localchat.conversation.compaction import DEFAULT_KEEP, compact
+from localchat.conversation.compaction import compact
+from localchat.conversation.settings import DEFAULT_KEEP
 from localchat.errors import LocalchatError, UsageError
-from localchat.store.saved_sessions import Saved
+from localchat.wording import count
 
 if TYPE_CHECKING:
-    from localchat.cli.repl.loop import Repl
+    from localchat.cli.repl.loop import ReplLoop as Repl
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,10 @@ def _reset(repl: Repl, _: str) -> bool:
 
 
 def _retry(repl: Repl, _: str) -> bool:
-    repl.turn(lambda: repl.session.retry(repl.ui.listeners(), repl.ui.compaction))
+    result = repl.turn(lambda: repl.session.retry(repl.ui.listeners(), repl.ui.compaction))
+    if result is not None:
+        repl.ui.info("kept the new answer (the old one is gone; /undo takes it back)" if result.committed else
+                     "kept the old answer: the new one was not kept (see above)")
     return True
 
 
@@ -114,7 +118,7 @@ def _set(repl: Repl, arg: str) -> bool:
         return True
     if name == "system":
         system = value.strip()
-        session.conversation.system = None if system in ("", '""', "''") else system
+        session.set_system(None if system in ("", '""', "''") else system)
         repl.ui.info("system message cleared" if session.conversation.system is None else
                      "system message set; it applies from the next turn")
         return True
@@ -190,12 +194,6 @@ def _save(repl: Repl, arg: str) -> bool:
     saved = repl.saver.save(repl.session, arg or None)
     repl.ui.info(saved_line(saved, len(repl.session.conversation.turns)))
     return True
-
-
-def saved_line(saved: Saved, turns: int) -> str:
-    cache = f" {saved.cache.describe()}" if saved.cache else ""
-    return (f"{'updated' if saved.replaced else 'saved'} '{saved.name}' ({count(turns, 'turn')}){cache}; "
-            f"continue later with: localchat chat --resume {saved.name}")
 
 
 def _help(repl: Repl, _: str) -> bool:

@@ -8,27 +8,108 @@ a secret (the API key) is never written to it.
 
 from __future__ import annotations
 
+import datetime
+import errno
 import os
+import stat
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 HISTORY_FILE = "input_history"
 
 
-def private_history(path: Path, secrets: Iterable[str]):
-    """prompt_toolkit's FileHistory in a 0600 file, skipping lines that hold a secret."""
+@dataclass
+class KeysDropped:
+    """How many keys were typed while a reply streamed, and dropped (known once it has ended)."""
+
+    count: int = 0
+
+
+@contextmanager
+def typed_ahead(stdin: TextIO) -> Iterator[KeysDropped]:
+    """While a reply streams, keys typed on the terminal are neither echoed above the answer nor
+    run at the next prompt: echo is off (Ctrl+C still interrupts) and what was typed is dropped at
+    the end, counted so the REPL can say so."""
+    import termios
+
+    dropped = KeysDropped()
+    fd = stdin.fileno()
+    try:
+        saved = termios.tcgetattr(fd)
+    except (termios.error, OSError, ValueError):  # not a terminal after all
+        yield dropped
+        return
+    quiet = list(saved)
+    quiet[3] &= ~termios.ECHO
+    termios.tcsetattr(fd, termios.TCSANOW, quiet)
+    try:
+        yield dropped
+    finally:
+        dropped.count = _pending_bytes(fd)
+        termios.tcflush(fd, termios.TCIFLUSH)
+        termios.tcsetattr(fd, termios.TCSANOW, saved)
+
+
+def _pending_bytes(fd: int) -> int:
+    import fcntl
+    import struct
+    import termios
+
+    try:
+        return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
+    except OSError:
+        return 0
+
+
+def private_history(path: Path, secrets: Iterable[str], on_notice: Callable[[str], None] = lambda _: None):
+    """prompt_toolkit's FileHistory in a private (0600) regular file, never through a link, skipping
+    lines that hold a secret; an OSError (its reason in words) when the file cannot be that."""
     from prompt_toolkit.history import FileHistory
+
+    hidden = [s for s in secrets if s]
 
     class PrivateHistory(FileHistory):
         def store_string(self, string: str) -> None:
-            if not any(secret in string for secret in hidden):
-                super().store_string(string)
+            if any(secret in string for secret in hidden):
+                return
+            entry = f"\n# {datetime.datetime.now()}\n" + "".join(f"+{line}\n" for line in string.split("\n"))
+            try:
+                with os.fdopen(_open_private(Path(self.filename)), "ab") as f:  # prompt_toolkit's own format
+                    f.write(entry.encode("utf-8"))
+            except OSError:  # replaced or full since the start: the line stays in memory only
+                pass
 
-    hidden = [s for s in secrets if s]
     path.parent.mkdir(parents=True, exist_ok=True)
-    os.close(os.open(path, os.O_CREAT | os.O_APPEND | os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0), 0o600))
-    os.chmod(path, 0o600)
+    fd = _open_private(path)
+    try:
+        mode = stat.S_IMODE(os.fstat(fd).st_mode)
+        if mode != 0o600:
+            os.fchmod(fd, 0o600)
+            on_notice(f"input history {path} was mode {mode:04o}: made private (0600)")
+    finally:
+        os.close(fd)
     return PrivateHistory(str(path))
+
+
+def _open_private(path: Path) -> int:
+    """The history file opened for appending: created 0600, a regular file only (a link, a
+    directory or a FIFO is an OSError saying so, and nothing waits)."""
+    flags = os.O_CREAT | os.O_APPEND | os.O_WRONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(path, flags, 0o600)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise OSError(exc.errno, "it is a symbolic link (not followed)") from None
+        if exc.errno == errno.ENXIO:
+            raise OSError(exc.errno, "it is a FIFO, not a file") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "it is not a regular file")
+    return fd
 
 
 def command_completer(names: Iterable[str]):
@@ -60,7 +141,7 @@ def terminal_reader(history_path: Path | None, commands: Iterable[str], secrets:
     history = InMemoryHistory()
     if history_path is not None:
         try:
-            history = private_history(history_path, secrets)
+            history = private_history(history_path, secrets, on_notice)
         except OSError as exc:
             on_notice(f"input history not kept ({history_path}: {exc.strerror}); this session's is in memory")
     session = PromptSession(history=history, completer=command_completer(commands), complete_while_typing=False)

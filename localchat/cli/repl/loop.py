@@ -1,17 +1,27 @@
-"""The interactive loop: read an input, run a ``/`` command or one turn, show the result."""
+"""The interactive loop: read an input, run a ``/`` command or one turn, show the result.
+
+Ctrl+C at the prompt clears the line (on a terminal) and says how to leave; Ctrl+D or ``/quit``
+leaves. Leaving with turns that were never saved says so first (on a terminal, a second ``/quit``
+leaves anyway); a resumed session is saved again instead.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
 
-from localchat.cli.render import ChatUI
+from localchat.cli.render import ChatUI, saved_line
+from localchat.cli.repl.line_editor import KeysDropped
 from localchat.conversation.attachment import Attachment
 from localchat.conversation.result import TurnResult
 from localchat.conversation.turn import ChatSession
 from localchat.errors import TerminationRequested, UsageError
 from localchat.store.saved_sessions import SessionSaver
+from localchat.wording import count
 
 MULTILINE = '"""'
+HOW_TO_LEAVE = "Ctrl+C clears the line; /quit or Ctrl+D leaves"
 
 
 def read_input(read_line: Callable[[str], str]) -> str:
@@ -25,37 +35,72 @@ def read_input(read_line: Callable[[str], str]) -> str:
     return "\n".join(lines)
 
 
-class Repl:
+class ReplLoop:
     """The session's REPL: what was last answered and what waits for the next message live here;
-    the commands (``repl.commands``) act through the session and its history builder."""
+    the commands it is given (``commands``: name → ``Command``) act through the session and its
+    history builder.
+
+    ``interactive``: a person at a terminal (Ctrl+C clears the line, leaving unsaved asks twice);
+    ``autosave``: leaving saves the conversation again (a resumed one); ``while_replying``: what
+    the terminal does with keys typed while a reply streams (see ``line_editor.typed_ahead``)."""
 
     def __init__(self, session: ChatSession, ui: ChatUI, read_line: Callable[[str], str] = input,
-                 saver: SessionSaver | None = None):
-        from localchat.cli.repl.commands import COMMANDS
-
+                 saver: SessionSaver | None = None, *, commands: dict[str, Any], interactive: bool = False,
+                 autosave: bool = False,
+                 while_replying: Callable[[], AbstractContextManager[KeysDropped]] = lambda: nullcontext(KeysDropped())):
         self.session = session
         self.ui = ui
         self.read_line = read_line
         self.saver = saver
-        self.commands = COMMANDS
+        self.commands = commands
+        self.interactive = interactive
+        self.autosave = autosave
+        self.while_replying = while_replying
         self.last_answer: str | None = None  # for /copy: the last reply shown, kept or not
         self.attachment: Attachment | None = None  # /load FILE: goes into the next message
+        self._warned_unsaved = False
 
     def run(self) -> None:
-        self.ui.info("Type a message, /help for commands, /quit to leave.")
+        self.ui.info(f"Type a message, /help for commands ({HOW_TO_LEAVE}).")
         while True:
             try:
                 text = read_input(self.read_line)
             except TerminationRequested:
                 raise
-            except (EOFError, KeyboardInterrupt):
-                self.ui.info("bye")
-                return
-            if not self.handle(text):
+            except KeyboardInterrupt:
+                if not self.interactive:
+                    raise  # a script's Ctrl+C ends the command (130)
+                self.ui.info(f"({HOW_TO_LEAVE})")
+                continue
+            except EOFError:
+                if self.may_leave():
+                    return
+                continue
+            if not self.handle(text) and self.may_leave():
                 return
 
+    def may_leave(self) -> bool:
+        """Whether the REPL may end now. Turns never saved are said first: on a terminal the
+        next ``/quit`` or Ctrl+D leaves; elsewhere it leaves at once, with the notice."""
+        conversation = self.session.conversation
+        lose = bool(conversation.turns or conversation.pins or conversation.summary)
+        if self.saver is None or not lose or not self.saver.unsaved(self.session):
+            self.ui.info("bye")
+            return True
+        turns = len(conversation.turns)
+        if self.autosave:
+            self.ui.info(saved_line(self.saver.save(self.session), turns))
+            return True
+        if self.interactive and not self._warned_unsaved:
+            self._warned_unsaved = True
+            self.ui.notice(f"{count(turns, 'turn')} not saved: /save NAME keeps them (localchat chat --resume NAME "
+                           "continues); /quit or Ctrl+D again leaves without saving")
+            return False
+        self.ui.notice(f"left without saving {count(turns, 'turn')} (/save NAME before /quit keeps them)")
+        return True
+
     def handle(self, text: str) -> bool:
-        """Act on one input; False means leave the loop."""
+        """Act on one input; False means the user asked to leave."""
         if not text.strip():
             return True
         if text.startswith("/"):
@@ -70,15 +115,19 @@ class Repl:
             self.attachment = None  # the message that was sent took it
         return True
 
-    def turn(self, ask: Callable[[], TurnResult]) -> bool:
-        """One model turn (a question, or ``/retry``), shown as it streams, then its outcome;
-        False when it was refused before anything was sent."""
+    def turn(self, ask: Callable[[], TurnResult]) -> TurnResult | None:
+        """One model turn (a question, or ``/retry``), shown as it streams, then its outcome; None
+        when it was refused before anything was sent."""
         try:
-            result = ask()
+            with self.while_replying() as dropped:
+                result = ask()
         except UsageError as exc:
             self.ui.error(str(exc))
-            return False
+            return None
         self.ui.end_turn(result, self.session.params.max_tokens)
+        if dropped.count:
+            self.ui.notice(f"dropped what was typed while the reply streamed ({count(dropped.count, 'byte')}): "
+                           "type it at the prompt")
         if result.text.strip():
             self.last_answer = result.text
-        return True
+        return result

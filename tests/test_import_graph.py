@@ -1,0 +1,102 @@
+"""The house in order: no import circle inside localchat (every concept imports only downward), and
+the top-level command loads nothing but its option declarations (each subcommand loads its own)."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "localchat"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported(path: Path, name: str, modules: set[str]) -> set[str]:
+    """Every localchat module ``path`` imports, anywhere in it (functions and ``TYPE_CHECKING``
+    blocks included: a circle of type hints is a circle of concepts), except its own ancestor
+    packages, which Python loads before any of their modules anyway."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([node.module] if node.module else [])])
+            found.add(base)
+            found |= {f"{base}.{alias.name}" for alias in node.names}
+    return {m for m in found if m in modules and m != name and not name.startswith(m + ".")}
+
+
+def import_graph() -> dict[str, set[str]]:
+    paths = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    return {name: imported(path, name, set(paths)) for name, path in paths.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The circles of ``graph``: its strongly connected components of more than one module
+    (Tarjan's algorithm, iteratively)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        while work:
+            node, edges = work[-1]
+            for target in edges:
+                if target not in index:
+                    index[target] = low[target] = len(index)
+                    stack.append(target)
+                    work.append((target, iter(sorted(graph[target]))))
+                    break
+                if target in stack:
+                    low[node] = min(low[node], index[target])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        found.append(sorted(component))
+    return found
+
+
+def test_the_cycle_finder_finds_a_circle_of_three_and_not_a_line():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+
+
+def test_no_module_of_localchat_is_part_of_an_import_circle():
+    graph = import_graph()
+    assert len(graph) > 50 and "localchat.conversation.turn" in graph["localchat.cli.chat"]
+    assert cycles(graph) == []
+
+
+def test_the_top_level_command_loads_only_its_declarations():
+    probe = ("import sys, localchat.cli.app; print(' '.join(m for m in sys.modules if m.split('.')[0] in "
+             "('localchat', 'rich', 'httpx', 'mlx', 'mlx_lm', 'prompt_toolkit', 'yaml', 'jinja2')))")
+    loaded = set(subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+                 .stdout.split())
+    assert "localchat.cli.chat_command" in loaded  # the declarations are there
+    heavy = {m for m in loaded if m.split(".")[0] in ("rich", "httpx", "mlx", "mlx_lm", "prompt_toolkit", "yaml",
+                                                      "jinja2")}
+    assert heavy == set()
+    assert not {"localchat.conversation.turn", "localchat.cli.chat", "localchat.registry"} & loaded
