@@ -27,7 +27,7 @@ from pathlib import Path
 from demo.random_model import build_random_model
 from localchat.backends import GenerationParams
 from localchat.backends.inproc import InProcessBackend
-from localchat.conversation.history import Conversation
+from localchat.conversation.history import Conversation, Turn
 from localchat.conversation.turn import ChatSession
 from localchat.environment import collect
 
@@ -153,7 +153,7 @@ def growth(model, tokenizer, prompts: list[str], max_tokens: int, reuse: bool) -
         turns_seen.append((stats.ttft_s, stats.prompt_tokens - stats.cached_tokens))
         _progress("reuse" if reuse else "no reuse", turn, *turns_seen[-1])
         if not result.committed:  # a random model's reply is cut by max_tokens: keep it anyway
-            session.conversation.commit(prompt, result.text)
+            session.conversation.commit(Turn(prompt, result.text))
     return turns_seen
 
 

@@ -30,7 +30,7 @@ from bench_overhead import FILLER, real_model_dir
 from localchat.backends import GenerationParams
 from localchat.backends.inproc import InProcessBackend
 from localchat.backends.saved_cache import model_fingerprint
-from localchat.conversation.history import Conversation
+from localchat.conversation.history import Conversation, Turn
 from localchat.conversation.turn import ChatSession
 from localchat.environment import collect
 from localchat.store.kv_files import CacheFiles, human_size
@@ -51,7 +51,7 @@ def grown_session(backend: InProcessBackend, tokens: int) -> ChatSession:
         prompt = f"Note {turn}: " + " ".join(words[turn:turn + TURN_WORDS])
         result = session.ask(prompt)
         if not result.committed:  # cut by max_tokens: keep it anyway, the length is what matters
-            session.conversation.commit(prompt, result.text)
+            session.conversation.commit(Turn(prompt, result.text))
     return session
 
 

@@ -23,7 +23,8 @@ PROBES = ([{"role": "user", "content": "alpha"}],
 MODES = ({}, {"enable_thinking": True}, {"enable_thinking": False}, {"reasoning_effort": "low"})
 CHATML = ("<|im_start|>", "<|im_end|>")
 HARMONY = ("<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|return|>", "<|call|>", "<|constrain|>")
-MISTRAL = ("<s>", "</s>", "[INST]", "[/INST]")
+MISTRAL = ("<s>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]",
+           "[TOOL_RESULTS]", "[/TOOL_RESULTS]")
 GEMMA = ("<bos>", "<start_of_turn>", "<end_of_turn>")
 
 
@@ -37,6 +38,7 @@ class Family:
     thinks: bool = False  # <think>/</think> join the vocabulary (mlx_lm then sees a thinking model)
     base: str = "smollm2"  # the tokenizer: "smollm2", or a bundled model's ("demo", "demo-think")
     style: str = ""  # how replies mark reasoning: "think", "harmony", or "" (none); think families: "think"
+    calls: str = ""  # how it calls a tool: "tool_call" (Qwen JSON), "mistral", "glm", "json" (Llama), "harmony"
 
     @property
     def reasoning(self) -> str:
@@ -47,24 +49,24 @@ FAMILIES = [
     Family("smollm2", None),
     Family("demo", None, base="demo"),
     Family("demo-think", None, base="demo-think", style="think"),
-    Family("qwen3", "Qwen-Qwen3-0.6B.jinja", thinks=True),
-    Family("qwen2.5", "Qwen-Qwen2.5-7B-Instruct.jinja"),
+    Family("qwen3", "Qwen-Qwen3-0.6B.jinja", thinks=True, calls="tool_call"),
+    Family("qwen2.5", "Qwen-Qwen2.5-7B-Instruct.jinja", calls="tool_call"),
     Family("llama3", "meta-llama-Llama-3.2-3B-Instruct.jinja", eos="<|eot_id|>", bos="<|begin_of_text|>",
-           specials=("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")),
+           specials=("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"), calls="json"),
     Family("gemma2", "google-gemma-2-2b-it.jinja", GEMMA, "<end_of_turn>", "<bos>"),
     Family("gemma3", "google-gemma-3-4b-it.jinja", GEMMA, "<end_of_turn>", "<bos>"),
     Family("mistral-v0.2", "mistralai-Mistral-7B-Instruct-v0.2.jinja", MISTRAL, "</s>", "<s>"),
-    Family("mistral-v0.3", "mistralai-Mistral-7B-Instruct-v0.3.jinja", MISTRAL, "</s>", "<s>"),
-    Family("mistral-nemo", "mistralai-Mistral-Nemo-Instruct-2407.jinja", MISTRAL, "</s>", "<s>"),
+    Family("mistral-v0.3", "mistralai-Mistral-7B-Instruct-v0.3.jinja", MISTRAL, "</s>", "<s>", calls="mistral"),
+    Family("mistral-nemo", "mistralai-Mistral-Nemo-Instruct-2407.jinja", MISTRAL, "</s>", "<s>", calls="mistral"),
     Family("phi3.5", "microsoft-Phi-3.5-mini-instruct.jinja", ("<|system|>", "<|user|>", "<|assistant|>", "<|end|>"),
            "<|end|>"),
     Family("deepseek-r1", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", thinks=True,
            specials=("<｜begin▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>", "<｜end▁of▁sentence｜>"),
            eos="<｜end▁of▁sentence｜>", bos="<｜begin▁of▁sentence｜>"),
-    Family("gpt-oss", "openai-gpt-oss-120b.jinja", HARMONY, "<|return|>", style="harmony"),
+    Family("gpt-oss", "openai-gpt-oss-120b.jinja", HARMONY, "<|return|>", style="harmony", calls="harmony"),
     Family("smollm3", "HuggingFaceTB-SmolLM3-3B.jinja", thinks=True),
     Family("glm", "GLM-4.6.jinja", ("[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>"),
-           "<|user|>", thinks=True),
+           "<|user|>", thinks=True, calls="glm"),
 ]
 BY_NAME = {f.name: f for f in FAMILIES}
 
@@ -92,8 +94,9 @@ def family_tokenizer(family: Family, smollm2: Path, out: Path):
     return hf
 
 
-def build_family_model(family: Family, smollm2: Path, out: Path) -> Path:
-    """A loadable model directory (custom ``model_file``, so ``trust_remote_code`` is needed)."""
+def build_family_model(family: Family, smollm2: Path, out: Path, tools: bool = False) -> Path:
+    """A loadable model directory (custom ``model_file``, so ``trust_remote_code`` is needed);
+    with ``tools``, one that calls ``add(a=2, b=3)`` after a question and answers after its result."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
     from mlx_lm.models import llama
@@ -109,7 +112,7 @@ def build_family_model(family: Family, smollm2: Path, out: Path) -> Path:
               "eos_token_id": [eos], "model_file": "scripted_model.py"}
     (out / "config.json").write_text(json.dumps(config))  # the tokenizer wrapper reads the end token here
     tokenizer = load_tokenizer(out, eos_token_ids=[eos])
-    config["script"] = script(tokenizer, hf, family, eos)
+    config["script"] = tool_script(tokenizer, hf, family, eos) if tools else script(tokenizer, hf, family, eos)
     mx.random.seed(len(family.name))
     model = llama.Model(llama.ModelArgs.from_dict(config))
     weights = {f"inner.{k}": v for k, v in tree_flatten(model.parameters())}
@@ -134,16 +137,60 @@ def script(tokenizer, hf, family: Family, eos: int) -> dict:
     return {"variants": variants, "tail": tails, "free": free_tokens(hf)}
 
 
+ADD = {"type": "function", "function": {"name": "add", "description": "Add two whole numbers.", "parameters": {
+    "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}
+ADD_ARGUMENTS = {"a": 2, "b": 3}
+
+
+def after_a_result(result: str, call_id: str) -> list[dict]:
+    """A conversation whose last message is the result of a call to add."""
+    call = {"id": call_id, "type": "function", "function": {"name": "add", "arguments": ADD_ARGUMENTS}}
+    return [{"role": "user", "content": "What is 2 plus 3?"}, {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": call_id, "name": "add", "content": result}]
+
+
+def call_text(family: Family, tail: str) -> str:
+    """The family's own way of calling add(a=2, b=3), after what its reasoning writes first."""
+    arguments = json.dumps(ADD_ARGUMENTS)
+    if family.calls == "harmony":
+        return ("<|channel|>analysis<|message|>plan<|end|><|start|>assistant<|channel|>commentary to=functions.add "
+                f"<|constrain|>json<|message|>{arguments}<|call|>")
+    head = reply_head(family, tail).removesuffix("ok")
+    return head + {"tool_call": f'<tool_call>\n{{"name": "add", "arguments": {arguments}}}\n</tool_call>',
+                   "mistral": f'[TOOL_CALLS] [{{"name": "add", "arguments": {arguments}}}]',
+                   "glm": "<tool_call>add<arg_key>a</arg_key><arg_value>2</arg_value><arg_key>b</arg_key>"
+                          "<arg_value>3</arg_value></tool_call>",
+                   "json": f'{{"name": "add", "parameters": {arguments}}}'}[family.calls]
+
+
+def tool_script(tokenizer, hf, family: Family, eos: int) -> dict:
+    """Two replies: a call of add after a question, an answer (``ok`` and free tokens) after its result."""
+    def ids(text: str) -> list[int]:
+        return hf.encode(text, add_special_tokens=False)
+
+    asked = generation_tail(tokenizer, {"tools": [ADD]})
+    a, b = (tokenizer.apply_chat_template(after_a_result(r, i), add_generation_prompt=True, tools=[ADD])
+            for r, i in (("17", "abc123def"), ("42", "zyx987wvu")))  # what every call's result ends with
+    answered = _common_tail(a, b)
+    variants = [asked + ids(call_text(family, tokenizer.decode(asked))) + [eos],
+                answered + ids(reply_head(family, tokenizer.decode(answered))) + [-1] * FREE_TOKENS + [eos]]
+    return {"variants": variants, "tail": [len(asked), len(answered)], "free": free_tokens(hf)}
+
+
+def _common_tail(a: list[int], b: list[int]) -> list[int]:
+    n = 0
+    while n < min(len(a), len(b)) and a[-1 - n] == b[-1 - n]:
+        n += 1
+    return list(a[len(a) - n:])
+
+
 def generation_tail(tokenizer, mode: dict) -> list[int] | None:
     """The ids every prompt of this mode ends with (after the last user message)."""
     try:
         a, b = (tokenizer.apply_chat_template(p, add_generation_prompt=True, **mode) for p in PROBES)
     except Exception:  # a mode the template does not take
         return None
-    n = 0
-    while n < min(len(a), len(b)) and a[-1 - n] == b[-1 - n]:
-        n += 1
-    return list(a[len(a) - n:])
+    return _common_tail(a, b)
 
 
 def reply_head(family: Family, tail: str) -> str:

@@ -297,6 +297,26 @@ def test_the_probe_finds_what_each_template_needs(family, family_dirs):
     assert found == TRAITS[family]
 
 
+TOOLS = {"qwen3": "markers", "qwen2.5": "markers", "llama3": "json", "mistral-v0.3": "markers",  # how calls are read
+         "mistral-nemo": "markers", "gpt-oss": "harmony", "glm": "markers"}  # every other family: no tool support
+
+
+@pytest.mark.parametrize("family", [f.name for f in FAMILIES])
+def test_the_probe_finds_whether_and_how_each_template_calls_tools(family, family_dirs):
+    from mlx_lm.utils import load_tokenizer
+
+    from localchat.errors import UsageError
+    from localchat.templates.render import ChatTemplate, check_tool_support
+
+    template = ChatTemplate(load_tokenizer(family_dirs[family]), family)
+    traits = template.traits
+    assert (traits.tool_format.name if traits.tool_format else None) == TOOLS.get(family)
+    assert traits.takes_tools == (family in TOOLS)
+    if family not in TOOLS:
+        with pytest.raises(UsageError, match=f"{family}'s chat template has no tool support"):
+            check_tool_support(template, family)
+
+
 def test_notices_say_what_the_switches_do(family_dirs):
     from mlx_lm.utils import load_tokenizer
 

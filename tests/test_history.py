@@ -2,7 +2,7 @@
 
 import pytest
 
-from localchat.conversation.history import Conversation, build_messages, validate_input
+from localchat.conversation.history import Conversation, Turn, build_messages, validate_input
 from localchat.errors import UsageError
 
 
@@ -16,7 +16,7 @@ def test_history_sits_between_system_and_question():
 def test_system_message_appears_once_and_empty_system_means_none():
     conv = Conversation("SYS")
     for i in range(3):
-        conv.commit(f"q{i}", f"a{i}")
+        conv.commit(Turn(f"q{i}", f"a{i}"))
     assert [m["role"] for m in conv.preview("next")].count("system") == 1
     assert build_messages("q", None)[0] == {"role": "user", "content": "q"}
     assert build_messages("q", "")[0]["role"] == "user"
@@ -24,7 +24,7 @@ def test_system_message_appears_once_and_empty_system_means_none():
 
 def test_backend_receives_a_copy():
     conv = Conversation("SYS")
-    conv.commit("q1", "a1")
+    conv.commit(Turn("q1", "a1"))
     sent = conv.preview("q2")
     sent[1]["content"] = "tampered"
     sent.append({"role": "user", "content": "extra"})
@@ -34,8 +34,8 @@ def test_backend_receives_a_copy():
 
 def test_preview_never_mutates_and_reset_keeps_system():
     conv = Conversation("SYS")
-    conv.commit("q1", "a1")
-    conv.commit("q2", "a2")
+    conv.commit(Turn("q1", "a1"))
+    conv.commit(Turn("q2", "a2"))
     assert len(conv.messages()) == 5
     assert len(conv.preview("q3")) == 6
     assert len(conv.messages()) == 5
@@ -47,19 +47,19 @@ def test_preview_never_mutates_and_reset_keeps_system():
 def test_trim_by_turns_drops_oldest_whole_turns_only_at_commit():
     conv = Conversation("SYS")
     for i in range(5):
-        conv.commit(f"q{i}", f"a{i}")
+        conv.commit(Turn(f"q{i}", f"a{i}"))
     drop = conv.plan_trim("new", max_turns=2)
     assert drop == 3
     assert [m["content"] for m in conv.preview("new", drop=drop)] == ["SYS", "q3", "a3", "q4", "a4", "new"]
     assert len(conv.turns) == 5  # a failed turn would leave everything in place
-    conv.commit("new", "reply", drop)
+    conv.commit(Turn("new", "reply"), drop)
     assert [t.user for t in conv.turns] == ["q3", "q4", "new"]
 
 
 def test_trim_by_tokens_never_splits_a_turn_nor_drops_system():
     conv = Conversation("SYS")
     for i in range(6):
-        conv.commit(f"question {i}", f"answer {i}")
+        conv.commit(Turn(f"question {i}", f"answer {i}"))
 
     def count_words(messages):
         return sum(len(m["content"].split()) for m in messages)

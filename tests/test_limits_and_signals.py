@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from localchat.backends import GenerationParams
 from localchat.cli.app import app
-from localchat.conversation.history import Conversation
+from localchat.conversation.history import Conversation, Turn
 from localchat.conversation.turn import ChatSession, TurnStatus
 from localchat.errors import UsageError
 from localchat.server.launch import free_port
@@ -35,7 +35,7 @@ def test_history_is_trimmed_by_whole_turns_to_fit_the_context(demo_backend):
     session = ChatSession(demo_backend, Conversation("You are a helpful assistant."),
                           GenerationParams(max_tokens=64))
     for _ in range(6):
-        session.conversation.commit("Note: " + "harbor river falcon " * 60, "OK")
+        session.conversation.commit(Turn("Note: " + "harbor river falcon " * 60, "OK"))
     result = session.ask("Remember the code harbor 17. Reply only OK.")
     assert result.dropped_turns >= 1 and "the model's context" in result.trimmed_for
     assert result.stats.prompt_tokens <= 1024 - 64
@@ -51,7 +51,7 @@ def test_max_tokens_that_leave_no_room_is_a_usage_error(demo_backend):
 def test_the_users_tighter_budget_still_wins(demo_backend):
     session = ChatSession(demo_backend, Conversation(), GenerationParams(max_tokens=64))
     session.trim.max_context_tokens = 30
-    session.conversation.commit("Remember the code harbor 17. Reply only OK.", "OK")
+    session.conversation.commit(Turn("Remember the code harbor 17. Reply only OK.", "OK"))
     result = session.ask("What was the code? Reply with the code only.")
     assert result.dropped_turns == 1 and result.trimmed_for == "--max-context-tokens"
 

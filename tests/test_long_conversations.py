@@ -15,7 +15,8 @@ from rich.console import Console
 from localchat.backends import GenerationParams
 from localchat.backends.inproc import InProcessBackend
 from localchat.backends.openai_http import ServerBackend
-from localchat.cli.render import ChatUI, stats_line
+from localchat.cli.figures import stats_line
+from localchat.cli.render import ChatUI
 from localchat.cli.repl import Repl
 from localchat.conversation.compaction import SUMMARY_PROMPT, CompactionPolicy, compact
 from localchat.conversation.history import Conversation, Turn

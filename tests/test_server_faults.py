@@ -15,7 +15,7 @@ from localchat.backends import GenerationParams
 from localchat.backends.openai_http import ServerBackend
 from localchat.cli.render import ChatUI
 from localchat.cli.repl import Repl
-from localchat.conversation.history import Conversation
+from localchat.conversation.history import Conversation, Turn
 from localchat.conversation.turn import ChatSession, TurnStatus
 
 BASE = "http://127.0.0.1:1/v1/"
@@ -49,7 +49,7 @@ def backend_for(handler, tokenizer_loader=None) -> ServerBackend:
 
 def chat_with(backend) -> ChatSession:
     conversation = Conversation("SYS")
-    conversation.commit("earlier question", "earlier answer")
+    conversation.commit(Turn("earlier question", "earlier answer"))
     return ChatSession(backend, conversation, GenerationParams(max_tokens=16))
 
 

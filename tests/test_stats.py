@@ -3,7 +3,7 @@
 import pytest
 
 from localchat.backends import Finished
-from localchat.cli.render import stats_line
+from localchat.cli.figures import stats_line
 from localchat.conversation.stats import (
     STATS_VERSION,
     Ledger,

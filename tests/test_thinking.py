@@ -14,10 +14,10 @@ from rich.console import Console
 from localchat.backends import GenerationParams, ReasoningChunk, TextChunk
 from localchat.backends.inproc import InProcessBackend
 from localchat.backends.openai_http import ServerBackend
-from localchat.backends.reasoning import ReasoningSplitter
+from localchat.backends.reply import ReplySplitter
 from localchat.cli.render import ChatUI
 from localchat.cli.repl import Repl
-from localchat.conversation.history import Conversation
+from localchat.conversation.history import Conversation, Turn
 from localchat.conversation.jsonmode import default_schema
 from localchat.conversation.turn import ChatSession, TurnStatus
 from localchat.registry import PACKAGE_DIR
@@ -45,7 +45,7 @@ def session(toy, think=None, cache_reuse=True, max_tokens=64) -> ChatSession:
 
 
 def split_all(tokenizer, pieces: list[str]) -> tuple[str, str]:
-    splitter = ReasoningSplitter.for_prompt(think_markers(), tokenizer, tokenizer.encode("<|im_start|>assistant\n"))
+    splitter = ReplySplitter.for_prompt(think_markers(), tokenizer, tokenizer.encode("<|im_start|>assistant\n"))
     chunks = [c for piece in pieces for c in splitter.feed(piece, 0)] + splitter.finish("stop")
     return ("".join(c.text for c in chunks if isinstance(c, ReasoningChunk)),
             "".join(c.text for c in chunks if isinstance(c, TextChunk)))
@@ -71,7 +71,7 @@ def test_reasoning_and_answer_are_the_same_wherever_the_text_is_cut(toy, cuts):
 
 def test_a_prompt_that_opens_the_think_block_starts_in_reasoning(toy):
     _, tokenizer = toy
-    splitter = ReasoningSplitter.for_prompt(think_markers(), tokenizer, tokenizer.encode("<|im_start|>assistant\n<think>"))
+    splitter = ReplySplitter.for_prompt(think_markers(), tokenizer, tokenizer.encode("<|im_start|>assistant\n<think>"))
     chunks = splitter.feed("plan</think>", tokenizer.convert_tokens_to_ids("</think>")) + splitter.feed("done", 5)
     assert [type(c).__name__ for c in chunks] == ["ReasoningChunk", "TextChunk"]
     assert splitter.reasoning_tokens == 1  # the end marker; the start marker was the prompt's
@@ -272,7 +272,7 @@ def test_reasoning_goes_to_stderr_only(show_thinking, terminal):
 
 
 def test_the_figures_line_shows_both_times_and_the_reasoning_tokens(toy):
-    from localchat.cli.render import stats_line
+    from localchat.cli.figures import stats_line
 
     thought = stats_line(session(toy, think=True).ask(REMEMBER).stats)
     direct = stats_line(session(toy, think=False).ask(REMEMBER).stats)
@@ -312,7 +312,7 @@ def test_saved_sessions_keep_the_reasoning_and_old_databases_migrate(tmp_path, t
 def test_reasoning_goes_back_only_when_the_template_reads_it(toy):
     assert session(toy).backend.template.traits.reasoning_field is None  # the toy's template reads none
     conversation = Conversation(SYSTEM, reasoning_field="reasoning_content")
-    conversation.commit("q", "a", reasoning="because")
+    conversation.commit(Turn("q", "a", reasoning="because"))
     assert conversation.preview("next")[2] == {"role": "assistant", "content": "a", "reasoning_content": "because"}
     conversation.reasoning_field = None
     assert conversation.preview("next")[2] == {"role": "assistant", "content": "a"}

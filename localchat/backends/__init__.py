@@ -1,8 +1,9 @@
 """Backends translate the history builder's messages into a stream of events.
 
 A backend yields ``ReasoningChunk`` items (a thinking model's reasoning), ``TextChunk`` items (the
-answer), ``Progress`` while a long prompt is prefilled, and ends with one ``Finished``; it never
-times, prints or touches history. The in-process backend runs mlx_lm; the server backend speaks
+answer), ``ToolCall`` items (a function the model asks to call, whole), ``Progress`` while a long
+prompt is prefilled, and ends with one ``Finished``; it never times, prints, runs a tool or touches
+history. The in-process backend runs mlx_lm; the server backend speaks
 HTTP to an OpenAI-compatible server such as ``mlx_lm.server``.
 """
 
@@ -10,12 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, Union
+from typing import TYPE_CHECKING, Any, Protocol, Union
 
 if TYPE_CHECKING:
     from localchat.templates.render import ChatTemplate
 
-Message = dict[str, str]
+Message = dict[str, Any]  # role and content; an assistant's tool_calls, a tool result's tool_call_id and name
 DEFAULT_BASE_URL = "http://127.0.0.1:8080/v1"  # mlx_lm.server's default port, on loopback
 DEFAULT_TIMEOUT_S = 120.0  # a server that makes no progress for this long ends the turn
 
@@ -48,6 +49,17 @@ class ReasoningChunk:
 
 
 @dataclass(frozen=True)
+class ToolCall:
+    """A call the model asked for: a function's name and its arguments as the model wrote them (JSON
+    text, checked against the tool's schema before anything runs); ``id`` ties the result to it."""
+
+    id: str
+    name: str
+    arguments: str
+    problem: str | None = None  # why the call's text could not be read (it goes back to the model as such)
+
+
+@dataclass(frozen=True)
 class Progress:
     """Prompt tokens processed so far, of ``total`` (mlx_lm.server's keepalive comments)."""
 
@@ -73,7 +85,7 @@ class Finished:
     runtime: dict[str, float] = field(default_factory=dict)  # e.g. mlx_lm prompt_tps
 
 
-Event = Union[ReasoningChunk, TextChunk, Progress, Finished]
+Event = Union[ReasoningChunk, TextChunk, ToolCall, Progress, Finished]
 
 
 class Backend(Protocol):
@@ -87,6 +99,10 @@ class Backend(Protocol):
 
     def context_length(self) -> int | None:
         """The model's context window in tokens, when it is known."""
+        ...
+
+    def offer_tools(self, tools: list[dict[str, Any]]) -> None:
+        """Offer these functions (OpenAI ``tools`` entries) in every request from now on."""
         ...
 
     def close(self) -> None: ...

@@ -125,7 +125,7 @@ class ProgressWatch:
         return True
 
     def chunk(self, item: ChatChunk) -> None:
-        if item.content or item.reasoning or item.finish_reason or item.usage:
+        if item.content or item.reasoning or item.tool_calls or item.finish_reason or item.usage:
             self.last = time.monotonic()
 
 

@@ -29,11 +29,11 @@ from localchat.backends.mlx_options import (
     make_cache,
     sampler_for,
 )
-from localchat.backends.reasoning import ReasoningSplitter
+from localchat.backends.reply import ReplySplitter
 from localchat.backends.saved_cache import model_fingerprint
 from localchat.errors import LocalchatError
 from localchat.registry import ModelRef, context_length, local_dir, resolve
-from localchat.templates.render import ChatTemplate
+from localchat.templates.render import ChatTemplate, check_tool_support
 
 
 def common_prefix_length(a: list[int], b: list[int]) -> int:
@@ -179,7 +179,7 @@ class InProcessBackend:
         """Token ids of the model's own chat template, with the assistant turn opened (a
         ``TemplateError`` when the template refuses them). The last prompt's ids are kept: a turn
         counts its tokens (context check) and then sends them."""
-        key = json.dumps([messages, think], ensure_ascii=False, default=str)
+        key = json.dumps([messages, think, self.template.tools], ensure_ascii=False, default=str)
         if self._encoded[0] != key:
             self._encoded = (key, self.template.ids(messages, think))
         return list(self._encoded[1])
@@ -191,6 +191,12 @@ class InProcessBackend:
 
     def count_tokens(self, messages: list[Message], think: bool | None = None) -> int:
         return len(self.encode(messages, think))
+
+    def offer_tools(self, tools: list[dict[str, Any]]) -> None:
+        """Render these tools into every prompt; a template that cannot take them, or whose calls
+        no parser reads, is refused in one line."""
+        check_tool_support(self.template, self.model_id)
+        self.template.tools = list(tools)
 
     def stream(self, messages: list[Message], params: GenerationParams) -> Iterator[Event]:
         import mlx.core as mx
@@ -204,7 +210,9 @@ class InProcessBackend:
         if params.seed is not None:
             mx.random.seed(params.seed)
         mx.reset_peak_memory()
-        splitter = ReasoningSplitter.for_prompt(self.template.traits.reasoning, self.tokenizer, prompt_ids)
+        traits = self.template.traits
+        splitter = ReplySplitter.for_prompt(traits.reasoning, self.tokenizer, prompt_ids, tool_format=traits.tool_format,
+                                            tools=self.template.tools)
         generated: list[int] = []
         drafted = 0
         last = None
@@ -224,6 +232,8 @@ class InProcessBackend:
             self._cache.record(prompt_ids + generated)
         finish_reason = last.finish_reason or "length"
         yield from splitter.finish(finish_reason)
+        if splitter.calls and finish_reason == "stop":
+            finish_reason = "tool_calls"  # as mlx_lm.server says it
         yield Finished(
             finish_reason=finish_reason,
             prompt_tokens=len(prompt_ids),

@@ -14,6 +14,7 @@ A turn ends with one line when the server makes no progress for ``timeout_s`` (s
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -28,6 +29,7 @@ from localchat.backends import (
     Progress,
     ReasoningChunk,
     TextChunk,
+    ToolCall,
 )
 from localchat.backends.http import (
     CONNECT_TIMEOUT_S,
@@ -41,11 +43,12 @@ from localchat.backends.http import (
     make_client,
     refusal_hint,
 )
-from localchat.backends.reasoning import InlineReasoning
-from localchat.backends.sse import ChatChunk, KeepAlive, StreamError, Usage, iter_stream
+from localchat.backends.reply import InlineReply, new_call_id
+from localchat.backends.sse import ChatChunk, KeepAlive, StreamError, ToolCallDelta, Usage, iter_stream
 from localchat.registry import ModelRef, context_length_of, local_tokenizer_loader
 from localchat.templates.formats import ReasoningFormat
-from localchat.templates.render import ChatTemplate, TemplateError, template_of
+from localchat.templates.render import ChatTemplate, TemplateError, check_tool_support, template_of
+from localchat.templates.tool_formats import ToolFormat
 
 SERVER_DEFAULT_MODEL = "default_model"  # mlx_lm.server's name for the model it was started with
 
@@ -97,6 +100,7 @@ class ServerBackend:
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self._context = known_context
         self.timeout_s = timeout_s
+        self.tools: list[dict[str, Any]] = []
 
     @property
     def tokenizer(self) -> Any:
@@ -131,9 +135,17 @@ class ServerBackend:
         """``text`` with the API key cut out (a server may echo request headers back)."""
         return text.replace(self.secret, REDACTED) if self.secret else text
 
+    def offer_tools(self, tools: list[dict[str, Any]]) -> None:
+        """Send these tools with every request; refused in one line when the model's local template
+        (if it is on this machine) cannot take them. Without one, the server decides."""
+        check_tool_support(self.template, self.model_id)
+        self.tools = list(tools)
+        if self.template is not None:
+            self.template.tools = self.tools
+
     def request_body(self, messages: list[Message], params: GenerationParams, stream: bool = True) -> dict:
         body: dict[str, Any] = {
-            "model": self.model_field, "messages": messages, "stream": stream,
+            "model": self.model_field, "messages": wire_messages(messages), "stream": stream,
             "temperature": params.temperature, "top_p": params.top_p, "max_tokens": params.max_tokens,
         }
         if stream:
@@ -146,6 +158,8 @@ class ServerBackend:
             body["response_format"] = params.response_format
         if kwargs := self.template_kwargs(params.think):
             body["chat_template_kwargs"] = kwargs
+        if self.tools:
+            body["tools"] = self.tools
         return body
 
     def count_tokens(self, messages: list[Message], think: bool | None = None) -> int | None:
@@ -174,7 +188,8 @@ class ServerBackend:
 
     def stream(self, messages: list[Message], params: GenerationParams) -> Iterator[Event]:
         url = f"{self.url}/chat/completions"
-        reply = _Reply(*self._reasoning_format(messages, params.think), secret=self.secret)
+        reply = _Reply(*self._reasoning_format(messages, params.think), secret=self.secret,
+                       tool_format=self._tool_format(), tools=self.tools)
         watch = ProgressWatch(self.timeout_s, url)
         try:
             with self.client.stream("POST", "chat/completions",
@@ -195,6 +210,10 @@ class ServerBackend:
             raise StreamError(f"the stream from {url} ended before the reply finished")
         yield from reply.close()
         yield self._finished(reply, messages, params.think)
+
+    def _tool_format(self) -> ToolFormat | None:
+        """How calls look when a server leaves them in the text (the local template's format)."""
+        return self.template.traits.tool_format if self.template is not None and self.tools else None
 
     def _reasoning_format(self, messages: list[Message], think: bool | None) -> tuple[ReasoningFormat | None, bool]:
         """The model's reasoning format from its local template, and whether this prompt opens a
@@ -249,31 +268,52 @@ class _Reply:
     """What a stream has said so far: the answer, the reasoning (apart, or split out of the
     content), the last figures."""
 
-    def __init__(self, fmt: ReasoningFormat | None, opened: bool, secret: str = ""):
+    def __init__(self, fmt: ReasoningFormat | None, opened: bool, secret: str = "", *,
+                 tool_format: ToolFormat | None = None, tools: list[dict[str, Any]] | None = None):
         self.text = self.reasoning = ""
         self.finish: str | None = None
         self.usage: Usage | None = None
         self.chunks = self.reasoning_chunks = 0
-        self.inline = InlineReasoning(fmt, opened)
+        self.inline = InlineReply(fmt, opened, tool_format=tool_format, tools=tools)
         self.redact_content, self.redact_reasoning = Redactor(secret), Redactor(secret)
+        self.calls: dict[int, ToolCallDelta] = {}  # delta.tool_calls assembled by index
 
     def add(self, item: ChatChunk) -> Iterator[Event]:
         self.usage = item.usage or self.usage
         self.finish = item.finish_reason or self.finish
+        for piece in item.tool_calls:
+            self._assemble(piece)
         if item.reasoning:
             self.inline.server_reasoning()
             yield from self._kept([ReasoningChunk(self.redact_reasoning.feed(item.reasoning))])
         if item.content:
             yield from self._kept(self.inline.feed(self.redact_content.feed(item.content)))
 
+    def _assemble(self, piece: ToolCallDelta) -> None:
+        """A call's pieces joined: the first id and name that come, the arguments in order."""
+        seen = self.calls.get(piece.index, ToolCallDelta(piece.index))
+        self.calls[piece.index] = ToolCallDelta(piece.index, seen.id or piece.id, seen.name or piece.name,
+                                                seen.arguments + piece.arguments)
+
     def close(self) -> Iterator[Event]:
-        """What the key's redaction and the content splitter held back, once the stream has finished."""
+        """What the key's redaction and the content splitter held back, once the stream has finished;
+        then the calls the server sent apart, whole, in the order of their index. Their ids are
+        localchat's own (the server keeps no state; mlx_lm.server's uuids would be refused back by
+        Mistral's template, which wants nine letters and digits)."""
         yield from self._kept([ReasoningChunk(self.redact_reasoning.flush())])
         yield from self._kept(self.inline.feed(self.redact_content.flush()))
         yield from self._kept(self.inline.finish(self.finish))
+        for _, call in sorted(self.calls.items()):
+            yield ToolCall(new_call_id(), call.name, call.arguments,
+                           problem=None if call.name else "the server sent a tool call without a function name")
 
-    def _kept(self, chunks: list[ReasoningChunk | TextChunk]) -> Iterator[Event]:
-        for chunk in (c for c in chunks if c.text):
+    def _kept(self, chunks: list[ReasoningChunk | TextChunk | ToolCall]) -> Iterator[Event]:
+        for chunk in chunks:
+            if isinstance(chunk, ToolCall):
+                yield chunk
+                continue
+            if not chunk.text:
+                continue
             if isinstance(chunk, ReasoningChunk):
                 self.reasoning += chunk.text
                 self.reasoning_chunks += 1
@@ -283,3 +323,15 @@ class _Reply:
             yield chunk
 
 
+def wire_messages(messages: list[Message]) -> list[Message]:
+    """The history builder's messages as the OpenAI API takes them: a tool call's arguments as JSON
+    text (the builder keeps them as an object, which is what chat templates render)."""
+    def wired(message: Message) -> Message:
+        if "tool_calls" not in message:
+            return message
+        calls = [{**call, "function": {**call["function"], "arguments": json.dumps(call["function"]["arguments"],
+                                                                                  ensure_ascii=False)}}
+                 for call in message["tool_calls"]]
+        return {**message, "tool_calls": calls}
+
+    return [wired(m) for m in messages]

@@ -34,6 +34,17 @@ class Usage:
 
 
 @dataclass(frozen=True)
+class ToolCallDelta:
+    """A piece of a tool call (``delta.tool_calls[i]``): calls arrive split across chunks, each piece
+    naming its call by ``index``; id and name usually come first, the arguments in fragments."""
+
+    index: int
+    id: str = ""
+    name: str = ""
+    arguments: str = ""
+
+
+@dataclass(frozen=True)
 class ChatChunk:
     """One payload: the text it adds (answer and reasoning), and what the last ones report."""
 
@@ -41,6 +52,7 @@ class ChatChunk:
     reasoning: str = ""  # mlx_lm.server's delta.reasoning, or delta.reasoning_content elsewhere
     finish_reason: str | None = None
     usage: Usage | None = None
+    tool_calls: tuple[ToolCallDelta, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -108,7 +120,30 @@ def parse_chunk(payload: Any) -> ChatChunk:
     reasoning = _typed(delta, "reasoning", str, "", where="choices[0].delta.") or _typed(
         delta, "reasoning_content", str, "", where="choices[0].delta.")
     return ChatChunk(content=_typed(delta, "content", str, "", where="choices[0].delta."), reasoning=reasoning,
-                     finish_reason=_typed(choice, "finish_reason", str, None, where="choices[0]."), usage=usage)
+                     finish_reason=_typed(choice, "finish_reason", str, None, where="choices[0]."), usage=usage,
+                     tool_calls=_tool_calls(_typed(delta, "tool_calls", list, [], where="choices[0].delta.")))
+
+
+def _tool_calls(raw: list) -> tuple[ToolCallDelta, ...]:
+    """``delta.tool_calls``, each piece checked; arguments a server sends as an object are JSON text."""
+    pieces = []
+    for position, piece in enumerate(raw):
+        where = f"choices[0].delta.tool_calls[{position}]."
+        if not isinstance(piece, dict):
+            raise _wrong(where.rstrip("."), "an object", piece)
+        index = _typed(piece, "index", int, position, where=where)
+        function = _typed(piece, "function", dict, {}, where=where)
+        arguments = function.get("arguments")
+        if isinstance(arguments, (dict, list)):
+            arguments = json.dumps(arguments, ensure_ascii=False)
+        elif arguments is not None and not isinstance(arguments, str):
+            raise _wrong(where + "function.arguments", "text", arguments)
+        if index < 0:
+            raise _wrong(where + "index", "a whole number ≥ 0", index)
+        pieces.append(ToolCallDelta(index=index, id=_typed(piece, "id", str, "", where=where),
+                                    name=_typed(function, "name", str, "", where=where + "function."),
+                                    arguments=arguments or ""))
+    return tuple(pieces)
 
 
 def _usage(raw: Any) -> Usage | None:

@@ -8,14 +8,14 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
 from localchat.backends import Backend, GenerationParams
 from localchat.backends.mlx_options import RuntimeOptions, server_fields
 from localchat.cli import outcomes
-from localchat.cli.options import ChatOptions
+from localchat.cli.options import ChatOptions, ToolOptions, check_tool_files
 from localchat.cli.render import ChatUI
 from localchat.cli.repl import REPL_COMMANDS, Repl
 from localchat.conversation.compaction import CompactionPolicy
@@ -40,6 +40,9 @@ from localchat.store.home import records_dir
 from localchat.store.kv_files import cache_files
 from localchat.store.saved_sessions import SavedSession, SessionSaver, default_store, saved_state
 from localchat.store.session_cache import SessionCaches, restore_cache
+
+if TYPE_CHECKING:
+    from localchat.tools.runner import ToolRunner
 
 DEFAULT_MAX_TOKENS = 512
 
@@ -212,6 +215,31 @@ def open_backend(opts: ChatOptions, ui: ChatUI) -> tuple[ModelRef | None, Backen
     return ref, open_inproc(ref, opts, ui)
 
 
+def tool_runner(options: ToolOptions, ui: ChatUI) -> ToolRunner | None:
+    """The ``--tools`` files' functions, in their own process; calls approved by ``--approve-tools``,
+    else asked on a terminal, else refused (the refusal is what the model hears)."""
+    if not options.files:
+        return None
+    from localchat.tools.host import ToolHost
+    from localchat.tools.runner import ToolRunner, approve_all, refuse_unasked
+
+    host = ToolHost(list(check_tool_files(list(options.files))), options.timeout_s)
+    if options.approve:
+        approve = approve_all
+    elif sys.stdin.isatty() and sys.stderr.isatty():
+        from localchat.cli.approval import AskBeforeRunning, terminal_asker
+
+        approve = AskBeforeRunning(ui, terminal_asker())
+    else:
+        approve = refuse_unasked
+    runner = ToolRunner(host, approve, options.max_rounds)
+    ui.info(f"tools offered: {', '.join(runner.names())}" + ("" if options.approve else " (each call asks first)"
+                                                               if approve is not refuse_unasked else
+                                                               " (no terminal to ask: calls are refused; "
+                                                               "--approve-tools runs them)"))
+    return runner
+
+
 def terminal() -> bool:
     """A person at a terminal: both ends of the REPL are one."""
     return sys.stdin.isatty() and sys.stdout.isatty()
@@ -240,7 +268,8 @@ def run_chat(*, opts: ChatOptions, prompt: str | None, err: Console) -> int:
     """Answer ``prompt``, or run the REPL when it is None; the exit code."""
     ui = ChatUI(err=err, show_stats=opts.output.stats, show_thinking=opts.output.show_thinking,
                 json_mode=opts.output.json_answer or opts.output.json_schema is not None,
-                markdown=opts.output.markdown and sys.stdout.isatty())
+                markdown=opts.output.markdown and sys.stdout.isatty(),
+                hold_rounds=bool(opts.tools.files) and not sys.stdout.isatty())
     status = chat_with_ui(opts=opts, prompt=prompt, ui=ui)
     return outcomes.OK if status is None else outcomes.turn_exit(status)
 
@@ -256,13 +285,21 @@ def chat_with_ui(*, opts: ChatOptions, prompt: str | None, ui: ChatUI) -> TurnSt
         opts = replace(opts, model=replace(opts.model, model=saved.model))
     recorder = TurnRecorder(path) if (path := records_dir(opts.storage.record)) else None
     raise_on_sigterm()  # SIGTERM mid-reply: the turn is discarded and recorded, then exit 143
-    ref, backend = open_backend(opts, ui)
+    tools = tool_runner(opts.tools, ui)  # before the model loads: a bad tools file is said at once
+    try:
+        ref, backend = open_backend(opts, ui)
+        if tools:
+            backend.offer_tools(tools.specs)
+    except BaseException:
+        if tools:
+            tools.close()
+        raise
     params = generation_params(ref, opts)
     if schema and opts.model.backend == "server":
         params = replace(params, response_format=schema.response_format())
     session = ChatSession(backend=backend, conversation=conversation_for(ref, opts, schema, saved, backend),
                           params=params, use_history=opts.history, trim=opts.trim, schema=schema,
-                          recorder=recorder, compaction=compaction_policy(opts, ui)).prepare()
+                          recorder=recorder, compaction=compaction_policy(opts, ui), tools=tools).prepare()
     for fact in opts.context.pins:
         session.pin(fact)
     template_notices(session, ui)
@@ -289,3 +326,5 @@ def chat_with_ui(*, opts: ChatOptions, prompt: str | None, ui: ChatUI) -> TurnSt
         backend.close()
         if session.compaction.backend is not None:
             session.compaction.backend.close()
+        if tools:
+            tools.close()

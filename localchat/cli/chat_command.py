@@ -12,6 +12,7 @@ from localchat.backends.mlx_options import KV_BITS, KV_GROUP_SIZES, MAX_DRAFT_TO
 from localchat.cli.dispatch import err_console, run
 from localchat.cli.options import (
     ApiKeyOpt,
+    ApproveToolsOpt,
     Backend,
     BaseUrlOpt,
     ChatOptions,
@@ -21,6 +22,7 @@ from localchat.cli.options import (
     CompactOpt,
     ContextOptions,
     GenerationOptions,
+    MaxToolRoundsOpt,
     ModelOpt,
     ModelOptions,
     OutputOptions,
@@ -28,6 +30,9 @@ from localchat.cli.options import (
     StorageOptions,
     ThinkOpt,
     TimeoutOpt,
+    ToolOptions,
+    ToolsOpt,
+    ToolTimeoutOpt,
     TrimToOpt,
     check_seed,
     check_size,
@@ -82,6 +87,10 @@ def chat(
     no_save_cache: Annotated[bool, typer.Option("--no-save-cache", help="/save keeps the messages only, not the in-process KV cache.")] = False,
     cache_max_bytes: Annotated[Optional[str], typer.Option(callback=check_size, metavar="SIZE", help="Total size of saved KV caches, oldest evicted first (e.g. 2G) [default: 4G; config: cache_max_bytes].")] = None,
     timeout: TimeoutOpt = DEFAULT_TIMEOUT_S,
+    tools: ToolsOpt = None,
+    approve_tools: ApproveToolsOpt = False,
+    tool_timeout: ToolTimeoutOpt = 30.0,
+    max_tool_rounds: MaxToolRoundsOpt = 8,
     adapter_path: Annotated[Optional[Path], typer.Option(rich_help_panel=MLX, help="A LoRA adapter directory from mlx_lm.lora.")] = None,
     draft_model: Annotated[Optional[str], typer.Option(rich_help_panel=MLX, help="A smaller model with the same tokenizer drafts tokens (speculative decoding).")] = None,
     num_draft_tokens: Annotated[Optional[int], typer.Option(min=1, max=MAX_DRAFT_TOKENS, rich_help_panel=MLX, help="Tokens drafted a step [default: 3].")] = None,
@@ -109,5 +118,7 @@ def chat(
                              show_thinking=show_thinking, markdown=not plain, input_history=not no_input_history),
         storage=StorageOptions(record=record, resume=resume, save_cache=not no_save_cache,
                                cache_max_bytes=cache_max_bytes),
+        tools=ToolOptions(files=tuple(tools or ()), approve=approve_tools, timeout_s=tool_timeout,
+                          max_rounds=max_tool_rounds),
     )
     run("localchat.cli.chat:run_chat", opts=opts, prompt=prompt, err=err_console())

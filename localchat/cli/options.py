@@ -114,6 +114,40 @@ def check_fraction(value: float | None) -> float | None:
     return value
 
 
+ToolsOpt = Annotated[Optional[list[Path]], typer.Option(
+    "--tools", metavar="FILE.py", help="Offer every public function of this Python file (type hints and a docstring) "
+                                       "as a tool the model may call; repeatable.")]
+ApproveToolsOpt = Annotated[bool, typer.Option("--approve-tools", help="Run every tool call without asking (else a "
+                                                                       "terminal asks; without one, calls are refused).")]
+def check_tool_timeout(value: float) -> float:
+    if not (math.isfinite(value) and 0 < value <= MAX_WAIT_S):
+        raise typer.BadParameter(f"must be a number of seconds > 0, at most {MAX_WAIT_S:.0f}")
+    return value
+
+
+ToolTimeoutOpt = Annotated[float, typer.Option(callback=check_tool_timeout, help="Stop a tool call after this many "
+                                                                                "seconds.")]
+MaxToolRoundsOpt = Annotated[int, typer.Option(min=1, max=100, help="Rounds of tool calls a turn may take before it "
+                                                                    "must answer.")]
+
+
+def check_tool_files(files: list[Path] | None) -> tuple[Path, ...]:
+    """``--tools`` files that can be offered: existing, readable Python files (what they define is
+    checked when they are imported, in the tool process)."""
+    from localchat.errors import UsageError
+
+    for path in files or ():
+        if not path.is_file():
+            raise UsageError(f"--tools {path}: no such file" if not path.exists() else f"--tools {path}: not a file")
+        if path.suffix != ".py":
+            raise UsageError(f"--tools {path}: not a Python file (FILE.py)")
+        try:
+            path.open("rb").close()
+        except OSError as exc:
+            raise UsageError(f"--tools {path}: cannot be read ({exc.strerror})") from None
+    return tuple(files or ())
+
+
 class Compact(str, Enum):
     off = "off"
     auto = "auto"
@@ -246,6 +280,16 @@ class RuntimeFlags:
 
 
 @dataclass(frozen=True)
+class ToolOptions:
+    """The user's functions the model may call, and how calls are allowed to run."""
+
+    files: tuple[Path, ...] = ()
+    approve: bool = False  # --approve-tools: every call runs without asking
+    timeout_s: float = 30.0
+    max_rounds: int = 8
+
+
+@dataclass(frozen=True)
 class ChatOptions:
     model: ModelOptions = field(default_factory=ModelOptions)
     runtime: RuntimeFlags = field(default_factory=RuntimeFlags)
@@ -255,3 +299,4 @@ class ChatOptions:
     context: ContextOptions = field(default_factory=ContextOptions)
     output: OutputOptions = field(default_factory=OutputOptions)
     storage: StorageOptions = field(default_factory=StorageOptions)
+    tools: ToolOptions = field(default_factory=ToolOptions)

@@ -7,6 +7,7 @@ into one line that counts while the model thinks, or streamed dim with ``--show-
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from typing import Any, TextIO
@@ -15,13 +16,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.status import Status
 
-from localchat.backends import Message, Progress
+from localchat.backends import Message, Progress, ToolCall
+from localchat.cli.figures import stats_line
 from localchat.cli.markdown import MarkdownStream
 from localchat.cli.terminal import console, for_stream
 from localchat.conversation.jsonmode import pretty
 from localchat.conversation.result import Compaction, Listeners, TurnResult, TurnStatus
 from localchat.conversation.stats import TurnStats
-from localchat.store.saved_sessions import Saved
 from localchat.wording import count
 
 INDENT = 5  # "  1. ": where a message's text starts in /history and /preview
@@ -29,41 +30,11 @@ HELP_FOOTER = ('A line with only """ starts and ends multi-line input (a pasted 
                "Ctrl+C stops a reply (discarded); Ctrl+R searches what you typed before.")
 
 
-def saved_line(saved: Saved, turns: int) -> str:
-    """What ``/save`` (or leaving a resumed session) did, and how to continue."""
-    cache = f" {saved.cache.describe()}" if saved.cache else ""
-    return (f"{'updated' if saved.replaced else 'saved'} '{saved.name}' ({count(turns, 'turn')}){cache}; "
-            f"continue later with: localchat chat --resume {saved.name}")
-
-
-def _memory(gb: float | None) -> str | None:
-    if gb is None:
-        return None
-    return f"peak {gb:.1f} GB" if gb >= 1 else f"peak {gb * 1024:.0f} MB"
-
-
-def stats_line(stats: TurnStats) -> str:
-    """One line of figures: ``[TTFT 0.42s · 41.2 tok/s · in 274 (cached 256) · out 52 · …]``; a
-    turn that thought adds its time to the first answer token and its reasoning tokens after TTFT."""
-    est = "~" if stats.estimated else ""
-    cached = f" (cached {stats.cached_tokens})" if stats.cached_tokens else ""
-    thought = [f"answer {stats.ttfa_s:.2f}s" if stats.ttfa_s is not None else "no answer",
-               f"think {'~' if stats.reasoning_estimated else ''}{stats.reasoning_tokens}"] if stats.thought else []
-    parts = [
-        f"TTFT {stats.ttft_s:.2f}s" if stats.ttft_s is not None else "TTFT –",
-        *thought,
-        f"{stats.decode_tps:.1f} tok/s" if stats.decode_tps is not None else None,
-        f"in {est}{stats.prompt_tokens}{cached}" if stats.prompt_tokens else None,
-        f"out {est}{stats.completion_tokens}" if stats.completion_tokens else None,
-        f"{stats.total_s:.2f}s",
-        f"ctx {round(100 * stats.context_share)} %" if stats.context_share is not None else None,
-        f"drafted {stats.draft_tokens}/{stats.completion_tokens}" if stats.draft_tokens is not None else None,
-        "KV cache rebuilt" if stats.cache_rebuilt else None,
-        _memory(stats.peak_memory_gb),
-        f"dropped {stats.cache_miss_tokens} cached" if stats.cache_miss_tokens else None,
-        "estimated counts" if stats.estimated else None,
-    ]
-    return "[" + " · ".join(p for p in parts if p) + "]"
+def shortened(value: Any, width: int = 200) -> str:
+    """A call's arguments or a tool's result on one line of at most ``width`` characters."""
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[:width - 1] + "…"
 
 
 def _failed_before_first_token(result: TurnResult) -> bool:
@@ -73,7 +44,8 @@ def _failed_before_first_token(result: TurnResult) -> bool:
 
 class ChatUI:
     def __init__(self, out: TextIO | None = None, err: Console | None = None, show_stats: bool = True,
-                 json_mode: bool = False, show_thinking: bool = False, markdown: bool = False):
+                 json_mode: bool = False, show_thinking: bool = False, markdown: bool = False,
+                 hold_rounds: bool = False):
         self.out = out or sys.stdout
         self.shown = for_stream(self.out)  # answer text: exact through a pipe, made harmless on a terminal
         # answers rendered as Markdown as they stream (a terminal only; never in JSON mode)
@@ -84,15 +56,26 @@ class ChatUI:
         self.show_thinking = show_thinking
         self._waiting: Status | None = None  # the spinner between Enter and the first token
         self._thinking = 0  # reasoning chunks shown (or counted) in this turn
+        # with tools through a pipe, a round's text waits to learn whether it is the answer (stdout)
+        # or what the model wrote beside its calls (stderr): a pipe gets the answer alone
+        self.hold_rounds = hold_rounds
+        self._round_text: list[str] = []
+        self._wrote = False  # answer text of this round is on stdout
+        self._rounds = 0
 
     def listeners(self) -> Listeners:
         """The reply as it streams: the answer on stdout, reasoning and prefill progress on stderr.
         On a terminal a spinner runs from now until the first text (it is started after the turn's
         clock and stopped after the first text was timed, so TTFT is the same with or without it)."""
+        self._rounds = 0
+        self._start_waiting()
+        return Listeners(on_text=self.text, on_reasoning=self.reasoning, on_progress=self.progress,
+                         on_tool_call=self.tool_call, on_tool_result=self.tool_result, on_round=self.tool_round)
+
+    def _start_waiting(self) -> None:
         if self.err.is_terminal and self._waiting is None:
             self._waiting = self.err.status("waiting for the first token…", spinner="dots")
             self._waiting.start()
-        return Listeners(on_text=self.text, on_reasoning=self.reasoning, on_progress=self.progress)
 
     def _stop_waiting(self) -> None:
         if self._waiting is not None:
@@ -121,11 +104,46 @@ class ChatUI:
         self._end_thinking()
         if self.json_mode:
             return
+        if self.hold_rounds:
+            self._round_text.append(chunk)
+            return
+        self._wrote = True
         if self.markdown is not None:
             self.markdown.feed(chunk)
             return
         self.out.write(self.shown(chunk))
         self.out.flush()
+
+    def _end_answer(self) -> None:
+        """Close the answer text this round wrote (its Markdown block, or its line)."""
+        if self.markdown is not None:
+            self.markdown.close()
+        elif self._wrote:
+            self.out.write("\n")
+            self.out.flush()
+        self._wrote = False
+
+    def tool_call(self, call: ToolCall) -> None:
+        """A call the model asks for, on stderr as it arrives (before any approval)."""
+        self._stop_waiting()
+        self._end_thinking()
+        self._end_answer()
+        self.err.print(f"→ {call.name or '?'}({shortened(call.arguments)})", style="cyan", markup=False)
+
+    def tool_round(self, result: TurnResult) -> None:
+        """A round that ended in calls: what it wrote beside them, and its own figures."""
+        self._rounds += 1
+        aside, self._round_text = "".join(self._round_text).strip(), []
+        if aside:
+            self.info(aside)
+        if self.show_stats and result.stats.ttft_s is not None:
+            self.err.print(f"round {self._rounds} " + stats_line(result.stats), style="dim", markup=False)
+
+    def tool_result(self, result: Any) -> None:
+        """A call's result (``tools.runner.ToolResult``), then the spinner for the next round."""
+        style = {"ok": "green", "refused": "yellow"}.get(result.status, "red")
+        self.err.print(f"← {shortened(result.content)} ({result.seconds:.2f}s)", style=style, markup=False)
+        self._start_waiting()
 
     def reasoning(self, chunk: str) -> None:
         """Reasoning, on stderr only: streamed dim with --show-thinking, else a counter on a terminal."""
@@ -159,11 +177,12 @@ class ChatUI:
         self._end_thinking()
         if self.json_mode:
             self._json_reply(result)
-        elif self.markdown is not None:
-            self.markdown.close()
-        elif result.text:
-            self.out.write("\n")
+        elif self._round_text:
+            self.out.write(self.shown("".join(self._round_text)) + "\n")
             self.out.flush()
+            self._round_text = []
+        else:
+            self._end_answer()
         status = result.status
         if status is TurnStatus.INTERRUPTED:
             self.notice("interrupted: the reply was discarded, history is unchanged")
@@ -189,7 +208,8 @@ class ChatUI:
             self.notice(f"left the {count(result.dropped_turns, 'oldest turn')} out of this request to fit "
                         f"{result.trimmed_for}{share}")
         if self.show_stats and not _failed_before_first_token(result):
-            self.err.print(stats_line(result.stats), style="dim", markup=False)
+            tools = [f"rounds {len(result.steps) + 1}", f"tools {result.tool_s:.2f}s"] if result.steps else []
+            self.err.print(stats_line(result.stats, tools), style="dim", markup=False)
 
     def _json_reply(self, result: TurnResult) -> None:
         if result.accepted:
@@ -208,12 +228,16 @@ class ChatUI:
         self.err.print(escape(message), style="dim")
 
     def messages(self, messages: list[Message], title: str) -> None:
-        """Numbered messages; a message's later lines are indented under its first."""
+        """Numbered messages; a message's later lines are indented under its first; an assistant's
+        tool calls as ``→ name(arguments)``, a tool's result under the tool's name."""
         self.err.print(f"[bold]{escape(title)}[/bold]")
         for i, m in enumerate(messages, 1):
-            first, *rest = m["content"].split("\n")
+            calls = [f"→ {c['function']['name']}({shortened(c['function']['arguments'], 300)})"
+                     for c in m.get("tool_calls", [])]
+            first, *rest = "\n".join([*([m["content"]] if m["content"] or not calls else []), *calls]).split("\n")
+            role = f"{m['role']} ({m['name']})" if m["role"] == "tool" and m.get("name") else m["role"]
             content = "\n".join([first, *(" " * INDENT + line if line.strip() else "" for line in rest)])
-            self.err.print(f"{i:>3}. [cyan]{escape(m['role'])}[/cyan]: {escape(content)}")
+            self.err.print(f"{i:>3}. [cyan]{escape(role)}[/cyan]: {escape(content)}")
 
     def ledger(self, summary: dict[str, Any], last: TurnStats | None) -> None:
         def fmt(value: Any, spec: str) -> str:
@@ -231,6 +255,9 @@ class ChatUI:
         if s.get("compactions"):
             self.err.print(f"compactions {s['compactions']} · their tokens {s['compaction_tokens']} · their time "
                            f"{s['compaction_s']:.2f}s (counted in the figures above)", markup=False)
+        if s.get("tool_calls"):
+            self.err.print(f"tool rounds {s['tool_rounds']} · tool calls {s['tool_calls']} · time inside tools "
+                           f"{s['tool_s']:.2f}s (apart from the model's time above)", markup=False)
         if s.get("draft_share") is not None:
             self.err.print(f"speculative decoding: {s['draft_tokens']} of the generated tokens came from the draft "
                            f"model and were kept ({s['draft_share']:.0%})", markup=False)

@@ -12,7 +12,8 @@ from rich.table import Table
 from localchat.cli.terminal import for_stream
 from localchat.errors import LocalchatError
 from localchat.store.kv_files import cache_files, human_size, read_metadata
-from localchat.store.saved_sessions import default_store, export_json, export_markdown
+from localchat.store.saved_sessions import default_store
+from localchat.store.session_export import export_json, export_markdown
 
 
 def show_list(console: Console) -> None:
@@ -51,7 +52,7 @@ def cache_description(name: str) -> str:
 
 
 def show_session(console: Console, name: str) -> None:
-    from localchat.cli.render import stats_line
+    from localchat.cli.figures import stats_line
 
     saved = default_store().load(name)
     console.print(f"[bold]{escape(saved.name)}[/bold] · model {escape(saved.model or '(server default)')} · "

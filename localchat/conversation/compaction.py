@@ -92,7 +92,9 @@ def _notes(result: TurnResult, max_chars: int) -> TurnResult:
     if result.status is not TurnStatus.COMMITTED:
         return result
     text = result.text.strip()
-    why = ("the summary holds reasoning markers" if REASONING_MARKS.search(text) else
+    why = ("the model called a tool instead of writing notes" if result.tool_calls else
+           "the summary was empty" if not text else
+           "the summary holds reasoning markers" if REASONING_MARKS.search(text) else
            "the summary holds control characters" if has_controls(text) else
            f"the summary is {len(text)} characters, over --max-input-chars ({max_chars})" if len(text) > max_chars
            else None)

@@ -76,18 +76,42 @@ def validate_input(text: str, max_chars: int = DEFAULT_MAX_INPUT_CHARS) -> str:
 
 
 @dataclass(frozen=True)
+class ToolStep:
+    """One round of a turn in which the model called tools: what it wrote beside the calls, the
+    calls, and every call's result. One unit: its calls never go without their results, nor the
+    other way round (an API refuses such a history)."""
+
+    text: str
+    calls: tuple[dict[str, Any], ...]  # {"id", "name", "arguments"}: arguments as an object when they are one
+    results: tuple[str, ...]  # one a call, in the calls' order
+    reasoning: str = ""
+
+    def messages(self, reasoning_field: str | None = None) -> list[Message]:
+        asked: Message = {"role": "assistant", "content": self.text, "tool_calls": [
+            {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+            for c in self.calls]}
+        if reasoning_field and self.reasoning:
+            asked[reasoning_field] = self.reasoning
+        return [asked, *({"role": "tool", "tool_call_id": c["id"], "name": c["name"], "content": result}
+                         for c, result in zip(self.calls, self.results))]
+
+
+@dataclass(frozen=True)
 class Turn:
     user: str
     assistant: str  # the answer only
     stats: TurnStats | None = field(default=None, compare=False)  # the turn's figures, for saving
     reasoning: str = field(default="", compare=False)  # kept beside the answer, not in it
+    steps: tuple[ToolStep, ...] = ()  # the rounds of tool calls before the answer, whole
 
     def messages(self, reasoning_field: str | None = None) -> list[Message]:
-        """The turn as messages; its reasoning goes in ``reasoning_field`` when the template reads one."""
+        """The turn as messages: the question, each round of tool calls with its results, the
+        answer; reasoning goes in ``reasoning_field`` when the template reads one."""
         answer: Message = {"role": "assistant", "content": self.assistant}
         if reasoning_field and self.reasoning:
             answer[reasoning_field] = self.reasoning
-        return [{"role": "user", "content": self.user}, answer]
+        steps = [m for step in self.steps for m in step.messages(reasoning_field)]
+        return [{"role": "user", "content": self.user}, *steps, answer]
 
 
 def turn_messages(turns: list[Turn] | tuple[Turn, ...], reasoning_field: str | None = None) -> list[Message]:
@@ -147,17 +171,16 @@ class Conversation:
         """The context, ``turns`` and ``prompt`` as one request (a compaction's, for one)."""
         return build_messages(prompt, self.context(), turn_messages(turns, self.reasoning_field), self.fold_system)
 
-    def after_commit(self, prompt: str, reply: str, drop: int = 0, reasoning: str = "") -> list[Message]:
-        """The messages of a next request if this turn were accepted (to check that the template
-        would take the answer back); never mutates the conversation."""
-        return self.preview_of([*self.turns[drop:], Turn(prompt, reply, reasoning=reasoning)], NEXT_QUESTION)
+    def after_commit(self, turn: Turn, drop: int = 0) -> list[Message]:
+        """The messages of a next request if ``turn`` were accepted (to check that the template
+        would take it back); never mutates the conversation."""
+        return self.preview_of([*self.turns[drop:], turn], NEXT_QUESTION)
 
-    def commit(self, prompt: str, reply: str, drop: int = 0, stats: TurnStats | None = None,
-               reasoning: str = "") -> None:
-        """Accept a turn (its answer; the reasoning beside it); the turns trimmed from its request
-        leave the history only now."""
+    def commit(self, turn: Turn, drop: int = 0) -> None:
+        """Accept a turn (its answer, the reasoning beside it, its rounds of tool calls); the turns
+        trimmed from its request leave the history only now."""
         del self.turns[:drop]
-        self.turns.append(Turn(prompt, reply, stats, reasoning))
+        self.turns.append(turn)
 
     def take_back(self) -> Turn:
         """Remove the last accepted turn and return it (``/undo``; ``/retry`` puts it back if the

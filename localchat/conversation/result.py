@@ -12,7 +12,8 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
-from localchat.backends import Event, Finished, Message, Progress, ReasoningChunk, TextChunk
+from localchat.backends import Event, Finished, Message, Progress, ReasoningChunk, TextChunk, ToolCall
+from localchat.conversation.history import ToolStep
 from localchat.conversation.stats import TurnClock, TurnStats
 from localchat.errors import LocalchatError, OutputError, TerminationRequested
 
@@ -46,6 +47,10 @@ class TurnResult:
     reasoning: str = ""  # a thinking model's reasoning, apart from the answer
     token_gaps_s: tuple[float, ...] = field(default=(), repr=False)  # ITL, from the clock
     compaction: Compaction | None = field(default=None, repr=False)  # the summary call made before this turn
+    tool_calls: tuple[ToolCall, ...] = ()  # what this call asked to run (a round that ends in calls)
+    steps: tuple[ToolStep, ...] = ()  # the turn's earlier rounds: their calls and results, whole
+    rounds: tuple[TurnStats, ...] = ()  # the figures of those rounds (``stats`` are the last one's)
+    tool_s: float = 0.0  # time spent inside tools, apart from model time
 
     @property
     def committed(self) -> bool:
@@ -78,6 +83,9 @@ class Listeners:
     on_text: Callable[[str], None] = lambda _: None
     on_reasoning: Callable[[str], None] = lambda _: None
     on_progress: Callable[[Progress], None] = lambda _: None
+    on_tool_call: Callable[[ToolCall], None] = lambda _: None
+    on_tool_result: Callable[[Any], None] = lambda _: None  # a ``tools.runner.ToolResult``, after the call ran
+    on_round: Callable[[TurnResult], None] = lambda _: None  # a round that ended in calls, before they run
 
 
 @dataclass
@@ -88,6 +96,7 @@ class StreamOutcome:
     trace: str | None = None
     terminated: bool = False
     unshowable: OutputError | None = None
+    tool_calls: list[ToolCall] = field(default_factory=list)
 
 
 def consume(events: Iterator[Event], clock: TurnClock, listeners: Listeners, outcome: StreamOutcome) -> None:
@@ -104,6 +113,10 @@ def consume(events: Iterator[Event], clock: TurnClock, listeners: Listeners, out
                 clock.on_reasoning(event.text)
                 if event.text:
                     listeners.on_reasoning(event.text)
+            elif isinstance(event, ToolCall):
+                clock.on_tool_call()
+                outcome.tool_calls.append(event)
+                listeners.on_tool_call(event)
             elif isinstance(event, Progress):
                 listeners.on_progress(event)
             elif isinstance(event, Finished):
@@ -124,8 +137,11 @@ def consume(events: Iterator[Event], clock: TurnClock, listeners: Listeners, out
 
 
 def finished(result: TurnResult) -> TurnResult:
-    """A call that streamed to its end: cut (not ``stop``), empty, or good for history."""
+    """A call that streamed to its end: cut (not ``stop``), empty, or good for history. A round that
+    ended in tool calls is good as it is (its answer comes in a later round)."""
     if result.status is not TurnStatus.COMMITTED:
+        return result
+    if result.tool_calls and result.stats.finish_reason in ("tool_calls", "stop"):
         return result
     if result.stats.finish_reason != "stop":
         return replace(result, status=TurnStatus.CUT)

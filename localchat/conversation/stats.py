@@ -121,6 +121,10 @@ class TurnClock:
             self._tick()
             self.reasoning_parts.append(text)
 
+    def on_tool_call(self) -> None:
+        """A call the model asked for: shown, so it counts as output on the clock."""
+        self._tick()
+
     def _tick(self) -> float:
         now = self.now()
         self.first = now if self.first is None else self.first
@@ -181,11 +185,17 @@ class Ledger:
     """Every model call of a session (turns, committed or not, and compactions), for ``/stats``."""
 
     turns: list[TurnStats] = field(default_factory=list)
-    kinds: list[str] = field(default_factory=list)  # "turn" | "compaction", one per entry
+    kinds: list[str] = field(default_factory=list)  # "turn" | "tool-round" | "compaction", one per entry
+    tool_calls: int = 0
+    tool_s: float = 0.0  # inside the tools, never counted as model time
 
     def add(self, stats: TurnStats, kind: str = "turn") -> None:
         self.turns.append(stats)
         self.kinds.append(kind)
+
+    def add_tools(self, calls: int, seconds: float) -> None:
+        self.tool_calls += calls
+        self.tool_s += seconds
 
     def summary(self) -> dict[str, float | int | None]:
         compactions = [t for t, kind in zip(self.turns, self.kinds) if kind == "compaction"]
@@ -212,6 +222,9 @@ class Ledger:
             "compactions": len(compactions),
             "compaction_tokens": sum(t.prompt_tokens + t.completion_tokens for t in compactions),
             "compaction_s": sum(t.total_s for t in compactions),
+            "tool_rounds": self.kinds.count("tool-round"),
+            "tool_calls": self.tool_calls,
+            "tool_s": self.tool_s,
             **_drafted(self.turns),
         }
 

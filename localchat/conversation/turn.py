@@ -19,7 +19,7 @@ from typing import Any
 
 from localchat.backends import Backend, GenerationParams, Message
 from localchat.conversation.compaction import CompactionPolicy
-from localchat.conversation.history import NEXT_QUESTION, Conversation, validate_input
+from localchat.conversation.history import NEXT_QUESTION, Conversation, Turn, validate_input
 from localchat.conversation.jsonmode import AnswerSchema
 from localchat.conversation.records import TurnRecorder
 from localchat.conversation.result import (
@@ -33,8 +33,10 @@ from localchat.conversation.result import (
 )
 from localchat.conversation.settings import TrimPolicy
 from localchat.conversation.stats import Ledger, TurnClock, stats_to_dict
+from localchat.conversation.tool_rounds import answer_with_tools
 from localchat.errors import OutputError, TerminationRequested, UsageError
 from localchat.templates.render import TemplateError
+from localchat.tools.runner import ToolRunner
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,7 @@ class ChatSession:
     schema: AnswerSchema | None = None
     recorder: TurnRecorder | None = None
     compaction: CompactionPolicy | None = None  # automatic summary compaction (see ``compaction``)
+    tools: ToolRunner | None = None  # the functions the model may call (see ``tool_rounds``)
 
     def prepare(self) -> ChatSession:
         """Do now what the first turn would otherwise do inside its clock: load the model's template
@@ -95,11 +98,25 @@ class ChatSession:
             return TurnResult(prompt=prompt, messages=[], text="", stats=clock.finish(None), status=TurnStatus.ERROR,
                               error=str(exc), compaction=compaction)
         messages = self.conversation.preview(prompt, self.use_history, trim.drop)
-        result = self.call(prompt, messages, listeners or Listeners(), clock=clock, judge=partial(self._judged, trim),
-                           trim=trim)
+        result = self._answer(prompt, messages, listeners or Listeners(), clock, trim)
         if result.committed:
-            self.conversation.commit(prompt, result.text, trim.drop, result.stats, reasoning=result.reasoning)
+            self.conversation.commit(self._turn_of(result), trim.drop)
         return replace(result, compaction=compaction)
+
+    def _answer(self, prompt: str, messages: list[Message], listeners: Listeners, clock: TurnClock,
+                trim: TrimPlan) -> TurnResult:
+        """One model call; with tools, as many rounds as the model's calls take (``tool_rounds``)."""
+        def call(sent: list[Message], round_clock: TurnClock) -> TurnResult:
+            return self.call(prompt, sent, listeners, clock=round_clock, judge=partial(self._judged, trim), trim=trim)
+
+        if self.tools is None:
+            return call(messages, clock)
+        return answer_with_tools(call, self.tools, messages, listeners, clock=clock, ledger=self.ledger,
+                                 reasoning_field=self.conversation.reasoning_field)
+
+    @staticmethod
+    def _turn_of(result: TurnResult) -> Turn:
+        return Turn(result.prompt, result.text, result.stats, result.reasoning, result.steps)
 
     def retry(self, listeners: Listeners | None = None,
               on_compaction: Callable[[Compaction], None] = lambda _: None) -> TurnResult:
@@ -131,11 +148,11 @@ class ChatSession:
             outcome.failure, outcome.error, outcome.unshowable = TurnStatus.ERROR, str(exc), exc
         budget = self.known_budget()
         stats = replace(clock.finish(outcome.done), budget_tokens=budget.tokens if budget else None)
-        self.ledger.add(stats, kind)
+        self.ledger.add(stats, "tool-round" if kind == "turn" and outcome.tool_calls else kind)
         result = judge(TurnResult(
             prompt=prompt, messages=messages, text=clock.text, reasoning=clock.reasoning, stats=stats,
             token_gaps_s=clock.gaps(), status=outcome.failure or TurnStatus.COMMITTED, dropped_turns=trim.drop,
-            trimmed_for=trim.limit, error=outcome.error, trace=outcome.trace))
+            trimmed_for=trim.limit, error=outcome.error, trace=outcome.trace, tool_calls=tuple(outcome.tool_calls)))
         if self.recorder and record_id is not None:
             self.recorder.response(record_id, self._response_record(result, outcome.terminated))
         if outcome.terminated:
@@ -147,7 +164,7 @@ class ChatSession:
     def _judged(self, trim: TrimPlan, result: TurnResult) -> TurnResult:
         """The status of a turn that streamed to its end: cut, empty, invalid, unrenderable, kept or not."""
         result = finished(result)
-        if result.status is not TurnStatus.COMMITTED:
+        if result.status is not TurnStatus.COMMITTED or result.tool_calls:  # a round of calls: judged by its answer
             return result
         if self.schema is not None:
             answer, invalid = self.schema.check(result.text)
@@ -165,7 +182,7 @@ class ChatSession:
         template = self.backend.template
         if template is None:
             return None
-        after = self.conversation.after_commit(result.prompt, result.text, trim.drop, result.reasoning)
+        after = self.conversation.after_commit(self._turn_of(result), trim.drop)
         try:
             template.text(after, self.params.think)
         except TemplateError as exc:
@@ -182,6 +199,7 @@ class ChatSession:
             "url": getattr(backend, "url", None),
             "model": backend.model_id,
             "params": asdict(self.params),
+            "tools": self.tools.specs if self.tools else None,
             "messages": messages,
         }
 
@@ -193,6 +211,7 @@ class ChatSession:
             "committed": result.committed, "error": result.error, "invalid": result.invalid,
             "signal": "SIGTERM" if terminated else None,
             "dropped_turns": result.dropped_turns, "stats": stats_to_dict(result.stats),
+            "tool_calls": [asdict(call) for call in result.tool_calls] or None,
         }
 
     def token_budget(self) -> TokenBudget | None:

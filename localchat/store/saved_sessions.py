@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from localchat.conversation.history import Turn, context_message, system_first, turn_messages
+from localchat.conversation.history import ToolStep, Turn
 from localchat.conversation.stats import stats_from_dict, stats_to_dict
 from localchat.conversation.turn import ChatSession
 from localchat.errors import LocalchatError, UsageError
@@ -51,6 +51,7 @@ MIGRATIONS = [
     "ALTER TABLE turns ADD COLUMN reasoning TEXT",  # a thinking model's reasoning, beside the answer
     # pinned facts (a JSON list of texts) and the notes of a compaction, both after the system message
     "ALTER TABLE sessions ADD COLUMN pins TEXT; ALTER TABLE sessions ADD COLUMN summary TEXT",
+    "ALTER TABLE turns ADD COLUMN steps TEXT",  # a turn's rounds of tool calls and their results (JSON)
 ]
 
 
@@ -159,9 +160,11 @@ class SessionStore:
                 (session.name, session.uid, created, _now(), session.model, session.backend, session.system,
                  json.dumps(session.params), json.dumps(list(session.pins)) if session.pins else None, session.summary))
             conn.executemany(
-                "INSERT INTO turns (session_id, position, user, assistant, stats, reasoning) VALUES (?, ?, ?, ?, ?, ?)",
+                "INSERT INTO turns (session_id, position, user, assistant, stats, reasoning, steps) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
                 [(cursor.lastrowid, i, t.user, t.assistant, json.dumps(stats_to_dict(t.stats)) if t.stats else None,
-                  t.reasoning or None) for i, t in enumerate(session.turns)])
+                  t.reasoning or None, json.dumps([asdict(step) for step in t.steps]) if t.steps else None)
+                 for i, t in enumerate(session.turns)])
             return row is not None
 
     def load(self, name: str) -> SavedSession:
@@ -171,7 +174,7 @@ class SessionStore:
                                "summary FROM sessions WHERE name = ?", (name,)).fetchone()
             if row is None:
                 raise SessionNotFound(f"no saved session named {shown_name(name)} (see: localchat sessions list)")
-            turns = conn.execute("SELECT user, assistant, stats, reasoning FROM turns WHERE session_id = ? "
+            turns = conn.execute("SELECT user, assistant, stats, reasoning, steps FROM turns WHERE session_id = ? "
                                  "ORDER BY position", (row[0],)).fetchall()
         return _session_from_rows(row, turns)
 
@@ -223,7 +226,7 @@ def _session_from_rows(row: tuple, turns: list[tuple]) -> SavedSession:
     if not isinstance(params, dict):
         raise damaged("params", "is not a JSON object")
     loaded = []
-    for position, (user, assistant, stats, reasoning) in enumerate(turns, 1):
+    for position, (user, assistant, stats, reasoning, steps) in enumerate(turns, 1):
         if not isinstance(user, str) or not isinstance(assistant, str):
             raise damaged(f"turn {position}", "has a message that is not text")
         if reasoning is not None and not isinstance(reasoning, str):
@@ -232,9 +235,34 @@ def _session_from_rows(row: tuple, turns: list[tuple]) -> SavedSession:
             figures = stats_from_dict(json.loads(stats)) if stats else None
         except (TypeError, ValueError):
             raise damaged(f"turn {position} stats", "is not JSON") from None
-        loaded.append(Turn(user, assistant, figures, reasoning or ""))
+        try:
+            rounds = tool_steps(json.loads(steps)) if steps is not None else ()
+        except (TypeError, ValueError):
+            raise damaged(f"turn {position} tool calls", "are not whole (each call needs its result)") from None
+        loaded.append(Turn(user, assistant, figures, reasoning or "", rounds))
     return SavedSession(name=name, uid=row[2], model=row[3], backend=row[4], system=row[5], params=params,
                         turns=tuple(loaded), created=row[7], updated=row[8], pins=tuple(pins), summary=row[10])
+
+
+def tool_steps(data: Any) -> tuple[ToolStep, ...]:
+    """Stored rounds of tool calls, checked whole: every call with an id, a name and its result
+    (ValueError otherwise: a half-kept round must never reach a template)."""
+    if not isinstance(data, list):
+        raise ValueError("not a list")
+    steps = []
+    for raw in data:
+        if not isinstance(raw, dict) or not isinstance(raw.get("text"), str) \
+                or not isinstance(raw.get("reasoning", ""), str):
+            raise ValueError("not a round")
+        calls, results = raw.get("calls"), raw.get("results")
+        if not isinstance(calls, list) or not isinstance(results, list) or not calls or len(calls) != len(results):
+            raise ValueError("calls and results do not pair")
+        if not all(isinstance(c, dict) and isinstance(c.get("id"), str) and isinstance(c.get("name"), str)
+                   and isinstance(c.get("arguments"), (dict, str)) for c in calls) \
+                or not all(isinstance(r, str) for r in results):
+            raise ValueError("a call or a result is malformed")
+        steps.append(ToolStep(raw["text"], tuple(calls), tuple(results), raw.get("reasoning", "")))
+    return tuple(steps)
 
 
 @dataclass(frozen=True)
@@ -293,33 +321,3 @@ def validate_name(name: str) -> str:
             or name in (".", ".."):
         raise UsageError(f"invalid session name {shown_name(name)}: use letters, digits, '.', '_' or '-' (at most 64)")
     return name
-
-
-def export_json(session: SavedSession) -> str:
-    return json.dumps({
-        "name": session.name, "model": session.model, "backend": session.backend, "params": session.params,
-        "created": session.created, "updated": session.updated,
-        "messages": system_first(context_message(session.system, list(session.pins), session.summary),
-                                 turn_messages(session.turns)),
-        "pins": list(session.pins), "summary": session.summary,
-        "turn_stats": [stats_to_dict(t.stats) if t.stats else None for t in session.turns],
-        "turn_reasoning": [t.reasoning or None for t in session.turns],
-    }, ensure_ascii=False, indent=2)
-
-
-def export_markdown(session: SavedSession) -> str:
-    lines = [f"# {session.name}", "",
-             f"model: {session.model or '(server default)'} · backend: {session.backend} · "
-             f"saved {session.updated}", ""]
-    if session.system:
-        lines += ["## System", "", session.system, ""]
-    if session.pins:
-        lines += ["## Pinned", "", *(f"- {p}" for p in session.pins), ""]
-    if session.summary:
-        lines += ["## Notes of earlier turns", "", session.summary, ""]
-    for i, turn in enumerate(session.turns, 1):
-        lines += [f"## Turn {i}", "", f"**User:** {turn.user}", ""]
-        if turn.reasoning:
-            lines += ["<details><summary>Reasoning</summary>", "", turn.reasoning, "", "</details>", ""]
-        lines += [f"**Assistant:** {turn.assistant}", ""]
-    return "\n".join(lines)

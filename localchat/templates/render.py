@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from localchat.errors import LocalchatError
+from localchat.errors import LocalchatError, UsageError
 from localchat.templates.limits import RenderTimeout, time_limit
 from localchat.templates.traits import TemplateTraits, probe
 
@@ -51,6 +51,7 @@ class ChatTemplate:
     tokenizer: Any
     model_id: str
     defaults: dict[str, Any] = field(default_factory=dict)  # models.yaml chat_template_kwargs
+    tools: list[dict[str, Any]] = field(default_factory=list)  # the functions every prompt offers
 
     @cached_property
     def _probed(self) -> TemplateTraits | TemplateError:
@@ -77,8 +78,9 @@ class ChatTemplate:
         return self._rendered(lambda: list(self.tokenizer.encode(text, add_special_tokens=False)))
 
     def text(self, messages: list[Message], think: bool | None = None) -> str:
-        """The prompt as text (a render without tokenizing: for checks)."""
-        return self._rendered(lambda: self._render_text(messages, self.kwargs(think), True))
+        """The prompt as text (a render without tokenizing: for checks), the offered tools in it."""
+        kwargs = {**self.kwargs(think), **({"tools": self.tools} if self.tools else {})}
+        return self._rendered(lambda: self._render_text(messages, kwargs, True))
 
     def _render_text(self, messages: list[Message], kwargs: dict[str, Any], generation: bool) -> str:
         with time_limit():
@@ -105,3 +107,16 @@ def template_of(tokenizer: Any, model_id: str, defaults: dict[str, Any] | None =
                                         isinstance(getattr(tokenizer, "chat_template", None), str)):
         return None
     return ChatTemplate(tokenizer, model_id, dict(defaults or {}))
+
+
+def check_tool_support(template: ChatTemplate | None, model_id: str) -> None:
+    """Tools can be offered to this model: its template renders them and its calls can be read."""
+    if template is None:
+        return  # a server's model without a local template: the server decides
+    traits = template.traits
+    if not traits.takes_tools:
+        raise UsageError(f"{model_id}'s chat template has no tool support (offering tools changes nothing in its "
+                         "prompt): leave out --tools, or use a model that calls tools (e.g. -m demo-tools)")
+    if traits.tool_format is None:
+        raise UsageError(f"{model_id}'s chat template renders tools, but its tool-call format is not one mlx_lm "
+                         "0.32 or localchat reads: leave out --tools")

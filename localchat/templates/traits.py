@@ -9,6 +9,7 @@
 - How does the model mark reasoning (think markers, harmony channels), what switches it
   (``enable_thinking``, gpt-oss's ``reasoning_effort``), and does the generation prompt open a think
   block whatever the switch says (DeepSeek-R1 distills)?
+- Does it render tools, and how does the model mark a call (``tool_formats``)?
 """
 
 from __future__ import annotations
@@ -19,11 +20,16 @@ from typing import Any
 
 from localchat.templates.formats import ReasoningFormat, harmony, think_markers
 from localchat.templates.limits import RenderTimeout
+from localchat.templates.tool_formats import ToolFormat, harmony_calls, json_reply, markers
 
 Render = Callable[[list[dict[str, Any]], dict[str, Any], bool], str]  # (messages, kwargs, generation prompt)
 SYSTEM, USER, ANSWER, NEXT, REASONING = "PROBE-SYSTEM", "PROBE-USER", "PROBE-ANSWER", "PROBE-NEXT", "PROBE-REASONING"
 REASONING_FIELDS = ("reasoning_content", "thinking")
 EFFORT = {True: "high", False: "low"}  # gpt-oss cannot answer without reasoning: low is the least
+PROBE_FUNCTION = "probe_function"
+PROBE_TOOL = {"type": "function", "function": {"name": PROBE_FUNCTION, "description": "A probe.", "parameters": {
+    "type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}}}
+PROBE_CALL = {"id": "probe0001", "type": "function", "function": {"name": PROBE_FUNCTION, "arguments": {"x": 1}}}
 
 
 @dataclass(frozen=True)
@@ -34,6 +40,8 @@ class TemplateTraits:
     reasoning: ReasoningFormat | None = None
     think_switch: str | None = None  # "enable_thinking" | "reasoning_effort" | None
     always_thinks: bool = False  # the generation prompt opens a think block whatever the switch says
+    takes_tools: bool = False  # the prompt changes when tools are offered
+    tool_format: ToolFormat | None = None  # how its calls are read; None: not a format localchat reads
 
     def think_kwargs(self, think: bool | None) -> dict[str, Any]:
         """``--think/--no-think`` as the template reads it (nothing when it reads neither)."""
@@ -93,8 +101,10 @@ def probe(render: Render, defaults: dict[str, Any], tokenizer: Any) -> TemplateT
     fmt = _reasoning_format(native or folded or "", tokenizer)
     switch = _think_switch(text, user)
     closed = text([user], {"enable_thinking": False} if switch == "enable_thinking" else None) or ""
+    takes_tools, tool_format = _tool_support(text, user, tokenizer)
     return TemplateTraits(fold_system=fold, system_moves=moves, reasoning_field=field, reasoning=fmt,
-                          think_switch=switch, always_thinks=bool(fmt and fmt.opened_by(closed)))
+                          think_switch=switch, always_thinks=bool(fmt and fmt.opened_by(closed)),
+                          takes_tools=takes_tools, tool_format=tool_format)
 
 
 def _reasoning_format(rendered: str, tokenizer: Any) -> ReasoningFormat | None:
@@ -112,3 +122,21 @@ def _think_switch(text: Callable[..., str | None], user: dict[str, Any]) -> str 
         if on is not None and off is not None and on != off:
             return name
     return None
+
+
+def _tool_support(text: Callable[..., str | None], user: dict[str, Any], tokenizer: Any) -> tuple[bool, ToolFormat | None]:
+    """Whether offering a tool changes the prompt, and the format the model's calls come in: mlx_lm's
+    when it knows the family, else what the template writes for a past call."""
+    offered = text([user], {"tools": [PROBE_TOOL]})
+    if offered is None or offered == text([user]):
+        return False, None
+    if getattr(tokenizer, "has_tool_calling", False):
+        return True, markers(tokenizer)
+    result = {"role": "tool", "tool_call_id": PROBE_CALL["id"], "name": PROBE_FUNCTION, "content": "PROBE-RESULT"}
+    called = text([user, {"role": "assistant", "content": "", "tool_calls": [PROBE_CALL]}, result],
+                  {"tools": [PROBE_TOOL]}, generation=False) or ""
+    if f"to=functions.{PROBE_FUNCTION}" in called:
+        return True, harmony_calls()
+    if f'"name": "{PROBE_FUNCTION}"' in called:
+        return True, json_reply()
+    return True, None

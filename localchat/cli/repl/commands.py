@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from localchat.backends.settings import SETTINGS, parse_setting
-from localchat.cli.render import saved_line
+from localchat.cli.figures import saved_line
 from localchat.conversation.attachment import read_attachment
 from localchat.conversation.compaction import compact
 from localchat.conversation.settings import DEFAULT_KEEP
@@ -196,6 +196,20 @@ def _save(repl: Repl, arg: str) -> bool:
     return True
 
 
+def _tools(repl: Repl, _: str) -> bool:
+    """``/tools``: the functions the model may call, with their parameters."""
+    runner = repl.session.tools
+    if runner is None:
+        repl.ui.info("no tools offered: start with --tools FILE.py (its public functions become tools)")
+        return True
+    for spec in (s["function"] for s in runner.specs):
+        parameters = ", ".join(f"{name}: {schema.get('type', 'any')}" + ("" if name in spec["parameters"]["required"]
+                                                                          else "?")
+                               for name, schema in spec["parameters"]["properties"].items())
+        repl.ui.info(f"{spec['name']}({parameters}) — {spec['description']}")
+    return True
+
+
 def _help(repl: Repl, _: str) -> bool:
     repl.ui.help([(f"{c.name} {c.usage}".strip(), c.summary) for c in COMMANDS.values()])
     return True
@@ -239,6 +253,7 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
     Command("/pins", "", "the pinned facts, numbered", _pins),
     Command("/unpin", "N", "forget pinned fact N", _unpin),
     Command("/save", "[NAME]", "save the conversation (resume: localchat chat --resume NAME)", _save),
+    Command("/tools", "", "the functions the model may call (--tools FILE.py)", _tools),
     Command("/help", "", "this list", _help),
     Command("/quit", "", "leave (Ctrl+D too)", _quit),
     Command("/exit", "", "leave", _quit),

@@ -11,7 +11,8 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
-from localchat.cli.render import ChatUI, saved_line
+from localchat.cli.figures import saved_line
+from localchat.cli.render import ChatUI
 from localchat.cli.repl.line_editor import KeysDropped
 from localchat.conversation.attachment import Attachment
 from localchat.conversation.result import TurnResult
