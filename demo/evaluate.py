@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from demo.corpus import EVAL_BEHAVIOURS, JSON_SYSTEM, Dialogue, heldout_dialogue
-from localchat.conversation.history import Conversation
+from localchat.conversation.history import Conversation, Turn
 
 MAX_REPLY_TOKENS = 32
 
@@ -72,7 +72,7 @@ def replay(model: Any, tokenizer: Any, dialogue: Dialogue, template_kwargs: dict
     for exchange in dialogue.exchanges:
         reply = generate_reply(model, tokenizer, conversation.preview(exchange.user), template_kwargs, max_tokens)
         replies.append(reply)
-        conversation.commit(exchange.user, reply.answer)
+        conversation.commit(Turn(exchange.user, reply.answer))
     return replies
 
 

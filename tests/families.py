@@ -210,3 +210,21 @@ def free_tokens(hf, limit: int = 1500) -> list[int]:
     special = set(hf.all_special_ids) | {i for t, i in vocab.items() if t.startswith("<")}
     plain = sorted(i for t, i in vocab.items() if re.fullmatch(r"(Ġ|▁)?[a-z]{3,}", t) and i not in special)
     return plain[:limit]
+
+
+def built(families: list[Family], smollm2: Path, name: str, tools: bool = False) -> dict[str, Path]:
+    """The families' model directories, built once per machine under ``name``, keyed by what they
+    are made of (templates, this file, the scripted model, the base tokenizer)."""
+    import hashlib
+
+    from machine_cache import machine_cache
+
+    parts = [*sorted(TEMPLATES.glob("*.jinja")), HERE / "families.py", HERE / "scripted_model.py"]
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in parts) + str(smollm2).encode()).hexdigest()[:16]
+    with machine_cache(f"{name}-{digest}") as root:
+        if not (root / "done").is_file():
+            shutil.rmtree(root, ignore_errors=True)
+            for family in families:
+                build_family_model(family, smollm2, root / family.name, tools=tools)
+            (root / "done").touch()
+    return {family.name: root / family.name for family in families}

@@ -6,16 +6,13 @@ server). Each family's conversations run once (``runs``); the checks read what t
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from families import FAMILIES, HERE, TEMPLATES, build_family_model
-from machine_cache import machine_cache
+from families import FAMILIES, built
 from typer.testing import CliRunner
 
 from localchat.backends import GenerationParams
@@ -31,15 +28,7 @@ CHECKS = ("single", "system", "history", "think", "kv_reuse", "server")
 @pytest.fixture(scope="module")
 def family_dirs(smollm2) -> dict[str, Path]:
     """Every family's model directory, built once per machine (keyed by what it is made of)."""
-    parts = [*sorted(TEMPLATES.glob("*.jinja")), HERE / "families.py", HERE / "scripted_model.py"]
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in parts) + str(smollm2).encode()).hexdigest()[:16]
-    with machine_cache(f"families-{digest}") as root:
-        if not (root / "done").is_file():
-            shutil.rmtree(root, ignore_errors=True)
-            for family in FAMILIES:
-                build_family_model(family, smollm2, root / family.name)
-            (root / "done").touch()
-    return {family.name: root / family.name for family in FAMILIES}
+    return built(FAMILIES, smollm2, "families")
 
 
 @pytest.fixture(scope="module")

@@ -4,13 +4,10 @@ and through one real mlx_lm.server, with KV reuse across the rounds and the turn
 
 from __future__ import annotations
 
-import hashlib
-import shutil
 from pathlib import Path
 
 import pytest
-from families import ADD_ARGUMENTS, FAMILIES, HERE, TEMPLATES, build_family_model
-from machine_cache import machine_cache
+from families import ADD_ARGUMENTS, FAMILIES, HERE, built
 
 from localchat.backends import GenerationParams
 from localchat.conversation.history import Conversation
@@ -25,15 +22,7 @@ MARKERS = ("<tool_call>", "[TOOL_CALLS]", "<arg_key>", "<|channel|>", '"name"', 
 
 @pytest.fixture(scope="module")
 def tool_dirs(smollm2) -> dict[str, Path]:
-    parts = [*sorted(TEMPLATES.glob("*.jinja")), HERE / "families.py", HERE / "scripted_model.py"]
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in parts) + str(smollm2).encode()).hexdigest()[:16]
-    with machine_cache(f"tool-families-{digest}") as root:
-        if not (root / "done").is_file():
-            shutil.rmtree(root, ignore_errors=True)
-            for family in TOOL_FAMILIES:
-                build_family_model(family, smollm2, root / family.name, tools=True)
-            (root / "done").touch()
-    return {family.name: root / family.name for family in TOOL_FAMILIES}
+    return built(TOOL_FAMILIES, smollm2, "tool-families", tools=True)
 
 
 @pytest.fixture(scope="module")

@@ -461,13 +461,18 @@ def test_slash_tools_lists_them_and_stats_counts_rounds_and_tool_time(home):
     try:
         done = runner.invoke(app, ["chat", "--backend", "server", "--base-url", server.base_url, "--tools",
                                    str(EXAMPLE), "--approve-tools"], input="/tools\nWhat is 2 plus 3?\n/history\n"
-                                                                           "/stats\n/quit\n/quit\n")
+                                                                           "/stats\n/save sums\n/quit\n")
     finally:
         server.close()
     assert done.exit_code == 0, done.stderr
     assert "add(a: integer, b: integer) — Add two whole numbers and return their sum." in done.stderr
     assert "assistant: → add({\"a\": 2, \"b\": 3})" in done.stderr and "tool (add): 5" in done.stderr
     assert "tool rounds 1 · tool calls 1 · time inside tools" in done.stderr and "turns 1 " in done.stderr
+    shown = runner.invoke(app, ["sessions", "show", "sums"]).stdout
+    assert 'tool: add({"a": 2, "b": 3}) → 5' in shown
+    exported = json.loads(runner.invoke(app, ["sessions", "export", "sums", "--format", "json"]).stdout)
+    assert [m["role"] for m in exported["messages"]] == ["user", "assistant", "tool", "assistant"]
+    assert exported["messages"][1]["tool_calls"][0]["function"]["arguments"] == {"a": 2, "b": 3}
 
 
 def test_a_terminal_asks_before_each_call_and_always_means_this_session(tmp_path):
@@ -492,3 +497,35 @@ def test_a_terminal_asks_before_each_call_and_always_means_this_session(tmp_path
     results = [json.loads(body)["messages"][-1]["content"] for path, _, body in server.requests
                if path.endswith("completions") and json.loads(body)["messages"][-1]["role"] == "tool"]
     assert results == ["refused: the user did not approve this call", "5", "5"]
+
+
+def test_bench_and_load_run_the_tools_and_count_rounds_tool_time_and_tokens(home, tmp_path):
+    script = tmp_path / "sums.yaml"
+    script.write_text("name: sums\nconversations:\n  - turns:\n      - user: What is 2 plus 3?\n"
+                      "      - user: And 4 plus 4?\n")
+    server = FakeServer()
+    usage = {"choices": [], "usage": {"prompt_tokens": 40, "completion_tokens": 5}}
+    first = asks_for_add()[0]
+    answer = Reply(chunks=sse(delta("5.", "stop"), {"choices": [], "usage": {"prompt_tokens": 61, "completion_tokens": 2}}))
+    server.chat([Reply(chunks=first.chunks[:-1] + sse(usage)), answer])  # demo-tools lends the template
+    try:
+        refused = runner.invoke(app, ["bench", "-m", "demo-tools", "--backend", "server", "--base-url",
+                                      server.base_url, "--tools", str(EXAMPLE), "--script", str(script)])
+        bench = runner.invoke(app, ["bench", "-m", "demo-tools", "--backend", "server", "--base-url", server.base_url,
+                                    "--history", "on",
+                                    "--tools", str(EXAMPLE), "--approve-tools", "--script", str(script), "--out",
+                                    str(tmp_path / "bench")])
+        load = runner.invoke(app, ["load", "--base-url", server.base_url, "--users", "2", "--conversations", "1",
+                                   "--warmup", "0", "--history", "on", "--script", str(script), "--tools", str(EXAMPLE),
+                                   "--approve-tools", "--out", str(tmp_path / "load")])
+    finally:
+        server.close()
+    assert refused.exit_code == 2 and "needs --approve-tools" in refused.stderr
+    assert bench.exit_code == 0, bench.stderr
+    assert "server history-on: tools: 2 calls in 2 rounds" in bench.stdout and "add 21 prompt tokens a turn" in bench.stdout
+    turns = json.loads((tmp_path / "bench" / "results.json").read_text())["turns"]
+    assert [(t["tool_rounds"], t["tool_calls"], t["tool_prompt_tokens"]) for t in turns] == [(1, 1, 21)] * 2
+    assert load.exit_code == 0, load.stdout + load.stderr
+    assert "2 users, history on: tools: 4 rounds of calls" in " ".join(load.stdout.split())
+    run = json.loads((tmp_path / "load" / "results.json").read_text())["runs"][0]
+    assert run["tools"]["rounds"] == 4 and run["tools"]["prompt_tokens_per_request"] == 21

@@ -11,6 +11,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
+from typing import Any
 
 from localchat.backends import Backend, GenerationParams
 from localchat.bench.policies import policy_summary
@@ -83,6 +84,10 @@ class TurnRecord:
     compactions: int = 0  # summary calls made before this turn
     compaction_tokens: int = 0  # their prompt and completion tokens
     compaction_s: float = 0.0  # their time
+    tool_rounds: int = 0  # model rounds that ended in tool calls before the answer
+    tool_calls: int = 0
+    tool_s: float = 0.0  # time inside the tools, apart from model time
+    tool_prompt_tokens: int = 0  # what the calls and their results add to the answer's prompt
 
 
 @dataclass(frozen=True)
@@ -92,6 +97,7 @@ class BenchPlan:
     warmup: int
     params: GenerationParams
     seed: int
+    tools: Any = None  # tools.runner.ToolRunner: the functions every conversation offers
 
 
 Progress = Callable[[str, int, str, int], None]  # (arm label, repeat, script, turn)
@@ -102,7 +108,7 @@ def play_conversation(backend: Backend, arm: Arm, script: BenchScript, conversat
     history = Conversation.for_backend(backend, script.system)
     session = ChatSession(backend, history, replace(bench.params, think=arm.think), use_history=arm.history,
                           trim=arm.policy.trim(TrimPolicy()) if arm.policy else TrimPolicy(),
-                          compaction=arm.policy.compaction() if arm.policy else None).prepare()
+                          compaction=arm.policy.compaction() if arm.policy else None, tools=bench.tools).prepare()
     records: list[TurnRecord] = []
     for i, turn in enumerate(plan(script, bench.seed, repeat, conversation), 1):
         on_turn(arm.label, repeat, script.name, i)
@@ -127,7 +133,9 @@ def play_conversation(backend: Backend, arm: Arm, script: BenchScript, conversat
             estimated=s.estimated, cache_miss=miss, policy=arm.policy.label if arm.policy else None, fact=turn.fact,
             dropped_turns=result.dropped_turns, compactions=int(summary is not None),
             compaction_tokens=summary.prompt_tokens + summary.completion_tokens if summary else 0,
-            compaction_s=summary.total_s if summary else 0.0))
+            compaction_s=summary.total_s if summary else 0.0, tool_rounds=len(result.steps),
+            tool_calls=sum(len(step.calls) for step in result.steps), tool_s=result.tool_s,
+            tool_prompt_tokens=s.prompt_tokens - result.rounds[0].prompt_tokens if result.rounds else 0))
     return records
 
 
@@ -168,6 +176,10 @@ def summarize_arm(records: list[TurnRecord]) -> dict:
         "cached_tokens_total": sum(r.cached_tokens for r in records),
         "prefilled_tokens_total": sum(r.prompt_tokens - r.cached_tokens for r in records),
         "cache_misses": sum(r.cache_miss for r in records),
+        "tool_rounds_total": sum(r.tool_rounds for r in records),
+        "tool_calls_total": sum(r.tool_calls for r in records),
+        "tool_s_total": sum(r.tool_s for r in records),
+        "tool_prompt_tokens_mean": statistics.fmean(r.tool_prompt_tokens for r in records) if records else None,
         "estimated_counts": any(r.estimated for r in records),
         "per_script_accuracy": {
             name: _accuracy([r for r in scored if r.script == name])

@@ -86,6 +86,11 @@ def comparison_lines(result: BenchResult) -> list[str]:
                          "by N·S + T·N(N+1)/2")
         elif g:
             lines.append(f"{arm}: prompt tokens per turn slope {g['T']:+.1f} (flat without history)")
+    for arm, a in summary["arms"].items():
+        if a["tool_calls_total"]:
+            lines.append(f"{arm}: tools: {a['tool_calls_total']} calls in {a['tool_rounds_total']} rounds, "
+                         f"{a['tool_s_total']:.2f}s inside the tools (apart from model time); calls and results add "
+                         f"{_f(a['tool_prompt_tokens_mean'], '.0f')} prompt tokens a turn")
     for backend, k in summary["kv_reuse"].items():
         lines.append(f"{backend}: KV reuse prefilled {_f(k['prefilled_ratio'], '.0%')} of the tokens "
                      f"no-reuse did ({k['prefilled_tokens_saved']} saved), TTFT ×{_f(k['ttft_ratio'], '.2f')}")

@@ -14,7 +14,7 @@ import os
 import shlex
 import tempfile
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,8 @@ from localchat.registry import (
     quantization_bits,
     resolve,
 )
+from localchat.tools.host import tool_files
+from localchat.tools.runner import unattended_runner
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,9 @@ class BenchOptions:
     replay: tuple[str, ...] = ()  # saved session names
     think: str | None = None  # on | off | both; None: the model's default, nothing sent
     policy: str | None = None  # history policies side by side: full,window:N,budget:N,compact:N,pin:N
+    tools: tuple[Path, ...] = ()  # --tools: functions every arm offers
+    approve_tools: bool = False
+    tool_timeout_s: float = 30.0
 
 
 def arms_for(opts: BenchOptions) -> list[Arm]:
@@ -136,6 +141,8 @@ def rerun_command(opts: BenchOptions) -> str:
         args += ["--think", opts.think]
     if opts.policy:
         args += ["--policy", opts.policy]
+    for path in opts.tools:
+        args += ["--tools", str(path), "--approve-tools"]
     if opts.base_url:
         args += ["--base-url", opts.base_url]
     return shlex.join(args)
@@ -148,15 +155,18 @@ def ref_name(opts: BenchOptions) -> str:
 class ArmBackends:
     """Opens each arm's backend once (one loaded model, one server) and closes them all."""
 
-    def __init__(self, ref: ModelRef, opts: BenchOptions, on_status: Callable[[str], None]):
-        self.ref, self.opts, self.on_status = ref, opts, on_status
+    def __init__(self, ref: ModelRef, opts: BenchOptions, on_status: Callable[[str], None], tools: Any = None):
+        self.ref, self.opts, self.on_status, self.tools = ref, opts, on_status, tools
         self.model = self.tokenizer = self.server = None
         self.opened: dict[tuple[str, bool], Any] = {}
 
     def for_arm(self, arm: Arm):
         key = (arm.backend, arm.cache_reuse)
         if key not in self.opened:
-            self.opened[key] = self._inproc(arm.cache_reuse) if arm.backend == "inproc" else self._server()
+            backend = self._inproc(arm.cache_reuse) if arm.backend == "inproc" else self._server()
+            if self.tools is not None:
+                backend.offer_tools(self.tools.specs)
+            self.opened[key] = backend
         return self.opened[key]
 
     def _inproc(self, cache_reuse: bool):
@@ -229,6 +239,9 @@ def prepare_bench(opts: BenchOptions) -> PreparedBench:
     if not scripts:
         raise UsageError("no bench scripts: pass --script FILE")
     ref = resolve(opts.model or DEFAULT_MODEL)
+    if opts.tools and not opts.approve_tools:
+        raise UsageError("--tools in a run nobody watches needs --approve-tools (every call runs without asking)")
+    tool_files(list(opts.tools))
     params = GenerationParams(temperature=opts.temperature, max_tokens=opts.max_tokens, seed=opts.seed)
     return PreparedBench(opts=opts, ref=ref, plan=BenchPlan(scripts, opts.repeat, opts.warmup, params, opts.seed),
                          arms=arms)
@@ -242,7 +255,8 @@ def run_bench(prepared: PreparedBench, *, on_start: Callable[[int], None] = lamb
     opts, ref, bench, arms = prepared.opts, prepared.ref, prepared.plan, prepared.arms
     scripts = bench.scripts
     per_arm = (bench.repeat + bench.warmup) * sum(len(t) for s in scripts for t in s.conversations)
-    backends = ArmBackends(ref, opts, on_status)
+    tools = unattended_runner(opts.tools, opts.approve_tools, opts.tool_timeout_s)
+    backends = ArmBackends(ref, opts, on_status, tools)
     on_start(per_arm * len(arms))
 
     def turn_started(arm: str, repeat: int, script: str, turn: int) -> None:
@@ -252,10 +266,12 @@ def run_bench(prepared: PreparedBench, *, on_start: Callable[[int], None] = lamb
     try:
         turns: list[TurnRecord] = []
         for arm in arms:
-            turns += run_arm(backends.for_arm(arm), arm, bench, turn_started)
+            turns += run_arm(backends.for_arm(arm), arm, replace(bench, tools=tools), turn_started)
         tokenizer = backends.tokenizer or _local_tokenizer(ref)
     finally:
         backends.close()
+        if tools:
+            tools.close()
     settings = asdict(opts) | {"arms": [a.label for a in arms], "scripts": [s.path for s in scripts]}
     settings = json.loads(json.dumps(settings, default=str))
     return BenchResult(environment_block(ref, tokenizer, opts), settings, turns)

@@ -12,7 +12,18 @@ from localchat.backends import DEFAULT_BASE_URL, DEFAULT_TIMEOUT_S
 from localchat.cli.chat_command import chat
 from localchat.cli.dispatch import OneLineErrors, err_console, out_console, run
 from localchat.cli.measure_commands import SERVER_ARGS, bench, load
-from localchat.cli.options import ApiKeyOpt, BaseUrlOpt, ExportFormat, ModelOpt, TimeoutOpt
+from localchat.cli.options import (
+    ApiKeyOpt,
+    BaseUrlOpt,
+    DistributedBackend,
+    DistributedBackendOpt,
+    ExportFormat,
+    HostfileOpt,
+    ModelOpt,
+    RanksOpt,
+    TimeoutOpt,
+    ranks_of,
+)
 
 app = typer.Typer(
     name="localchat", cls=OneLineErrors, no_args_is_help=True, add_completion=False, rich_markup_mode=None,
@@ -31,10 +42,17 @@ def serve(
     port: Annotated[int, typer.Option(min=1, max=65535, envvar="LOCALCHAT_PORT")] = 8080,
     log: Annotated[Optional[Path], typer.Option(help="mlx_lm.server's log file [default: logs/server-PORT.log in the localchat data directory].")] = None,
     smoke: Annotated[bool, typer.Option("--smoke", help="Start, run the smoke test, stop; exit with its result.")] = False,
+    ranks: RanksOpt = None,
+    hostfile: HostfileOpt = None,
+    distributed_backend: DistributedBackendOpt = DistributedBackend.ring,
+    pipeline: Annotated[bool, typer.Option("--pipeline", help="Split the layers across the ranks instead of the heads.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the command that would run, and start nothing.")] = False,
 ) -> None:
-    """Launch mlx_lm.server (extra server args after --), ready when a completion succeeds."""
+    """Launch mlx_lm.server (extra server args after --), ready when a completion succeeds; on
+    several ranks with --ranks N (this machine) or --hostfile FILE (mlx.launch's)."""
     run("localchat.cli.serve:run_serve", model=model, host=host, port=port, log=log, smoke=smoke,
-        extra=tuple(ctx.args), console=out_console())
+        extra=tuple(ctx.args), console=out_console(), dry_run=dry_run,
+        ranks=ranks_of(ranks, hostfile, distributed_backend, pipeline))
 
 
 @app.command("smoke")
@@ -54,9 +72,15 @@ def smoke_cmd(
 def parity(
     model: ModelOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print a machine-readable result.")] = False,
+    ranks: RanksOpt = None,
+    hostfile: HostfileOpt = None,
+    distributed_backend: DistributedBackendOpt = DistributedBackend.ring,
+    pipeline: Annotated[bool, typer.Option("--pipeline", help="The server splits layers, not heads, across ranks.")] = False,
 ) -> None:
-    """The same 3-turn greedy conversation in-process and through a launched server: identical?"""
-    run("localchat.cli.serve:run_parity_cmd", model=model, as_json=as_json, console=out_console())
+    """The same 3-turn greedy conversation in-process and through a launched server (on several
+    ranks with --ranks N): identical?"""
+    run("localchat.cli.serve:run_parity_cmd", model=model, as_json=as_json, console=out_console(),
+        ranks=ranks_of(ranks, hostfile, distributed_backend, pipeline))
 
 
 sessions_app = typer.Typer(help="Saved conversations (/save NAME in the REPL, chat --resume NAME).",

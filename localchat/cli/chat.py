@@ -15,7 +15,7 @@ from rich.console import Console
 from localchat.backends import Backend, GenerationParams
 from localchat.backends.mlx_options import RuntimeOptions, server_fields
 from localchat.cli import outcomes
-from localchat.cli.options import ChatOptions, ToolOptions, check_tool_files
+from localchat.cli.options import ChatOptions, ToolOptions
 from localchat.cli.render import ChatUI
 from localchat.cli.repl import REPL_COMMANDS, Repl
 from localchat.conversation.compaction import CompactionPolicy
@@ -223,7 +223,7 @@ def tool_runner(options: ToolOptions, ui: ChatUI) -> ToolRunner | None:
     from localchat.tools.host import ToolHost
     from localchat.tools.runner import ToolRunner, approve_all, refuse_unasked
 
-    host = ToolHost(list(check_tool_files(list(options.files))), options.timeout_s)
+    host = ToolHost(list(options.files), options.timeout_s)
     if options.approve:
         approve = approve_all
     elif sys.stdin.isatty() and sys.stderr.isatty():

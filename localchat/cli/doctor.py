@@ -52,6 +52,17 @@ def server_answers(base_url: str) -> str:
     return f"{root}/health answered HTTP {response.status_code}"
 
 
+def distributed_backends() -> str:
+    """Which of mlx.launch's backends this MLX build can start (``serve --ranks/--hostfile``)."""
+    import mlx.core as mx
+
+    from localchat.server.distributed import BACKENDS
+
+    have = [b for b in BACKENDS if mx.distributed.is_available(backend=b)]
+    missing = [b for b in BACKENDS if b not in have]
+    return f"{', '.join(have) or 'none'} available" + (f"; not in this build: {', '.join(missing)}" if missing else "")
+
+
 def run_doctor(console: Console, base_url: str) -> None:
     from huggingface_hub import constants
 
@@ -62,6 +73,7 @@ def run_doctor(console: Console, base_url: str) -> None:
     table.add_row("chip", env.chip + ("" if env.apple_silicon else " (not Apple Silicon)"))
     table.add_row("mlx device", f"{env.mlx_device} (Metal {'available' if env.metal_available else 'not available'})")
     table.add_row("mlx / mlx-lm", f"{env.mlx_version} / {env.mlx_lm_version}")
+    table.add_row("distributed", distributed_backends())
     table.add_row("localchat", env.localchat_version + (f" ({env.git_commit})" if env.git_commit else ""))
     table.add_row("HF cache", str(constants.HF_HUB_CACHE))
     table.add_row("HF offline", os.environ.get("HF_HUB_OFFLINE", "unset") + " (localchat sets 1 unless --allow-download)")

@@ -11,6 +11,7 @@ from localchat.backends import DEFAULT_BASE_URL, DEFAULT_TIMEOUT_S
 from localchat.cli.dispatch import err_console, out_console, run, user_errors
 from localchat.cli.options import (
     ApiKeyOpt,
+    ApproveToolsOpt,
     BaseUrlOpt,
     BenchBackend,
     Compact,
@@ -19,6 +20,8 @@ from localchat.cli.options import (
     OnOffBoth,
     OutputFormat,
     TimeoutOpt,
+    ToolsOpt,
+    ToolTimeoutOpt,
     TrimToOpt,
     check_base_url,
     check_seconds,
@@ -49,12 +52,16 @@ def bench(
     replay: Annotated[Optional[list[str]], typer.Option("--replay", help="Replay a saved session's user turns as a script; repeatable.")] = None,
     think: Annotated[Optional[OnOffBoth], typer.Option(help="Thinking on, off, or both (side by side: what reasoning costs) [default: the model's own].")] = None,
     policy: Annotated[Optional[str], typer.Option(help="History policies side by side on long scripts: full,window:N,budget:N,compact:N,pin:N.")] = None,
+    tools: ToolsOpt = None,
+    approve_tools: ApproveToolsOpt = False,
+    tool_timeout: ToolTimeoutOpt = 30.0,
 ) -> None:
     """History on vs off at a fixed temperature: what history costs (tokens, TTFT) and buys (answers)."""
     opts = dict(model=model, backend=backend.value, history=history.value, scripts=tuple(script or ()),
                         repeat=repeat, warmup=warmup, temperature=temperature, seed=seed, max_tokens=max_tokens,
                         no_cache_reuse=no_cache_reuse, base_url=base_url, out=out, format=format.value,
-                        plot=plot, replay=tuple(replay or ()), think=think.value if think else None, policy=policy)
+                        plot=plot, replay=tuple(replay or ()), think=think.value if think else None, policy=policy,
+                        tools=tuple(tools or ()), approve_tools=approve_tools, tool_timeout_s=tool_timeout)
     run("localchat.cli.bench:run_bench_cmd", options=opts, console=out_console(), err=err_console())
 
 
@@ -84,6 +91,9 @@ def load(
     max_context_tokens: Annotated[Optional[int], typer.Option(min=1, help="Each user's history budget, in tokens.")] = None,
     trim_to: TrimToOpt = DEFAULT_TRIM_TO,
     compact: CompactOpt = Compact.off,
+    tools: ToolsOpt = None,
+    approve_tools: ApproveToolsOpt = False,
+    tool_timeout: ToolTimeoutOpt = 30.0,
 ) -> None:
     """Many simulated users with multi-turn history against an OpenAI-compatible server."""
     from localchat.load.sweep import LoadOptions, parse_sweep
@@ -95,5 +105,6 @@ def load(
                        conversations=conversations, warmup=warmup, temperature=temperature, max_tokens=max_tokens, seed=seed,
                        slo_ttft_s=slo_ttft, slo_tpot_s=slo_tpot, out=out, plot=plot, launch=launch,
                        server_args=tuple(ctx.args), timeout_s=timeout, max_context_tokens=max_context_tokens,
-                       trim_to=trim_to, compact=compact is Compact.auto)
+                       trim_to=trim_to, compact=compact is Compact.auto, tools=tuple(tools or ()),
+                       approve_tools=approve_tools, tool_timeout_s=tool_timeout)
     run("localchat.cli.load:run_load_cmd", opts=opts, console=out_console(), err=err_console())

@@ -131,23 +131,6 @@ MaxToolRoundsOpt = Annotated[int, typer.Option(min=1, max=100, help="Rounds of t
                                                                     "must answer.")]
 
 
-def check_tool_files(files: list[Path] | None) -> tuple[Path, ...]:
-    """``--tools`` files that can be offered: existing, readable Python files (what they define is
-    checked when they are imported, in the tool process)."""
-    from localchat.errors import UsageError
-
-    for path in files or ():
-        if not path.is_file():
-            raise UsageError(f"--tools {path}: no such file" if not path.exists() else f"--tools {path}: not a file")
-        if path.suffix != ".py":
-            raise UsageError(f"--tools {path}: not a Python file (FILE.py)")
-        try:
-            path.open("rb").close()
-        except OSError as exc:
-            raise UsageError(f"--tools {path}: cannot be read ({exc.strerror})") from None
-    return tuple(files or ())
-
-
 class Compact(str, Enum):
     off = "off"
     auto = "auto"
@@ -175,6 +158,35 @@ ThinkOpt = Annotated[Optional[bool], typer.Option(
          "[default: the model's own].")]
 TimeoutOpt = Annotated[float, typer.Option(callback=check_seconds, envvar="LOCALCHAT_TIMEOUT",
                                            help="Give up on a server that makes no progress for this many seconds.")]
+
+
+class DistributedBackend(str, Enum):
+    """mlx.launch's backends: TCP ring, Thunderbolt 5 RDMA, MPI, NCCL (CUDA)."""
+
+    ring = "ring"
+    jaccl = "jaccl"
+    mpi = "mpi"
+    nccl = "nccl"
+
+
+RanksOpt = Annotated[Optional[int], typer.Option(min=1, max=64, help="Serve from N ranks on this machine (loopback, "
+                                                                     "ring): mlx.launch, tensor parallel.")]
+HostfileOpt = Annotated[Optional[Path], typer.Option(help="mlx.launch's host file: one rank a host (the model "
+                                                          "directory must exist on every host).")]
+DistributedBackendOpt = Annotated[DistributedBackend, typer.Option(help="mlx.launch's backend with --ranks or "
+                                                                         "--hostfile.")]
+
+
+def ranks_of(count: int | None, hostfile: Path | None, backend: DistributedBackend, pipeline: bool) -> Any:
+    """``server.distributed.Ranks`` when the server runs on several ranks, else None."""
+    if count is None and hostfile is None:
+        if pipeline or backend is not DistributedBackend.ring:
+            raise typer.BadParameter("needs --ranks N or --hostfile FILE",
+                                     param_hint="--pipeline" if pipeline else "--distributed-backend")
+        return None
+    from localchat.server.distributed import Ranks
+
+    return Ranks(count=count, hostfile=hostfile, backend=backend.value, pipeline=pipeline)
 
 
 class Backend(str, Enum):

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import shlex
 import time
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
@@ -15,7 +17,8 @@ from localchat.backends.openai_http import backend_for
 from localchat.cli import outcomes
 from localchat.errors import LocalchatError, raise_on_sigterm
 from localchat.registry import DEFAULT_MODEL, DEMO_MODEL, resolve
-from localchat.server.launch import LOOPBACK, start_ready
+from localchat.server.distributed import Ranks, check_ranks
+from localchat.server.launch import LOOPBACK, ServerStartError, failure_line, last_lines, server_command, start_ready
 from localchat.server.parity import ParityReport, run_parity
 from localchat.server.smoke import SmokeReport, run_smoke
 
@@ -34,17 +37,25 @@ def show_smoke(console: Console, report: SmokeReport, as_json: bool) -> None:
 
 
 def run_serve(*, model: str | None, host: str, port: int, log: Path | None, smoke: bool,
-              extra: tuple[str, ...], console: Console) -> int:
-    """Serve until Ctrl+C or SIGTERM (success), or run the smoke test and stop (its result)."""
+              extra: tuple[str, ...], console: Console, ranks: Ranks | None = None, dry_run: bool = False) -> int:
+    """Serve until Ctrl+C or SIGTERM (success), or run the smoke test and stop (its result);
+    ``--dry-run`` shows the command and starts nothing."""
     ref = resolve(model or DEFAULT_MODEL)
+    if dry_run:
+        if ranks is not None:
+            check_ranks(ranks, None)
+        console.print(shlex.join(server_command(ref.location, host, port, extra, ranks)), markup=False,
+                      overflow="ignore", crop=False)
+        return outcomes.OK
     if host not in LOOPBACK:
         console.print(f"[yellow]warning: binding {host}: mlx_lm.server has no authentication; "
                       "anyone who can reach this port can use the model[/yellow]")
     raise_on_sigterm()
-    with console.status("starting mlx_lm.server …") as status:
-        server = start_ready(ref, host=host, port=port, log=log, extra=extra, on_poll=status.update)
+    with console.status("starting mlx_lm.server …") as status, shown_log_on_failure(console):
+        server = start_ready(ref, host=host, port=port, log=log, extra=extra, on_poll=status.update, ranks=ranks)
+    where = f" · {ranks.size} ranks ({ranks.backend}{', pipeline' if ranks.pipeline else ''})" if ranks else ""
     try:
-        console.print(f"[green]ready[/green] {server.base_url} · model {ref.id} ({ref.location}) · "
+        console.print(f"[green]ready[/green] {server.base_url} · model {ref.id} ({ref.location}){where} · "
                       f"loaded in {server.load_s:.1f}s · log {server.log_path}")
         if smoke:
             report = run_smoke(backend_for(server.base_url, ref), judge_recall=ref.id == DEMO_MODEL)
@@ -56,13 +67,34 @@ def run_serve(*, model: str | None, host: str, port: int, log: Path | None, smok
         console.print("Ctrl+C stops the server.", style="dim")
         while server.process.poll() is None:
             time.sleep(0.5)
-        raise LocalchatError(f"mlx_lm.server exited with code {server.process.returncode}; see {server.log_path}")
+        show_log_tail(console, server.log_path)
+        raise LocalchatError(f"mlx_lm.server exited with code {server.process.returncode}: "
+                             f"{failure_line(server.log_path)} (log: {server.log_path})")
     except KeyboardInterrupt:
         return outcomes.OK
     finally:
         stopped_by_us = server.process.poll() is None
         code = server.stop()
         console.print("server stopped" if stopped_by_us else f"server exited (exit code {code})", style="dim")
+
+
+def show_log_tail(console: Console, path: Path, lines: int = 12) -> None:
+    """The end of the server's log, dim, above the one error line."""
+    tail = last_lines(path, lines).rstrip()
+    if tail:
+        console.print(f"the end of {path}:", style="dim", markup=False)
+        console.print(tail, style="dim", markup=False, highlight=False)
+
+
+@contextmanager
+def shown_log_on_failure(console: Console):
+    """A server that failed to start shows its log's tail before its error line."""
+    try:
+        yield
+    except ServerStartError as exc:
+        if exc.log_path is not None:
+            show_log_tail(console, exc.log_path)
+        raise
 
 
 def run_smoke_cmd(*, base_url: str, model: str | None, api_key: str | None, timeout_s: float, as_json: bool,
@@ -77,9 +109,9 @@ def run_smoke_cmd(*, base_url: str, model: str | None, api_key: str | None, time
     return outcomes.report_exit(report.ok)
 
 
-def run_parity_cmd(*, model: str | None, as_json: bool, console: Console) -> int:
-    with console.status("parity …") as status:
-        report = run_parity(model, on_status=status.update)
+def run_parity_cmd(*, model: str | None, as_json: bool, console: Console, ranks: Ranks | None = None) -> int:
+    with console.status("parity …") as status, shown_log_on_failure(console):
+        report = run_parity(model, on_status=status.update, ranks=ranks)
     show_parity(console, report, as_json)
     return outcomes.report_exit(report.ok)
 

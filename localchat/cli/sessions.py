@@ -53,6 +53,7 @@ def cache_description(name: str) -> str:
 
 def show_session(console: Console, name: str) -> None:
     from localchat.cli.figures import stats_line
+    from localchat.cli.render import shortened
 
     saved = default_store().load(name)
     console.print(f"[bold]{escape(saved.name)}[/bold] · model {escape(saved.model or '(server default)')} · "
@@ -66,6 +67,10 @@ def show_session(console: Console, name: str) -> None:
         console.print(f"[cyan]notes of earlier turns[/cyan]: {escape(saved.summary)}")
     for i, turn in enumerate(saved.turns, 1):
         console.print(f"{i:>3}. [cyan]user[/cyan]: {escape(turn.user)}")
+        for step in turn.steps:
+            for call, result in zip(step.calls, step.results):
+                console.print(f"     [cyan]tool[/cyan]: {escape(call['name'])}({escape(shortened(call['arguments']))})"
+                              f" → {escape(shortened(result))}")
         if turn.reasoning:
             console.print(f"     [cyan]reasoning[/cyan]: {escape(turn.reasoning)}", style="dim")
         console.print(f"     [cyan]assistant[/cyan]: {escape(turn.assistant)}")

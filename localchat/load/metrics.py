@@ -61,6 +61,9 @@ class RequestRecord:
     scored: bool
     correct: bool | None
     compaction_tokens: int = 0  # a summary call before this request (its prompt and completion)
+    tool_rounds: int = 0  # model rounds that ended in tool calls before the answer
+    tool_s: float = 0.0  # inside the tools, apart from model time
+    tool_prompt_tokens: int = 0  # what the calls and their results add to the answer's prompt
 
     @property
     def ok(self) -> bool:
@@ -88,7 +91,9 @@ def request_record(result: TurnResult, *, users: int, history: bool, user: int, 
         itl_median_s=gaps[len(gaps) // 2] if gaps else None, tpot_s=tpot, e2e_s=s.total_s,
         prompt_tokens=s.prompt_tokens, cached_tokens=s.cached_tokens, completion_tokens=s.completion_tokens,
         reasoning_tokens=s.reasoning_tokens, estimated=s.estimated, scored=scored,
-        correct=correct if not failed else None, compaction_tokens=_summary_tokens(result))
+        correct=correct if not failed else None, compaction_tokens=_summary_tokens(result),
+        tool_rounds=len(result.steps), tool_s=result.tool_s,
+        tool_prompt_tokens=s.prompt_tokens - result.rounds[0].prompt_tokens if result.rounds else 0)
 
 
 def _summary_tokens(result: TurnResult) -> int:
@@ -127,6 +132,8 @@ def summarize(records: list[RequestRecord], gaps: list[float], wall_s: float, sl
         "compactions": {"calls": sum(r.compaction_tokens > 0 for r in records),
                         "tokens": sum(r.compaction_tokens for r in records)},
         "estimated_counts": any(r.estimated for r in ok),
+        "tools": {"rounds": sum(r.tool_rounds for r in records), "seconds": sum(r.tool_s for r in records),
+                  "prompt_tokens_per_request": sum(r.tool_prompt_tokens for r in ok) / len(ok) if ok else None},
     }
 
 

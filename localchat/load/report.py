@@ -56,6 +56,10 @@ def sweep_lines(result: LoadResult) -> list[str]:
                 else f"TTFT p99 stays within {slo:g}s" if slo else "no --slo-ttft: no knee")
         lines.append(f"history {history}: batching gain (output tokens/s ÷ 1 user) {gains}; {knee}")
     for s in result.summaries():
+        if s["tools"]["rounds"]:
+            lines.append(f"{count(s['users'], 'user')}, history {s['history']}: tools: {s['tools']['rounds']} rounds of "
+                         f"calls, {s['tools']['seconds']:.2f}s inside the tools (apart from model time); calls and "
+                         f"results add {_f(s['tools']['prompt_tokens_per_request'], '.0f')} prompt tokens a request")
         if s["history"] == "on":
             hits = " · ".join(f"turn {n} {_f(t['cached_tokens_mean'], '.0f')}/{_f(t['prompt_tokens_mean'], '.0f')}"
                               for n, t in s["by_turn"].items())

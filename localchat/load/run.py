@@ -44,6 +44,7 @@ class LoadPlan:
     slo: Slo = field(default_factory=Slo)
     trim: TrimPolicy = field(default_factory=TrimPolicy)  # --max-context-tokens and --trim-to
     compact: bool = False  # --compact auto
+    tools: Any = None  # tools.runner.ToolRunner, shared by every user (its process runs one call at a time)
 
     def turns_for(self, user: int, k: int) -> list[PlannedTurn]:
         """Conversation ``k`` of ``user``: drawn from (seed, user, k), so every run and history
@@ -130,7 +131,8 @@ class Run:
         """One conversation; False once the run must end."""
         session = ChatSession(backend, Conversation.for_backend(backend, self.plan.script.system), self.plan.params,
                               use_history=self.history, trim=self.plan.trim,
-                              compaction=CompactionPolicy(auto=True) if self.plan.compact else None).prepare()
+                              compaction=CompactionPolicy(auto=True) if self.plan.compact else None,
+                              tools=self.plan.tools).prepare()
         for i, turn in enumerate(self.plan.turns_for(user, k), 1):
             if self.stopped.is_set() or self._past_deadline():
                 return False

@@ -20,6 +20,8 @@ from localchat.errors import LocalchatError, UsageError
 from localchat.load.metrics import Slo, summarize
 from localchat.load.run import LoadPlan, Run, RunResult
 from localchat.registry import DEFAULT_MODEL, ModelRef, local_tokenizer_loader, resolve
+from localchat.tools.host import tool_files
+from localchat.tools.runner import unattended_runner
 
 SCHEMA = "localchat.load/1"
 DEFAULT_SCRIPT = SCRIPTS_DIR / "recall-en.yaml"
@@ -52,6 +54,9 @@ class LoadOptions:
     max_context_tokens: int | None = None
     trim_to: float = DEFAULT_TRIM_TO
     compact: bool = False  # --compact auto: needs --max-context-tokens and the model's local tokenizer
+    tools: tuple[Path, ...] = ()  # --tools: functions every user's conversations offer (one shared process)
+    approve_tools: bool = False
+    tool_timeout_s: float = 30.0
 
 
 @dataclass
@@ -120,6 +125,9 @@ def check_options(opts: LoadOptions) -> None:
         value = getattr(opts, name)
         if value is not None and not value > 0:
             raise UsageError(f"--{name.removesuffix('_s').replace('_', '-')} must be a number of seconds > 0")
+    if opts.tools and not opts.approve_tools:
+        raise UsageError("--tools in a run nobody watches needs --approve-tools (every call runs without asking)")
+    tool_files(list(opts.tools))
     check_outputs(opts)  # --out and --plot, as bench checks them
 
 
@@ -167,6 +175,7 @@ class Target:
         self.load_tokenizer = functools.cache(loader) if loader else None  # one load for every user
         self.server = None
         self.base_url = opts.base_url
+        self.tools = unattended_runner(opts.tools, opts.approve_tools, opts.tool_timeout_s)
 
     def __enter__(self) -> Target:
         if self.opts.launch:
@@ -180,12 +189,17 @@ class Target:
     def __exit__(self, *exc: Any) -> None:
         if self.server is not None:
             self.server.stop()
+        if self.tools is not None:
+            self.tools.close()
 
     def backend(self):
         from localchat.backends.openai_http import backend_for
 
-        return backend_for(self.base_url, self.ref, name=self.opts.model, api_key=self.opts.api_key,
-                           load_tokenizer=self.load_tokenizer, timeout_s=self.opts.timeout_s)
+        backend = backend_for(self.base_url, self.ref, name=self.opts.model, api_key=self.opts.api_key,
+                              load_tokenizer=self.load_tokenizer, timeout_s=self.opts.timeout_s)
+        if self.tools is not None:
+            backend.offer_tools(self.tools.specs)
+        return backend
 
     def _check_reachable(self) -> None:
         import httpx
@@ -211,10 +225,10 @@ def run_load(opts: LoadOptions, result: LoadResult, target: Target, plan: LoadPl
     (so an interrupted sweep keeps what it measured); ``on_run`` hears each run as it starts."""
     if opts.warmup:  # its own draws, so that it warms the server but not its prompt cache for the runs
         warmup = replace(plan, conversations=opts.warmup, duration_s=None, seed=plan.seed + WARMUP_SEED)
-        Run(warmup, 1, True, target.backend).execute()
+        Run(replace(warmup, tools=target.tools), 1, True, target.backend).execute()
     for users in opts.users:
         for history in history_settings(opts):
-            run = Run(plan, users, history, target.backend)
+            run = Run(replace(plan, tools=target.tools), users, history, target.backend)
             on_run(run)
             result.runs.append(run.result)
             run.execute()

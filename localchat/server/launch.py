@@ -24,6 +24,7 @@ import httpx
 
 from localchat.errors import LocalchatError
 from localchat.registry import ModelRef, local_dir
+from localchat.server.distributed import RANK_FAILED, Ranks, check_ranks, failed_rank, launch_command
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 GRACE_S = 5.0
@@ -32,7 +33,11 @@ POLL_S = 0.2
 
 
 class ServerStartError(LocalchatError):
-    pass
+    """The server did not become ready; ``log_path`` is its log, when it had one."""
+
+    def __init__(self, message: str, log_path: Path | None = None):
+        super().__init__(message)
+        self.log_path = log_path
 
 
 def port_is_free(host: str, port: int) -> bool:
@@ -61,17 +66,24 @@ def _die_with_parent() -> None:  # runs in the child before exec (Linux only)
 
 
 def failure_line(path: Path) -> str:
-    """What the child's log says went wrong, in one line: the exception of its last traceback
-    (``ValueError: Model type foo not supported.``), else its last line."""
-    lines = [line.strip() for line in last_lines(path, 200).splitlines() if line.strip()]
+    """What the child's log says went wrong, in one line: the rank that failed (a distributed
+    server) and the exception of its last traceback (``ValueError: Model type foo not supported.``),
+    else its last line."""
+    tail = last_lines(path, 200)
+    lines = [line.strip() for line in tail.splitlines() if line.strip() and not RANK_FAILED.search(line)]
     found = next((line for line in reversed(lines) if EXCEPTION_LINE.match(line)), None)
-    return (found or (lines[-1] if lines else "(the log is empty)"))[:300]
+    cause = (found or (lines[-1] if lines else ""))[:300]
+    rank = failed_rank(tail)
+    if rank:
+        return f"{rank}: {cause}" if cause else rank
+    return cause or "(the log is empty)"
 
 
 def last_lines(path: Path, n: int = 20) -> str:
+    """The log's last ``n`` lines, without the colours mlx.launch writes into it."""
     try:
         with path.open(encoding="utf-8", errors="replace") as f:
-            return "".join(deque(f, maxlen=n))
+            return SGR.sub("", "".join(deque(f, maxlen=n)))
     except OSError:
         return ""
 
@@ -95,25 +107,41 @@ class RunningServer:
         return f"{self.root_url}/v1"
 
     def stop(self, grace_s: float = GRACE_S) -> int | None:
-        """SIGTERM, then SIGKILL after ``grace_s``; returns the exit code."""
+        """SIGTERM to the child's whole process group (every rank of a distributed server is in
+        it), then SIGKILL after ``grace_s``; returns the child's exit code."""
         if self.process.poll() is None:
-            self.process.terminate()
+            _signal_group(self.process.pid, signal.SIGTERM)
             try:
                 self.process.wait(grace_s)
             except subprocess.TimeoutExpired:
-                self.process.kill()
+                _signal_group(self.process.pid, signal.SIGKILL)
                 self.process.wait()
+        _signal_group(self.process.pid, signal.SIGKILL)  # a rank left behind by its launcher
         return self.process.returncode
 
 
+def _signal_group(pgid: int, signum: int) -> None:
+    try:
+        os.killpg(pgid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def server_command(model_location: str, host: str, port: int, extra_args: tuple[str, ...] = (),
+                   ranks: Ranks | None = None) -> list[str]:
+    """The command that starts mlx_lm.server: one process, or one a rank under ``mlx.launch``."""
+    command = [sys.executable, "-m", "mlx_lm", "server", "--model", model_location,
+               "--host", host, "--port", str(port), *extra_args]
+    return launch_command(ranks, command) if ranks is not None else command
+
+
 def launch(model_location: str, *, host: str = "127.0.0.1", port: int = 8080, log_path: Path,
-           extra_args: tuple[str, ...] = ()) -> RunningServer:
+           extra_args: tuple[str, ...] = (), ranks: Ranks | None = None) -> RunningServer:
     """Start the child (not yet ready: see ``wait_ready``)."""
     if not port_is_free(host, port):
         raise ServerStartError(f"port {port} on {host} is busy: stop what is using it, or pick "
                                "another with --port")
-    command = [sys.executable, "-m", "mlx_lm", "server", "--model", model_location,
-               "--host", host, "--port", str(port), *extra_args]
+    command = server_command(model_location, host, port, extra_args, ranks)
     with open_log(log_path) as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                    env=os.environ | {"HF_HUB_OFFLINE": "1"},  # the server never downloads
@@ -133,7 +161,8 @@ def open_log(path: Path):
     return os.fdopen(fd, "wb")
 
 
-FAILURE_MARKS = ("generation thread died", "Traceback (most recent call last)")
+FAILURE_MARKS = ("generation thread died", "Traceback (most recent call last)", "Node with rank")
+SGR = re.compile(r"\x1b\[[0-9;]*m")  # colour codes in a log (mlx.launch's warnings)
 EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b:?")
 
 
@@ -147,7 +176,7 @@ def _ready_once(client: httpx.Client, server: RunningServer) -> bool:
         health = None
     if (health is not None and health.status_code == 503) or _log_shows_failure(server.log_path):
         raise ServerStartError(f"mlx_lm.server failed to start: {failure_line(server.log_path)} "
-                               f"(log: {server.log_path})")
+                               f"(log: {server.log_path})", server.log_path)
     if health is None or health.status_code != 200:
         return False
     try:
@@ -173,14 +202,16 @@ def wait_ready(server: RunningServer, timeout_s: float = READY_TIMEOUT_S,
         while True:
             elapsed = time.perf_counter() - started
             if server.process.poll() is not None:
-                raise ServerStartError(f"mlx_lm.server exited with code {server.process.returncode} during "
-                                       f"start-up: {failure_line(server.log_path)} (log: {server.log_path})")
+                how = "stopped" if failed_rank(last_lines(server.log_path, 200)) else \
+                    f"exited with code {server.process.returncode}"
+                raise ServerStartError(f"mlx_lm.server {how} during start-up: {failure_line(server.log_path)} "
+                                       f"(log: {server.log_path})", server.log_path)
             if _ready_once(client, server):
                 server.load_s = elapsed
                 return elapsed
             if elapsed > timeout_s:
                 raise ServerStartError(f"mlx_lm.server was not ready after {timeout_s:.0f}s: "
-                                       f"{failure_line(server.log_path)} (log: {server.log_path})")
+                                       f"{failure_line(server.log_path)} (log: {server.log_path})", server.log_path)
             on_poll(elapsed)
             time.sleep(POLL_S)
 
@@ -202,16 +233,22 @@ def ensure_hf_cache_dir() -> None:
 
 
 def start_ready(ref: ModelRef, *, host: str = "127.0.0.1", port: int, log: Path | None = None,
-                extra: tuple[str, ...] = (), on_poll: Callable[[str], None] = lambda _: None) -> RunningServer:
-    """Launch mlx_lm.server for ``ref`` and wait until a completion succeeds; ``on_poll`` hears
-    what it is waiting for (a spinner shows it). The child is stopped if anything goes wrong."""
-    local_dir(ref)  # fail early, in one line, when the model is not on this machine
+                extra: tuple[str, ...] = (), on_poll: Callable[[str], None] = lambda _: None,
+                ranks: Ranks | None = None) -> RunningServer:
+    """Launch mlx_lm.server for ``ref`` (on ``ranks``, when given) and wait until a completion
+    succeeds through rank 0; ``on_poll`` hears what it is waiting for (a spinner shows it). The
+    child, every rank of it, is stopped if anything goes wrong."""
+    model_dir = local_dir(ref)  # fail early, in one line, when the model is not on this machine
+    if ranks is not None:
+        check_ranks(ranks, model_dir)
     ensure_hf_cache_dir()
-    server = launch(ref.location, host=host, port=port, log_path=log or default_log(port), extra_args=extra)
+    server = launch(ref.location, host=host, port=port, log_path=log or default_log(port), extra_args=extra,
+                    ranks=ranks)
+    where = f" on {ranks.size} ranks ({ranks.backend})" if ranks is not None else ""
     try:
-        on_poll(f"starting mlx_lm.server with {ref.id} on port {port} …")
+        on_poll(f"starting mlx_lm.server with {ref.id}{where} on port {port} …")
         wait_ready(server, on_poll=lambda s: on_poll(
-            f"loading {ref.id} in mlx_lm.server … {s:.0f}s (waiting for a 1-token completion)"))
+            f"loading {ref.id} in mlx_lm.server{where} … {s:.0f}s (waiting for a 1-token completion)"))
     except BaseException:
         server.stop()
         raise

@@ -14,6 +14,7 @@ from localchat.backends import Backend, GenerationParams
 from localchat.conversation.history import Conversation
 from localchat.conversation.turn import ChatSession, TurnResult
 from localchat.registry import DEFAULT_MODEL, ModelRef, local_dir, resolve
+from localchat.server.distributed import Ranks
 from localchat.server.launch import free_port, start_ready
 
 PARITY_TURNS = ("Remember the code harbor 17. Reply only OK.", "How are you?",
@@ -59,7 +60,10 @@ def compare(model: str, inproc_results: list[TurnResult], server_results: list[T
     return report
 
 
-def run_parity(model: str | None, on_status: Callable[[str], None] = lambda _: None) -> ParityReport:
+def run_parity(model: str | None, on_status: Callable[[str], None] = lambda _: None,
+               ranks: Ranks | None = None) -> ParityReport:
+    """The 3-turn greedy conversation in this process, then through a launched mlx_lm.server (on
+    ``ranks``, a sharded one): the same prompts and the same tokens?"""
     from localchat.backends.inproc import load_inproc
     from localchat.backends.openai_http import backend_for
 
@@ -67,7 +71,7 @@ def run_parity(model: str | None, on_status: Callable[[str], None] = lambda _: N
     on_status(f"loading {ref.id} in-process …")
     inproc = load_inproc(ref, local_dir(ref))
     inproc_results = play(inproc, ref)
-    server = start_ready(ref, port=free_port(), on_poll=on_status)
+    server = start_ready(ref, port=free_port(), on_poll=on_status, ranks=ranks)
     try:
         backend = backend_for(server.base_url, ref)
         try:

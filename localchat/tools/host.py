@@ -7,6 +7,7 @@ import json
 import select
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,21 @@ from typing import Any
 from localchat.errors import LocalchatError, UsageError
 
 DEFAULT_TOOL_TIMEOUT_S = 30.0
+
+
+def tool_files(paths: list[Path]) -> list[Path]:
+    """``--tools`` files that can be offered: existing, readable Python files (what they define is
+    checked when they are imported, in the tool process)."""
+    for path in paths:
+        if not path.is_file():
+            raise UsageError(f"--tools {path}: no such file" if not path.exists() else f"--tools {path}: not a file")
+        if path.suffix != ".py":
+            raise UsageError(f"--tools {path}: not a Python file (FILE.py)")
+        try:
+            path.open("rb").close()
+        except OSError as exc:
+            raise UsageError(f"--tools {path}: cannot be read ({exc.strerror})") from None
+    return paths
 
 
 class ToolTimeout(LocalchatError):
@@ -24,9 +40,10 @@ class ToolHost:
     """The running tool process for ``paths``; ``specs`` are the tools it offers."""
 
     def __init__(self, paths: list[Path], timeout_s: float = DEFAULT_TOOL_TIMEOUT_S):
-        self.paths = [str(p) for p in paths]
+        self.paths = [str(p) for p in tool_files(paths)]
         self.timeout_s = timeout_s
         self._process: subprocess.Popen | None = None
+        self._lock = threading.Lock()  # one call at a time (load's users share the process)
         self.specs: list[dict[str, Any]] = self._start()
 
     def _start(self) -> list[dict[str, Any]]:
@@ -48,15 +65,16 @@ class ToolHost:
     def call(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
         """``{"ok", "content", "seconds"}`` of one call; ``ToolTimeout`` when it runs past the limit
         (the process is stopped). Ctrl+C while waiting stops the process too, then goes on up."""
-        if self._process is None or self._process.poll() is not None:
-            self._start()
-        try:
-            self._process.stdin.write((json.dumps({"name": name, "arguments": arguments}) + "\n").encode())
-            self._process.stdin.flush()
-            return self._answer(f"the tool {name}")
-        except BaseException:
-            self.close()
-            raise
+        with self._lock:
+            if self._process is None or self._process.poll() is not None:
+                self._start()
+            try:
+                self._process.stdin.write((json.dumps({"name": name, "arguments": arguments}) + "\n").encode())
+                self._process.stdin.flush()
+                return self._answer(f"the tool {name}")
+            except BaseException:
+                self.close()
+                raise
 
     def _answer(self, what: str) -> dict[str, Any]:
         deadline = time.monotonic() + self.timeout_s

@@ -11,11 +11,12 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from localchat.backends import ToolCall
-from localchat.errors import LocalchatError
-from localchat.tools.host import ToolHost
+from localchat.errors import LocalchatError, UsageError
+from localchat.tools.host import ToolHost, ToolTimeout
 
 DEFAULT_MAX_ROUNDS = 8
 Approve = Callable[[str, dict[str, Any]], "str | None"]  # (tool, arguments) → None: run it; else why not
@@ -66,7 +67,7 @@ class ToolRunner:
         try:
             done = self.host.call(call.name, checked)
         except LocalchatError as exc:  # the tool ran past its limit, or its process ended
-            status = "timeout" if "did not finish" in str(exc) else "error"
+            status = "timeout" if isinstance(exc, ToolTimeout) else "error"
             return ToolResult(call, f"error: {exc}", status, time.perf_counter() - started)
         return ToolResult(call, done["content"], "ok" if done["ok"] else "error", done["seconds"])
 
@@ -107,3 +108,14 @@ def refuse_unasked(_: str, __: dict[str, Any]) -> str | None:
 def approve_all(_: str, __: dict[str, Any]) -> str | None:
     """``--approve-tools``: every call runs."""
     return None
+
+
+def unattended_runner(files: tuple[Path, ...], approve: bool, timeout_s: float,
+                      max_rounds: int = DEFAULT_MAX_ROUNDS) -> ToolRunner | None:
+    """The tools of a run nobody watches (bench, load): every call runs, so ``--approve-tools``
+    must say so; None without tools."""
+    if not files:
+        return None
+    if not approve:
+        raise UsageError("--tools in a run nobody watches needs --approve-tools (every call runs without asking)")
+    return ToolRunner(ToolHost(list(files), timeout_s), approve_all, max_rounds)

@@ -1,0 +1,154 @@
+"""mlx_lm.server on several ranks, started by MLX's own launcher (``mlx.launch``).
+
+localchat writes no distributed code: ``mlx.launch`` starts one ``mlx_lm.server`` per rank (ring
+over TCP, ``jaccl`` over Thunderbolt 5 RDMA, ``mpi``, ``nccl`` on CUDA), and mlx_lm shards the model
+itself (tensor parallel, or ``--pipeline``); rank 0 serves HTTP. What localchat adds is what it does
+for one server: a command shown before it runs, checks before anything starts (the model's heads
+must split evenly across the ranks), readiness through rank 0, one line naming the rank that
+failed, and every rank stopped (they share the launcher's process group).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import socket
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from localchat.errors import UsageError
+from localchat.registry import read_config
+
+BACKENDS = ("ring", "jaccl", "mpi", "nccl")
+MAX_RANKS = 64  # beyond this a typo (each local rank is a process holding its shard)
+RANK_FAILED = re.compile(r"Node with rank (\d+) (exited with code (-?\d+)|was killed)")
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """Where the ranks run: ``count`` of them on this machine (loopback, ring), or the hosts of an
+    mlx.launch host file."""
+
+    count: int | None = None
+    hostfile: Path | None = None
+    backend: str = "ring"
+    pipeline: bool = False  # --pipeline: layers split across ranks instead of heads
+
+    @property
+    def size(self) -> int:
+        return self.count if self.count is not None else len(hosts_of(self.hostfile))
+
+
+def hosts_of(hostfile: Path | None) -> list[dict]:
+    """The hosts of an mlx.launch host file (a list, or ``{"hosts": [...]}``), checked: each needs
+    an ``ssh`` name, and ``ips`` for the ring backend."""
+    if hostfile is None:
+        return []
+    try:
+        data = json.loads(hostfile.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UsageError(f"--hostfile {hostfile}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"--hostfile {hostfile}: cannot be read ({exc})") from None
+    except ValueError as exc:
+        raise UsageError(f"--hostfile {hostfile}: not JSON ({exc})") from None
+    hosts = data.get("hosts") if isinstance(data, dict) else data
+    if not isinstance(hosts, list) or not hosts:
+        raise UsageError(f"--hostfile {hostfile}: expected a list of hosts, e.g. "
+                         '[{"ssh": "mac1.local", "ips": ["192.168.1.10"]}, {"ssh": "mac2.local", "ips": [...]}]')
+    for i, host in enumerate(hosts):
+        if not isinstance(host, dict) or not isinstance(host.get("ssh"), str) or not host["ssh"]:
+            raise UsageError(f"--hostfile {hostfile}: host {i} needs an \"ssh\" name")
+        ips = host.get("ips", [])
+        if not isinstance(ips, list) or not all(isinstance(ip, str) for ip in ips):
+            raise UsageError(f"--hostfile {hostfile}: host {i}'s \"ips\" must be a list of addresses")
+    return hosts
+
+
+def check_ranks(ranks: Ranks, model_dir: Path | None) -> None:
+    """Usage errors before anything starts: the count, the backend, the host file, and whether the
+    model (when its config is on this machine) splits evenly across the ranks."""
+    if ranks.backend not in BACKENDS:
+        raise UsageError(f"--distributed-backend must be one of {', '.join(BACKENDS)}, not {ranks.backend!r}")
+    if ranks.count is not None and ranks.hostfile is not None:
+        raise UsageError("--ranks (this machine) and --hostfile (several) are alternatives")
+    if ranks.count is not None and not 1 <= ranks.count <= MAX_RANKS:
+        raise UsageError(f"--ranks must be from 1 to {MAX_RANKS}, not {ranks.count}")
+    if ranks.count is not None and ranks.backend != "ring":
+        raise UsageError(f"--ranks runs every rank on this machine over the ring backend; {ranks.backend} needs "
+                         "--hostfile")
+    hosts = hosts_of(ranks.hostfile)
+    if ranks.backend == "ring" and any(not h.get("ips") for h in hosts):
+        raise UsageError(f"--hostfile {ranks.hostfile}: the ring backend needs \"ips\" for every host")
+    if model_dir is not None:
+        check_split(read_config(model_dir), ranks)
+
+
+def check_split(config: dict, ranks: Ranks) -> None:
+    """Tensor parallelism splits every layer's heads across the ranks; pipelining splits the layers."""
+    n = ranks.size
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    heads, kv_heads = text.get("num_attention_heads"), text.get("num_key_value_heads") or text.get("num_attention_heads")
+    layers = text.get("num_hidden_layers")
+    if ranks.pipeline:
+        if isinstance(layers, int) and layers < n:
+            raise UsageError(f"--pipeline splits the model's {layers} layers across the ranks: at most {layers} ranks")
+        return
+    if not isinstance(heads, int) or not isinstance(kv_heads, int) or (heads % n == 0 and kv_heads % n == 0):
+        return
+    fits = [k for k in range(2, min(heads, MAX_RANKS) + 1) if heads % k == 0 and kv_heads % k == 0]
+    hint = f"use --ranks {fits[0]}" if fits else "this model cannot be split by heads"
+    raise UsageError(f"the model has {heads} attention heads ({kv_heads} key/value heads): {n} ranks cannot share "
+                     f"them evenly; {hint}, or --pipeline (layers split across the ranks)")
+
+
+def launcher() -> list[str]:
+    """``mlx.launch`` beside this Python (a venv, ``uv tool install``), else its module."""
+    script = Path(sys.executable).with_name("mlx.launch")
+    if script.is_file():
+        return [str(script)]
+    found = shutil.which("mlx.launch")
+    return [found] if found else [sys.executable, "-c", "from mlx._distributed_utils.launch import main; main()"]
+
+
+def ring_ports(count: int) -> int:
+    """The first of ``count`` consecutive free loopback ports, for the ring between local ranks
+    (mlx.launch's default block could be taken by another job)."""
+    for _ in range(50):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            first = probe.getsockname()[1]
+        if first + count < 65536 and all(_free(port) for port in range(first, first + count)):
+            return first
+    raise UsageError(f"no block of {count} free ports for the ranks on this machine")
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def launch_command(ranks: Ranks, server: list[str]) -> list[str]:
+    """mlx.launch running ``server`` (the mlx_lm.server command line) on every rank."""
+    where = (["--hostfile", str(ranks.hostfile)] if ranks.hostfile is not None else
+             ["--hosts", "127.0.0.1", "-n", str(ranks.count), "--starting-port", str(ring_ports(ranks.count or 1))])
+    extra = ["--pipeline"] if ranks.pipeline and "--pipeline" not in server else []
+    return [*launcher(), "--backend", ranks.backend, *where, "--", *server, *extra]
+
+
+def failed_rank(log_text: str) -> str | None:
+    """``rank 1 exited with code 1`` from the launcher's own words in the log, if a rank failed."""
+    match = RANK_FAILED.search(log_text)
+    if match is None:
+        return None
+    if match[3] is None:
+        return f"rank {match[1]} was killed"
+    unreachable = " (ssh could not reach its host: check the host file's names, and that `ssh HOST` works without " \
+                  "a password)" if match[3] == "255" else ""
+    return f"rank {match[1]} exited with code {match[3]}{unreachable}"

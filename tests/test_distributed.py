@@ -1,0 +1,194 @@
+"""``serve`` on MLX's own distributed engine: ranks started by ``mlx.launch`` on loopback, checked
+like one server (smoke, chat, parity token for token), every rank stopped on Ctrl+C, SIGTERM or a
+rank's death, and bad input refused before anything starts."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from localchat.cli.app import app
+from localchat.server.launch import free_port
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("LOCALCHAT_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def processes() -> list[tuple[int, int, int, str]]:
+    """(pid, parent, session, state) of every process."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            found.append((int(entry.name), int(fields[1]), int(fields[3]), fields[0]))
+    return found
+
+
+def session_processes(sid: int) -> list[int]:
+    """Every live process of a session (a serve started with start_new_session, and its ranks)."""
+    return [pid for pid, _, session, state in processes() if session == sid and state != "Z"]
+
+
+def launcher_session(serve_pid: int) -> int:
+    """The session of the ranks: ``serve`` starts mlx.launch in a session of its own."""
+    return next(session for _, parent, session, _ in processes() if parent == serve_pid)
+
+
+def rank_of(pid: int) -> int | None:
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    rank = next((e for e in env if e.startswith(b"MLX_RANK=")), None)
+    return int(rank.split(b"=")[1]) if rank else None
+
+
+def serve(*args: str, home: Path) -> tuple[subprocess.Popen, int, list[str]]:
+    """``localchat serve`` in its own session, once it says it is ready (its output so far)."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "localchat", "serve", "--port", str(port), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            env={**os.environ, "LOCALCHAT_HOME": str(home)})
+    lines: list[str] = []
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if "Ctrl+C stops the server" in line:
+            return proc, port, lines
+    proc.kill()
+    raise AssertionError("serve never became ready: " + "".join(lines))
+
+
+def gone(sid: int, seconds: float = 20) -> bool:
+    deadline = time.monotonic() + seconds
+    while session_processes(sid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return not session_processes(sid)
+
+
+def test_two_ranks_of_the_demo_serve_chat_and_smoke_and_ctrl_c_leaves_nothing(home):
+    proc, port, lines = serve("--ranks", "2", home=home)
+    try:
+        assert "2 ranks (ring)" in "".join(lines)
+        sid = launcher_session(proc.pid)
+        ranks = sorted(r for r in map(rank_of, session_processes(sid)) if r is not None)
+        assert ranks == [0, 1]  # two mlx_lm.server processes, started by mlx.launch
+        base = f"http://127.0.0.1:{port}/v1"
+        smoke = runner.invoke(app, ["smoke", "--base-url", base, "-m", "demo", "--json"])
+        assert smoke.exit_code == 0, smoke.stdout
+        assert all(c["ok"] for c in json.loads(smoke.stdout)["checks"])
+        chat = runner.invoke(app, ["chat", "--backend", "server", "--base-url", base, "-m", "demo"],
+                             input="Remember the code harbor 17. Reply only OK.\nWhat was the code? Reply with the "
+                                   "code only.\n")
+        assert chat.exit_code == 0 and chat.stdout.count("harbor 17") == 1, chat.stdout
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 0 and "server stopped" in out
+    assert gone(proc.pid) and gone(sid)
+
+
+def test_parity_of_two_ranks_with_one_process_is_token_for_token(home):
+    result = runner.invoke(app, ["parity", "--ranks", "2", "--json"])
+    report = json.loads(result.stdout)
+    assert result.exit_code == 0 and report["ok"], result.stdout
+    assert [t["inproc_text"] for t in report["turns"]] == [t["server_text"] for t in report["turns"]]
+
+
+def test_smollm2_is_refused_at_two_ranks_and_served_at_three(home, smollm2):
+    refused = runner.invoke(app, ["serve", "-m", "smollm2", "--ranks", "2"])
+    errors = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
+    assert refused.exit_code == 2 and len(errors) == 1
+    assert "9 attention heads (3 key/value heads): 2 ranks cannot share them evenly; use --ranks 3, or --pipeline" \
+        in errors[0]
+    proc, port, _ = serve("-m", "smollm2", "--ranks", "3", home=home)
+    sid = launcher_session(proc.pid)
+    try:
+        chat = runner.invoke(app, ["chat", "--backend", "server", "--base-url", f"http://127.0.0.1:{port}/v1", "-m",
+                                   "smollm2", "--max-tokens", "8", "What is the capital of France?"])
+        assert chat.exit_code == 0 and chat.stdout.strip(), chat.stderr
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+    assert proc.returncode == 0 and gone(proc.pid) and gone(sid)  # SIGTERM stops a server cleanly
+
+
+def test_a_rank_killed_mid_request_stops_every_rank_and_names_it(home):
+    proc, port, _ = serve("--ranks", "2", home=home)
+    sid = launcher_session(proc.pid)
+    try:
+        client = subprocess.Popen([sys.executable, "-m", "localchat", "chat", "--backend", "server", "--base-url",
+                                   f"http://127.0.0.1:{port}/v1", "--max-tokens", "3000", "--timeout", "20",
+                                   "Tell me a long story."], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True, env={**os.environ, "LOCALCHAT_HOME": str(home)})
+        time.sleep(2)  # the reply is streaming
+        victim = next(pid for pid in session_processes(sid) if rank_of(pid) == 1)
+        os.kill(victim, signal.SIGKILL)
+        _, client_err = client.communicate(timeout=60)
+        out = proc.communicate(timeout=60)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    errors = [line for line in client_err.splitlines() if line.startswith("error:")]
+    assert client.returncode == 1 and len(errors) == 1, client_err
+    assert proc.returncode == 1 and "error: mlx_lm.server exited" in out and "rank 1 exited with code -9" in out, out
+    assert "Traceback" not in out and gone(proc.pid) and gone(sid)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--ranks", "0"], "--ranks"), (["--ranks", "-1"], "--ranks"), (["--ranks", str(10**6)], "--ranks"),
+    (["--ranks", "abc"], "--ranks"), (["--hostfile", "/nonexistent/hosts.json"], "no such file"),
+    (["--hostfile", "{tmp}/bad.json"], "not JSON"), (["--hostfile", "{tmp}/empty.json"], "expected a list of hosts"),
+    (["--hostfile", "{tmp}/noips.json"], "the ring backend needs \"ips\""),
+    (["--ranks", "2", "--hostfile", "{tmp}/empty.json"], "alternatives"),
+    (["--ranks", "2", "--distributed-backend", "mpi"], "needs --hostfile"),
+    (["--ranks", "3"], "the model has 4 attention heads"), (["--pipeline"], "needs --ranks N"),
+    (["--ranks", "4", "--pipeline"], "at most 3 ranks"),
+])
+def test_bad_distributed_input_is_one_line_exit_2_and_starts_nothing(home, tmp_path, args, needle):
+    (tmp_path / "bad.json").write_text("{not json")
+    (tmp_path / "empty.json").write_text("[]")
+    (tmp_path / "noips.json").write_text('[{"ssh": "a"}, {"ssh": "b"}]')
+    before = set(session_processes(os.getsid(0)))
+    result = runner.invoke(app, ["serve", *(a.replace("{tmp}", str(tmp_path)) for a in args)])
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.exit_code == 2 and len(errors) == 1 and needle in errors[0], result.stderr
+    assert "Traceback" not in result.stderr and set(session_processes(os.getsid(0))) <= before
+
+
+def test_an_unreachable_host_stops_every_rank_in_one_line(home, tmp_path):
+    hosts = tmp_path / "hosts.json"
+    hosts.write_text(json.dumps([{"ssh": "127.0.0.1", "ips": ["127.0.0.1"]},
+                                 {"ssh": "no-such-host.invalid", "ips": ["127.0.0.1"]}]))
+    done = subprocess.run([sys.executable, "-m", "localchat", "serve", "--hostfile", str(hosts), "--port",
+                           str(free_port())], capture_output=True, text=True, timeout=120, start_new_session=True,
+                          env={**os.environ, "LOCALCHAT_HOME": str(home)})
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert done.returncode == 1 and len(errors) == 1, done.stderr
+    assert "rank 1 exited with code 255 (ssh could not reach its host" in errors[0]
+
+
+def test_dry_run_shows_the_command_and_starts_nothing(home):
+    result = runner.invoke(app, ["serve", "--ranks", "2", "--pipeline", "--dry-run"])
+    assert result.exit_code == 0
+    assert "mlx.launch --backend ring --hosts 127.0.0.1 -n 2 --starting-port" in result.stdout
+    assert "-m mlx_lm server --model" in result.stdout and result.stdout.strip().endswith("--pipeline")
