@@ -208,3 +208,25 @@ def test_ctrl_c_on_serve_says_it_stopped_the_server_not_an_exit_code(tmp_path):
     proc.send_signal(2)
     output += proc.communicate(timeout=30)[0]
     assert proc.returncode == 0 and "server stopped" in output and "exit code" not in output, output
+
+
+def test_the_load_plot_gives_each_history_setting_one_colour_in_both_panels(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    kept = []
+    monkeypatch.setattr(plt, "close", kept.append)  # keep the figure to look at it
+    server = FakeServer()
+    server.chat(Reply(chunks=GOOD))
+    try:
+        done = runner.invoke(app, ["load", "--base-url", server.base_url, "--sweep", "1,2", "--conversations", "1",
+                                   "--warmup", "0", "--plot", str(tmp_path / "load.png")])
+    finally:
+        server.close()
+    assert done.exit_code == 0, done.stdout + done.stderr
+    throughput, ttft = kept[0].axes
+    colours = {line.get_label(): line.get_color() for ax in (throughput, ttft) for line in ax.get_lines()}
+    assert colours["history on"] == colours["history on p50"] == colours["history on p99"]
+    assert colours["history off"] == colours["history off p50"] == colours["history off p99"]
+    assert colours["history on"] != colours["history off"]
+    assert throughput.get_ylim()[0] == 0 and ttft.get_ylim()[0] == 0
+    assert "…" not in kept[0]._suptitle.get_text() and (tmp_path / "load.png").stat().st_size > 0
