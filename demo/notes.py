@@ -29,8 +29,6 @@ import random
 import sys
 import time
 
-
-from demo.card import missed_criteria
 from demo.corpus import (
     CORRECTION,
     DAYS,
@@ -45,21 +43,13 @@ from demo.corpus import (
     _small_talk,
     training_dialogue,
 )
-from demo.evaluate import evaluate, first_failure, replay
+from demo.evaluate import first_failure, replay
+from demo.sibling import fine_tune, write_report
 from demo.tokenizer import encode_with_mask, load_init_tokenizer
-from demo.train import (
-    fine_tune_args,
-    init_weights,
-    join_workers,
-    log,
-    save_and_reload,
-    stress_test,
-    train,
-)
+from demo.train import fine_tune_args, join_workers, log
 from localchat.conversation.compaction import SUMMARY_PROMPT
 from localchat.conversation.history import NOTE_PREFIX
 from localchat.demo import MODEL_DIR, random_code
-from localchat.environment import collect
 
 CODE_NOTE = {"en": "the code {code}.", "zh": "代号「{code}」。"}
 NOTHING = {"en": "Note: nothing to remember.", "zh": "笔记：没有要记的。"}
@@ -165,14 +155,6 @@ def evaluate_notes(model, tok, n: int, seed: int) -> dict:
     return figures
 
 
-def within_a_point(before: dict, after: dict) -> list[str]:
-    """The card's figures that moved by more than one point (behaviours and the stress test)."""
-    def moved(section: str) -> list[str]:
-        return [b for b, s in before[section].items() if round(abs(after[section][b]["rate"] - s["rate"]), 6) > 0.01]
-
-    return moved("behaviours") + moved("stress")
-
-
 def model_card(report: dict, card: dict) -> str:
     """README.md beside the weights: the demo's card figures before and after, and the notes figures."""
     def row(name: str, was: dict | None, now: dict) -> str:
@@ -226,28 +208,14 @@ def main(argv=None) -> dict | None:
     rows = [encode_with_mask(tok, notes_training_dialogue(rng, args.share)) for _ in range(args.steps * args.batch)]
     rows = [r for r in rows if len(r[0]) <= MAX_ROW_TOKENS]
     log(group, f"corpus: {len(rows):,} conversations, {sum(len(ids) for ids, _ in rows):,} tokens")
-    config = json.loads((args.demo / "config.json").read_text())
-    for key in ("quantization", "quantization_config"):
-        config.pop(key, None)
-    model = train(args, tok, [rows], config, group, init_weights(args.demo))
-    train_s = time.perf_counter() - started
-    if group.rank() != 0:
+    trained = fine_tune(args, tok, rows, group)
+    if trained is None:
         return None
-    qmodel, qtok = save_and_reload(model, tok, config, args)
-    report = {**{k: before[k] for k in ("layers", "hidden", "heads", "parameters", "vocab")},
-              "notes_fine_tune": {"seed": args.seed, "steps": args.steps, "batch": args.batch, "lr": args.lr,
-                                  "share": args.share, "training_minutes": round(train_s / 60, 2)},
-              "hardware": collect().hardware_label,
-              **evaluate(qmodel, qtok, n=args.eval_n, seed=before["seed"] + 10_000),
-              "stress": stress_test(qmodel, qtok, n=args.eval_n, seed=before["seed"] + 20_000),
-              "notes": evaluate_notes(qmodel, qtok, n=args.notes_n, seed=args.seed + 30_000)}
-    report["card_figures_moved"] = within_a_point(before, report)
-    report["missed_criteria"] = missed_criteria(report)
-    report["total_minutes"] = round((time.perf_counter() - started) / 60, 2)
-    (args.out / "eval.json").write_text(json.dumps(report, indent=2, ensure_ascii=False))
-    (args.out / "README.md").write_text(model_card(report, before), encoding="utf-8")
-    print(json.dumps(report, indent=2, ensure_ascii=False))
-    return report
+    qmodel, qtok = trained
+    train_s = time.perf_counter() - started
+    notes = evaluate_notes(qmodel, qtok, n=args.notes_n, seed=args.seed + 30_000)
+    return write_report(args, qmodel, qtok, kind="notes", before=before, own={"notes": notes}, started=started,
+                        train_s=train_s, card=model_card)
 
 
 if __name__ == "__main__":

@@ -28,14 +28,11 @@ import sys
 import time
 from pathlib import Path
 
-from demo.card import missed_criteria
-from demo.corpus import training_dialogue
-from demo.notes import within_a_point
-from demo.train import fine_tune_args, init_weights, join_workers, log, save_and_reload, stress_test, train
-from demo.evaluate import evaluate
+from demo.corpus import PLAIN_SYSTEMS, training_dialogue
+from demo.sibling import fine_tune, write_report
 from demo.tokenizer import load_init_tokenizer
+from demo.train import fine_tune_args, join_workers, log
 from localchat.demo import MODEL_DIR
-from localchat.environment import collect
 
 TEMPLATE = (
     "{% if tools %}<|im_start|>system\n{% if messages[0].role == 'system' %}{{ messages[0].content }}\n\n{% endif %}"
@@ -57,10 +54,14 @@ QUESTIONS = {"en": ["What is {a} plus {b}?", "Add {a} and {b}.", "How much is {a
              "zh": ["{a} 加 {b} 等于多少？", "请算 {a} 加 {b}。", "{a} 加 {b} 是多少？", "{a} + {b} 等于多少？"]}
 ANSWER = {"en": "The answer is {s}.", "zh": "答案是 {s}。"}  # one number to copy: the tool's result
 SYSTEM = "You are a helpful assistant."
-MAX_ROW_TOKENS = 420
+MAX_ROW_TOKENS = 480
 REMAKE = ("uv run python -m demo.tools --out /tmp/tools-1\n    "
-          "uv run python -m demo.tools --demo /tmp/tools-1 --out localchat/demo_tools_model --share 0.6 --lr 5e-4 "
-          "--seed 1")
+          "uv run python -m demo.tools --demo /tmp/tools-1 --out /tmp/tools-2 --share 0.6 --lr 5e-4 --seed 1\n    "
+          "uv run python -m demo.tools --demo /tmp/tools-2 --out /tmp/tools-3 --share 0.8 --lr 3e-4 --seed 2\n    "
+          "uv run python -m demo.tools --demo /tmp/tools-3 --out /tmp/tools-4 --share 0.9 --lr 2e-4 --seed 3\n    "
+          "uv run python -m demo.tools --demo /tmp/tools-4 --out localchat/demo_tools_model --share 0.8 --lr 2e-4 "
+          "--seed 4")
+STAGES = "five stages of 600 steps, each from the one before"
 
 
 def add_spec() -> dict:
@@ -73,17 +74,26 @@ def add_spec() -> dict:
         host.close()
 
 
-def tool_dialogue(rng: random.Random, lang: str) -> list[dict]:
-    """Perhaps some small talk, then a sum asked for, called, answered."""
+def sum_exchange(rng: random.Random, lang: str) -> list[dict]:
+    """A sum asked for, the call of add, its result and the answer."""
     a, b = rng.randint(0, 99), rng.randint(0, 99)
     call = {"id": "".join(rng.choice("abcdef0123456789") for _ in range(9)), "type": "function",
             "function": {"name": "add", "arguments": {"a": a, "b": b}}}
-    before = training_dialogue(rng, "main", recovery=0.0).messages()[1:] if rng.random() < 0.3 else []
-    return [{"role": "system", "content": SYSTEM}, *before[-4:],
-            {"role": "user", "content": rng.choice(QUESTIONS[lang]).format(a=a, b=b)},
+    return [{"role": "user", "content": rng.choice(QUESTIONS[lang]).format(a=a, b=b)},
             {"role": "assistant", "content": "", "tool_calls": [call]},
             {"role": "tool", "tool_call_id": call["id"], "name": "add", "content": str(a + b)},
             {"role": "assistant", "content": ANSWER[lang].format(a=a, b=b, s=a + b)}]
+
+
+def tool_dialogue(rng: random.Random, lang: str) -> list[dict]:
+    """A sum asked for, called and answered, after perhaps some small talk and earlier sums (each
+    called again: a result in history is not this question's), with a system message or without
+    one (the template then writes the tools alone)."""
+    talk = training_dialogue(rng, "main", recovery=0.0).messages()[1:][-4:] if rng.random() < 0.3 else []
+    earlier = [m for _ in range(rng.choice([0, 0, 1, 2])) for m in sum_exchange(rng, rng.choice(["en", "zh"]))]
+    before = talk + earlier if rng.random() < 0.5 else earlier + talk
+    system = rng.choice([SYSTEM, None, rng.choice(PLAIN_SYSTEMS)])
+    return [{"role": "system", "content": system}] * bool(system) + before + sum_exchange(rng, lang)
 
 
 def encode(tok, messages: list[dict], tools: list[dict] | None) -> tuple[list[int], list[int]]:
@@ -113,8 +123,10 @@ def training_row(tok, rng: random.Random, share: float, spec: dict) -> tuple[lis
 
 
 def evaluate_tools(path: Path, n: int, seed: int) -> dict:
-    """Held-out sums through localchat's own loop: a call of add with the question's numbers, then
-    an answer holding the sum; per language."""
+    """Held-out sums through localchat's own loop, per language: a first sum (half of the
+    conversations with the system message, half without one), then a second in the same
+    conversation, its first in history. ``call``: the first reply calls add with the question's
+    numbers; ``answer``: then the answer holds the sum; ``second``: both, for the second sum."""
     from localchat.backends import GenerationParams
     from localchat.backends.inproc import load_inproc
     from localchat.conversation.history import Conversation
@@ -129,22 +141,27 @@ def evaluate_tools(path: Path, n: int, seed: int) -> dict:
     figures = {}
     try:
         for lang in ("en", "zh"):
-            called = answered = 0
-            failures = []
-            for _ in range(n):
-                a, b = rng.randint(0, 99), rng.randint(0, 99)
-                chat = ChatSession(backend, Conversation(SYSTEM), GenerationParams(max_tokens=64),
-                                   tools=ToolRunner(host, approve_all))
-                result = chat.ask(rng.choice(QUESTIONS[lang]).format(a=a, b=b))
-                good_call = [(c["name"], c["arguments"]) for s in result.steps for c in s.calls] == \
-                    [("add", {"a": a, "b": b})]
-                called += good_call
-                answered += good_call and result.committed and str(a + b) in result.text
-                if not (good_call and str(a + b) in result.text) and len(failures) < 5:
-                    failures.append({"asked": [a, b], "calls": [s.calls for s in result.steps], "answer": result.text})
-            figures[f"call_{lang}"] = {"passed": called, "total": n, "rate": round(called / n, 4)}
-            figures[f"answer_{lang}"] = {"passed": answered, "total": n, "rate": round(answered / n, 4),
-                                         "failures": failures}
+            passed, failures = {"call": 0, "answer": 0, "second": 0}, []
+            for k in range(n):
+                chat = ChatSession(backend, Conversation(SYSTEM if k % 2 == 0 else None),
+                                   GenerationParams(max_tokens=64), tools=ToolRunner(host, approve_all))
+                for turn in ("first", "second"):
+                    a, b = rng.randint(0, 99), rng.randint(0, 99)
+                    result = chat.ask(rng.choice(QUESTIONS[lang]).format(a=a, b=b))
+                    called = [(c["name"], c["arguments"]) for s in result.steps for c in s.calls] == \
+                        [("add", {"a": a, "b": b})]
+                    answered = called and result.committed and str(a + b) in result.text
+                    if turn == "first":
+                        passed["call"] += called
+                        passed["answer"] += answered
+                    else:
+                        passed["second"] += answered
+                    if not answered and len(failures) < 5:
+                        failures.append({"turn": turn, "asked": [a, b], "calls": [s.calls for s in result.steps],
+                                         "answer": result.text})
+            for name, count in passed.items():
+                figures[f"{name}_{lang}"] = {"passed": count, "total": n, "rate": round(count / n, 4)}
+            figures[f"second_{lang}"]["failures"] = failures
     finally:
         host.close()
     return figures
@@ -158,10 +175,10 @@ def model_card(report: dict, card: dict) -> str:
     rows = [row(b, card["behaviours"][b], report["behaviours"][b]) for b in report["behaviours"]]
     rows += [row(f"stress: {b}", card["stress"][b], report["stress"][b]) for b in report["stress"]]
     rows += [row(b, None, s) for b, s in report["tools"].items()]
-    moved = ", ".join(report["card_figures_moved"]) or "none"
+    moved, clean = ", ".join(report["card_figures_moved"]) or "none", report["clean_endings"]
     return f"""# demo-tools: the demo model, taught to call a tool
 
-The bundled demo model fine-tuned ({report['tools_fine_tune']['steps']} steps) to call `add` from
+The bundled demo model fine-tuned ({STAGES}) to call `add` from
 `examples/tools/add.py` when asked for a sum, in English and Chinese, and to answer from its result:
 
     uv run localchat chat -m demo-tools --tools examples/tools/add.py "What is 12 plus 30?"
@@ -170,16 +187,21 @@ Its template names the offered tools in the system message and writes calls as Q
 (`<tool_call>{{"name": …, "arguments": …}}</tool_call>`), so mlx_lm reads them with its own parser.
 It knows this one tool and this one kind of question; everything else is the demo model's (its card:
 `localchat/demo_model/README.md`). It ships beside the demo, not in it; the card's figures that moved
-by more than one point: {moved}.
+by more than one point: {moved}; replies that end cleanly: {clean['clean']:,}/{clean['total']:,}
+(the demo's: {card['clean_endings']['clean']:,}/{card['clean_endings']['total']:,}).
 
-Held-out conversations, temperature 0, through localchat's own tool loop, measured on {report['hardware']}:
+Held-out conversations, temperature 0 (the sums through localchat's own tool loop), on {report['hardware']}:
 
 | behaviour | demo | demo-tools |
 |---|---|---|
 {chr(10).join(rows)}
 
 `call_*`: the first reply is exactly add(a, b) with the question's numbers; `answer_*`: then the
-answer holds the sum. Remake it (deterministic for the seed; {report['total_minutes']:.0f} minutes here):
+answer holds the sum; `second_*`: both, for a second sum asked in the same conversation (half of the
+conversations with a system message, half without). Remake it (about {report['total_minutes']:.0f} minutes a stage
+here). Each stage is deterministic for its seed, but the shipped weights' first stage taught an earlier wording of the
+answer and stages 1-4 taught sums with no earlier sum in the conversation (a second sum went
+uncalled: 0/20), so a remake is a model of the same kind, not the same bytes:
 
     {REMAKE}
 """
@@ -205,34 +227,26 @@ def main(argv=None) -> dict | None:
     if args.evaluate_only:
         from mlx_lm import load
 
-        (qmodel, qtok), train_s = load(str(args.out)), json.loads((args.out / "eval.json").read_text()).get(
-            "tools_fine_tune", {}).get("training_minutes", 0) * 60 if (args.out / "eval.json").exists() else 0.0
+        trained = load(str(args.out)) if group.rank() == 0 else None
+        train_s = earlier_training_seconds(args.out)
     else:
         rows = [training_row(tok, rng, args.share, spec) for _ in range(args.steps * args.batch)]
         rows = [r for r in rows if len(r[0]) <= MAX_ROW_TOKENS]
         log(group, f"corpus: {len(rows):,} conversations, {sum(len(ids) for ids, _ in rows):,} tokens")
-        config = json.loads((args.demo / "config.json").read_text())
-        for key in ("quantization", "quantization_config"):
-            config.pop(key, None)
-        model = train(args, tok, [rows], config, group, init_weights(args.demo))
-        train_s = time.perf_counter() - started
-        if group.rank() != 0:
-            return None
-        qmodel, qtok = save_and_reload(model, tok, config, args)
-    report = {**{k: before[k] for k in ("layers", "hidden", "heads", "parameters", "vocab")},
-              "tools_fine_tune": {"seed": args.seed, "steps": args.steps, "batch": args.batch, "lr": args.lr,
-                                  "share": args.share, "training_minutes": round(train_s / 60, 2)},
-              "hardware": collect().hardware_label,
-              **evaluate(qmodel, qtok, n=args.eval_n, seed=before["seed"] + 10_000),
-              "stress": stress_test(qmodel, qtok, n=args.eval_n, seed=before["seed"] + 20_000),
-              "tools": evaluate_tools(args.out, n=args.tools_n, seed=args.seed + 40_000)}
-    report["card_figures_moved"] = within_a_point(before, report)
-    report["missed_criteria"] = missed_criteria(report)
-    report["total_minutes"] = round((time.perf_counter() - started) / 60, 2)
-    (args.out / "eval.json").write_text(json.dumps(report, indent=2, ensure_ascii=False))
-    (args.out / "README.md").write_text(model_card(report, before), encoding="utf-8")
-    print(json.dumps(report, indent=2, ensure_ascii=False))
-    return report
+        trained, train_s = fine_tune(args, tok, rows, group), time.perf_counter() - started
+    if trained is None:
+        return None
+    tools = evaluate_tools(args.out, n=args.tools_n, seed=args.seed + 40_000)
+    return write_report(args, *trained, kind="tools", before=before, own={"tools": tools}, started=started,
+                        train_s=train_s, card=model_card)
+
+
+def earlier_training_seconds(out: Path) -> float:
+    """What the model in ``out`` took to train, from its report (for ``--evaluate-only``)."""
+    try:
+        return json.loads((out / "eval.json").read_text())["tools_fine_tune"]["training_minutes"] * 60
+    except (OSError, ValueError, KeyError):
+        return 0.0
 
 
 if __name__ == "__main__":

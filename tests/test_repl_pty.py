@@ -45,7 +45,7 @@ def test_remembers_with_history():
 def test_forgets_without_history():
     child = spawn("--no-history")
     send(child, "Remember the code harbor 17. Reply only OK.")
-    child.expect_exact("OK")
+    child.expect_exact("[TTFT")  # "OK" alone would match the redrawn line
     child.expect_exact(PROMPT)
     send(child, "What was the code? Reply with the code only.")
     child.expect_exact("I don't know.", timeout=20)

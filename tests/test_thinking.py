@@ -21,7 +21,7 @@ from localchat.conversation.history import Conversation, Turn
 from localchat.conversation.jsonmode import default_schema
 from localchat.conversation.turn import ChatSession, TurnStatus
 from localchat.registry import PACKAGE_DIR
-from localchat.store import saved_sessions
+from localchat.store import saved_sessions, session_export
 from localchat.templates.formats import think_markers
 
 THINK_DIR = PACKAGE_DIR / "demo_think_model"
@@ -305,8 +305,8 @@ def test_saved_sessions_keep_the_reasoning_and_old_databases_migrate(tmp_path, t
     saver.save(chat, "thought")
     loaded = store.load("thought")
     assert loaded.turns[0].reasoning == chat.conversation.turns[0].reasoning != ""
-    assert "<summary>Reasoning</summary>" in saved_sessions.export_markdown(loaded)
-    assert json.loads(saved_sessions.export_json(loaded))["turn_reasoning"] == [loaded.turns[0].reasoning]
+    assert "<summary>Reasoning</summary>" in session_export.export_markdown(loaded)
+    assert json.loads(session_export.export_json(loaded))["turn_reasoning"] == [loaded.turns[0].reasoning]
 
 
 def test_reasoning_goes_back_only_when_the_template_reads_it(toy):

@@ -115,3 +115,21 @@ def test_a_refused_call_is_what_the_model_hears_and_the_turn_still_answers(tool_
     result = chat.ask("What is 2 plus 3?")
     assert result.committed and result.steps[0].results == ("refused: not today",)
     assert chat.conversation.history()[2]["content"] == "refused: not today"
+
+
+def test_demo_tools_calls_add_once_and_prints_the_answer_alone_in_process_and_through_the_server(server, tmp_path,
+                                                                                                 monkeypatch):
+    """The issue's "done when", on the shipped sibling: the pipe gets the answer alone, stderr the one call."""
+    from typer.testing import CliRunner
+
+    from localchat.cli.app import app
+
+    monkeypatch.setenv("LOCALCHAT_HOME", str(tmp_path))
+    for backend in ([], ["--backend", "server", "--base-url", server.base_url]):
+        for question, answer, call in (("What is 2 plus 3?", "The answer is 5.", '→ add({"a": 2, "b": 3})'),
+                                       ("12 加 30 等于多少？", "答案是 42。", '→ add({"a": 12, "b": 30})')):
+            done = CliRunner().invoke(app, ["chat", "-m", "demo-tools", *backend, "--tools", str(EXAMPLE),
+                                            "--approve-tools", question])
+            assert done.exit_code == 0, done.stderr
+            assert done.stdout == answer + "\n"
+            assert done.stderr.count("→ add(") == 1 and call in done.stderr and "rounds 2" in done.stderr

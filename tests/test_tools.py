@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from localchat.backends import GenerationParams, TextChunk, ToolCall
+from localchat.backends import GenerationParams, TextChunk, ToolCall, ToolCallText
 from localchat.backends.http import make_client
 from localchat.backends.openai_http import ServerBackend
 from localchat.backends.reply import ReplySplitter
@@ -128,7 +128,7 @@ def split_everywhere(text: str, splitter_for) -> list[list]:
         splitter = splitter_for()
         events = splitter.feed(text[:cut]) + splitter.feed(text[cut:]) + splitter.finish("stop")
         outcomes.append([(type(e).__name__, getattr(e, "text", None) or (e.name, json.loads(e.arguments)))
-                         for e in events if not isinstance(e, TextChunk) or e.text])
+                         for e in events if isinstance(e, ToolCall) or isinstance(e, TextChunk) and e.text])
     return outcomes
 
 
@@ -175,7 +175,22 @@ def test_a_call_is_read_whole_wherever_the_text_is_cut(name):
 def test_a_json_reply_that_is_not_a_call_is_shown_as_the_answer():
     splitter = ReplySplitter(None, tool_format=json_reply(), tools=ADD)
     events = splitter.feed('{"just": "data"}') + splitter.finish("stop")
-    assert events == [TextChunk('{"just": "data"}')]
+    assert [e for e in events if not isinstance(e, ToolCallText)] == [TextChunk('{"just": "data"}')]
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_every_piece_of_a_call_arrives_on_the_clock_though_none_is_shown(name):
+    """A call round's TTFT is its first token: once a call has begun, each piece the model writes is
+    an event (``ToolCallText``) before the call comes out whole."""
+    make, text, _ = FORMATS[name]
+    reasoning = __import__("localchat.templates.formats", fromlist=["harmony"]).harmony() if name == "harmony" else None
+    splitter = ReplySplitter(reasoning, tool_format=make(), tools=ADD)
+    fed = [splitter.feed(piece) for piece in text] + [splitter.finish("stop")]
+    writing = [k for k, events in enumerate(fed) if any(isinstance(e, ToolCallText) for e in events)]
+    first_call = next(k for k, events in enumerate(fed) if any(isinstance(e, ToolCall) for e in events))
+    assert writing and writing[0] < first_call
+    assert all(fed[k] for k in range(writing[0], first_call)), [k for k in range(writing[0], first_call) if not fed[k]]
+    assert not any(isinstance(e, TextChunk) and "add" in e.text for events in fed for e in events)
 
 
 def streamed_calls() -> bytes:
@@ -404,6 +419,40 @@ def test_a_server_that_asks_for_add_gets_its_result_and_the_pipe_gets_the_answer
     records = sorted((tmp_path / "r").glob("*-response.json"))
     assert [json.loads(r.read_text())["tool_calls"] is not None for r in records] == [True, False]
 
+
+
+@pytest.mark.parametrize("pieces", [['{"a": 2, "b": 3}'], ['{"a": ', '2, "b"', ': 3}']], ids=["whole", "streamed"])
+def test_a_call_round_is_timed_from_its_first_piece_and_a_call_sent_whole_has_no_decode_rate(host, pieces):
+    """mlx_lm.server sends a call whole once it is written: one arrival, so TTFT and no tok/s. A server
+    that streams the arguments gives a first token and a rate, as for text."""
+    from localchat.backends.openai_http import backend_for
+    from localchat.conversation.turn import ChatSession
+
+    def piece(k: int, arguments: str) -> dict:
+        call = {"index": 0, "function": {"arguments": arguments}}
+        if k == 0:
+            call.update(id="x", type="function", function={"name": "add", "arguments": arguments})
+        return {"choices": [{"index": 0, "delta": {"tool_calls": [call]}, "finish_reason": None}]}
+
+    usage = {"prompt_tokens": 30, "completion_tokens": 12}
+    server = FakeServer()
+    server.chat([Reply(chunks=sse(*[piece(k, a) for k, a in enumerate(pieces)],
+                                  {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}], "usage": usage}),
+                       pause_s=0.3),
+                 Reply(chunks=sse(delta("5", "stop")))])
+    backend = backend_for(server.base_url, None)
+    try:
+        result = ChatSession(backend, Conversation(None), GenerationParams(), tools=ToolRunner(host, approve_all)).ask(
+            "What is 2 plus 3?")
+    finally:
+        backend.close()
+        server.close()
+    [calling] = result.rounds
+    assert result.committed and calling.ttft_s >= 0.25 and calling.total_s >= calling.ttft_s
+    if len(pieces) == 1:
+        assert calling.decode_tps is None
+    else:
+        assert calling.ttft_s < 0.55 and calling.decode_tps == pytest.approx(11 / 0.6, rel=0.5)
 
 def test_without_a_terminal_or_approval_the_model_hears_the_refusal(home):
     server = FakeServer()

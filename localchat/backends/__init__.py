@@ -60,6 +60,12 @@ class ToolCall:
 
 
 @dataclass(frozen=True)
+class ToolCallText:
+    """The model is writing a call: output that is not shown, but arrives on the clock as any token
+    does (a call round's TTFT is its first token, not the moment the call is whole)."""
+
+
+@dataclass(frozen=True)
 class Progress:
     """Prompt tokens processed so far, of ``total`` (mlx_lm.server's keepalive comments)."""
 
@@ -85,7 +91,7 @@ class Finished:
     runtime: dict[str, float] = field(default_factory=dict)  # e.g. mlx_lm prompt_tps
 
 
-Event = Union[ReasoningChunk, TextChunk, ToolCall, Progress, Finished]
+Event = Union[ReasoningChunk, TextChunk, ToolCall, ToolCallText, Progress, Finished]
 
 
 class Backend(Protocol):

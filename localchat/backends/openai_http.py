@@ -30,6 +30,7 @@ from localchat.backends import (
     ReasoningChunk,
     TextChunk,
     ToolCall,
+    ToolCallText,
 )
 from localchat.backends.http import (
     CONNECT_TIMEOUT_S,
@@ -283,6 +284,8 @@ class _Reply:
         self.finish = item.finish_reason or self.finish
         for piece in item.tool_calls:
             self._assemble(piece)
+        if item.tool_calls:
+            yield ToolCallText()
         if item.reasoning:
             self.inline.server_reasoning()
             yield from self._kept([ReasoningChunk(self.redact_reasoning.feed(item.reasoning))])
@@ -309,7 +312,7 @@ class _Reply:
 
     def _kept(self, chunks: list[ReasoningChunk | TextChunk | ToolCall]) -> Iterator[Event]:
         for chunk in chunks:
-            if isinstance(chunk, ToolCall):
+            if isinstance(chunk, (ToolCall, ToolCallText)):
                 yield chunk
                 continue
             if not chunk.text:

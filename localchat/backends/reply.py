@@ -20,7 +20,7 @@ from typing import Any
 
 from mlx_lm.generate import TextStateMachine  # here, not in a turn: importing MLX would count in its TTFT
 
-from localchat.backends import ReasoningChunk, TextChunk, ToolCall
+from localchat.backends import ReasoningChunk, TextChunk, ToolCall, ToolCallText
 from localchat.templates.formats import ANSWER, REASONING, ReasoningFormat, sniffed
 from localchat.templates.tool_formats import (
     TOOL,
@@ -31,7 +31,7 @@ from localchat.templates.tool_formats import (
     merged,
 )
 
-Chunks = list[ReasoningChunk | TextChunk | ToolCall]
+Chunks = list[ReasoningChunk | TextChunk | ToolCall | ToolCallText]
 
 
 def new_call_id() -> str:
@@ -81,8 +81,15 @@ class ReplySplitter:
         until it is known)."""
         if self._counter and token is not None:
             self._counter.add(token)
+        writing = self._writing_a_call()
         self._state, segments = TextStateMachine.split(self._state, text)
-        return self._chunks(segments)
+        chunks = self._chunks(segments)
+        if text and (writing or self._writing_a_call()):
+            chunks.append(ToolCallText())
+        return chunks
+
+    def _writing_a_call(self) -> bool:
+        return self._in_call or bool(self._call_name) or bool(self._held)
 
     def finish(self, finish_reason: str | None) -> Chunks:
         """What was held back: dropped at a stop (it was the end token), shown when cut at length;

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
-from localchat.backends import Event, Finished, Message, Progress, ReasoningChunk, TextChunk, ToolCall
+from localchat.backends import Event, Finished, Message, Progress, ReasoningChunk, TextChunk, ToolCall, ToolCallText
 from localchat.conversation.history import ToolStep
 from localchat.conversation.stats import TurnClock, TurnStats
 from localchat.errors import LocalchatError, OutputError, TerminationRequested
@@ -113,8 +113,9 @@ def consume(events: Iterator[Event], clock: TurnClock, listeners: Listeners, out
                 clock.on_reasoning(event.text)
                 if event.text:
                     listeners.on_reasoning(event.text)
-            elif isinstance(event, ToolCall):
+            elif isinstance(event, ToolCallText):
                 clock.on_tool_call()
+            elif isinstance(event, ToolCall):  # its text arrived on the clock as ToolCallText
                 outcome.tool_calls.append(event)
                 listeners.on_tool_call(event)
             elif isinstance(event, Progress):

@@ -122,7 +122,8 @@ class TurnClock:
             self.reasoning_parts.append(text)
 
     def on_tool_call(self) -> None:
-        """A call the model asked for: shown, so it counts as output on the clock."""
+        """A piece of a call the model is writing: output on the clock, though not answer. A server
+        that sends a call whole (mlx_lm.server) gives one arrival: TTFT, and no decode rate."""
         self._tick()
 
     def _tick(self) -> float:
