@@ -44,7 +44,7 @@ from demo.corpus import (
     training_dialogue,
 )
 from demo.evaluate import first_failure, replay
-from demo.sibling import fine_tune, write_report
+from demo.sibling import card_table_rows, fine_tune, write_report
 from demo.tokenizer import encode_with_mask, load_init_tokenizer
 from demo.train import fine_tune_args, join_workers, log
 from localchat.conversation.compaction import SUMMARY_PROMPT
@@ -157,13 +157,7 @@ def evaluate_notes(model, tok, n: int, seed: int) -> dict:
 
 def model_card(report: dict, card: dict) -> str:
     """README.md beside the weights: the demo's card figures before and after, and the notes figures."""
-    def row(name: str, was: dict | None, now: dict) -> str:
-        before = f"{was['passed']}/{was['total']}" if was else "–"
-        return f"| {name} | {before} | {now['passed']}/{now['total']} |"
-
-    rows = [row(b, card["behaviours"][b], report["behaviours"][b]) for b in report["behaviours"]]
-    rows += [row(f"stress: {b}", card["stress"][b], report["stress"][b]) for b in report["stress"]]
-    rows += [row(b, None, report["notes"][b]) for b in NOTE_BEHAVIOURS]
+    rows = card_table_rows(report, card, {b: report["notes"][b] for b in NOTE_BEHAVIOURS})
     moved = ", ".join(report["card_figures_moved"]) or "none"
     weak = ", ".join(b for b in NOTE_BEHAVIOURS if report["notes"][b]["rate"] < 0.5) or "none"
     return f"""# demo-notes: the demo model, taught to keep notes

@@ -51,3 +51,15 @@ def write_report(args, model, tok, *, kind: str, before: dict, own: dict, starte
     (args.out / "README.md").write_text(card(report, before), encoding="utf-8")
     print(json.dumps(report, indent=2, ensure_ascii=False))
     return report
+
+
+def card_table_rows(report: dict, card: dict, own: dict[str, dict]) -> list[str]:
+    """Rows of a sibling card's table: the demo card's figures before and after, then the sibling's
+    ``own`` figures (which the demo never had)."""
+    def row(name: str, was: dict | None, now: dict) -> str:
+        before = f"{was['passed']}/{was['total']}" if was else "–"
+        return f"| {name} | {before} | {now['passed']}/{now['total']} |"
+
+    rows = [row(b, card["behaviours"][b], report["behaviours"][b]) for b in report["behaviours"]]
+    rows += [row(f"stress: {b}", card["stress"][b], report["stress"][b]) for b in report["stress"]]
+    return rows + [row(b, None, figures) for b, figures in own.items()]

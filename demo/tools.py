@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 from demo.corpus import PLAIN_SYSTEMS, training_dialogue
-from demo.sibling import fine_tune, write_report
+from demo.sibling import card_table_rows, fine_tune, write_report
 from demo.tokenizer import load_init_tokenizer
 from demo.train import fine_tune_args, join_workers, log
 from localchat.demo import MODEL_DIR
@@ -168,13 +168,7 @@ def evaluate_tools(path: Path, n: int, seed: int) -> dict:
 
 
 def model_card(report: dict, card: dict) -> str:
-    def row(name: str, was: dict | None, now: dict) -> str:
-        before = f"{was['passed']}/{was['total']}" if was else "–"
-        return f"| {name} | {before} | {now['passed']}/{now['total']} |"
-
-    rows = [row(b, card["behaviours"][b], report["behaviours"][b]) for b in report["behaviours"]]
-    rows += [row(f"stress: {b}", card["stress"][b], report["stress"][b]) for b in report["stress"]]
-    rows += [row(b, None, s) for b, s in report["tools"].items()]
+    rows = card_table_rows(report, card, report["tools"])
     moved, clean = ", ".join(report["card_figures_moved"]) or "none", report["clean_endings"]
     return f"""# demo-tools: the demo model, taught to call a tool
 

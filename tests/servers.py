@@ -9,9 +9,11 @@ from localchat.server.launch import free_port, launch, wait_ready
 
 
 @contextmanager
-def serving(model: str, log_dir: Path) -> Iterator:
-    """The registry's ``model`` served until the block ends; the server is stopped even on failure."""
-    server = launch(resolve(model).location, port=free_port(), log_path=log_dir / "server.log")
+def serving(model: str | Path, log_dir: Path, extra_args: tuple[str, ...] = ()) -> Iterator:
+    """The registry's ``model`` (or a model directory) served until the block ends; the server is
+    stopped even on failure."""
+    location = str(model) if isinstance(model, Path) else resolve(model).location
+    server = launch(location, port=free_port(), extra_args=extra_args, log_path=log_dir / "server.log")
     try:
         wait_ready(server, timeout_s=120)
         yield server

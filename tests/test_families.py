@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from families import FAMILIES, built
+from servers import serving
 from typer.testing import CliRunner
 
 from localchat.backends import GenerationParams
@@ -34,15 +35,8 @@ def family_dirs(smollm2) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def server(family_dirs, tmp_path_factory):
     """One real mlx_lm.server for every family: each request names its model directory."""
-    from localchat.server.launch import free_port, launch, wait_ready
-
-    running = launch(str(family_dirs["smollm2"]), port=free_port(), extra_args=("--trust-remote-code",),
-                     log_path=tmp_path_factory.mktemp("log") / "server.log")
-    try:
-        wait_ready(running, timeout_s=120)
+    with serving(family_dirs["smollm2"], tmp_path_factory.mktemp("log"), ("--trust-remote-code",)) as running:
         yield running
-    finally:
-        running.stop()
 
 
 @dataclass

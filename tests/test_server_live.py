@@ -8,6 +8,7 @@ import sys
 import time
 
 import pytest
+from servers import serving
 from typer.testing import CliRunner
 
 from localchat.backends import GenerationParams
@@ -17,7 +18,7 @@ from localchat.cli.app import app
 from localchat.conversation.history import Conversation
 from localchat.conversation.turn import ChatSession
 from localchat.registry import resolve
-from localchat.server.launch import free_port, launch, wait_ready
+from localchat.server.launch import free_port
 
 runner = CliRunner()
 REMEMBER = "Remember the code harbor 17. Reply only OK."
@@ -31,13 +32,8 @@ def mlx_servers() -> list[str]:
 
 @pytest.fixture(scope="module")
 def live_server(tmp_path_factory):
-    ref = resolve("demo")
-    server = launch(ref.location, port=free_port(), log_path=tmp_path_factory.mktemp("log") / "server.log")
-    try:
-        wait_ready(server, timeout_s=120)
+    with serving("demo", tmp_path_factory.mktemp("log")) as server:
         yield server
-    finally:
-        server.stop()
     assert server.process.poll() is not None
 
 

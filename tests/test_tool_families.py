@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from families import ADD_ARGUMENTS, FAMILIES, HERE, built
+from servers import serving
 
 from localchat.backends import GenerationParams
 from localchat.conversation.history import Conversation
@@ -34,15 +35,8 @@ def host():
 
 @pytest.fixture(scope="module")
 def server(tool_dirs, tmp_path_factory):
-    from localchat.server.launch import free_port, launch, wait_ready
-
-    running = launch(str(tool_dirs["qwen2.5"]), port=free_port(), extra_args=("--trust-remote-code",),
-                     log_path=tmp_path_factory.mktemp("log") / "server.log")
-    try:
-        wait_ready(running, timeout_s=120)
+    with serving(tool_dirs["qwen2.5"], tmp_path_factory.mktemp("log"), ("--trust-remote-code",)) as running:
         yield running
-    finally:
-        running.stop()
 
 
 def session(backend, host, approve=approve_all) -> ChatSession:
