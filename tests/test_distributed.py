@@ -118,8 +118,8 @@ def test_smollm2_is_refused_at_two_ranks_and_served_at_three(home, smollm2):
     refused = runner.invoke(app, ["serve", "-m", "smollm2", "--ranks", "2"])
     errors = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
     assert refused.exit_code == 2 and len(errors) == 1
-    assert "9 attention heads (3 key/value heads): 2 ranks cannot share them evenly; use --ranks 3, or --pipeline" \
-        in errors[0]
+    assert "9 attention heads (3 key/value heads): 2 ranks cannot share them evenly; use --ranks 3" in errors[0]
+    assert "--pipeline, which splits layers instead, is not in mlx_lm" in errors[0]  # llama: heads only
     proc, port, _ = serve("-m", "smollm2", "--ranks", "3", home=home)
     sid = launcher_session(proc.pid)
     try:
@@ -162,7 +162,7 @@ def test_a_rank_killed_mid_request_stops_every_rank_and_names_it(home):
     (["--ranks", "2", "--hostfile", "{tmp}/empty.json"], "alternatives"),
     (["--ranks", "2", "--distributed-backend", "mpi"], "needs --hostfile"),
     (["--ranks", "3"], "the model has 4 attention heads"), (["--pipeline"], "needs --ranks N"),
-    (["--ranks", "4", "--pipeline"], "at most 3 ranks"),
+    (["--ranks", "2", "--pipeline"], "cannot split llama models by layers"),
 ])
 def test_bad_distributed_input_is_one_line_exit_2_and_starts_nothing(home, tmp_path, args, needle):
     (tmp_path / "bad.json").write_text("{not json")
@@ -188,7 +188,43 @@ def test_an_unreachable_host_stops_every_rank_in_one_line(home, tmp_path):
 
 
 def test_dry_run_shows_the_command_and_starts_nothing(home):
-    result = runner.invoke(app, ["serve", "--ranks", "2", "--pipeline", "--dry-run"])
+    result = runner.invoke(app, ["serve", "--ranks", "2", "--dry-run"])
     assert result.exit_code == 0
     assert "mlx.launch --backend ring --hosts 127.0.0.1 -n 2 --starting-port" in result.stdout
-    assert "-m mlx_lm server --model" in result.stdout and result.stdout.strip().endswith("--pipeline")
+    assert "-m mlx_lm server --model" in result.stdout and "--pipeline" not in result.stdout
+
+
+@pytest.fixture(scope="module")
+def tiny_qwen2(tmp_path_factory) -> Path:
+    """A two-layer qwen2 model (an architecture mlx_lm 0.32 can split by layers; llama it cannot),
+    random weights large enough that greedy text varies, the demo's tokenizer."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.models import qwen2
+
+    out, demo = tmp_path_factory.mktemp("qwen2"), Path(__file__).parents[1] / "localchat" / "demo_model"
+    config = {"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-6, "vocab_size": 1185,
+              "rope_theta": 10000.0, "tie_word_embeddings": True, "eos_token_id": 2}
+    mx.random.seed(0)
+    shapes = tree_flatten(qwen2.Model(qwen2.ModelArgs.from_dict(config)).parameters())
+    weights = {k: mx.random.normal(v.shape) * 0.1 if v.ndim > 1 else v for k, v in shapes}
+    mx.save_safetensors(str(out / "model.safetensors"), weights)
+    (out / "model.safetensors.index.json").write_text(json.dumps({"weight_map": dict.fromkeys(weights,
+                                                                                              "model.safetensors")}))
+    (out / "config.json").write_text(json.dumps(config))
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        (out / name).write_bytes((demo / name).read_bytes())
+    return out
+
+
+def test_pipeline_splits_layers_where_mlx_lm_can_token_for_token(home, tiny_qwen2):
+    dry = runner.invoke(app, ["serve", "-m", str(tiny_qwen2), "--ranks", "2", "--pipeline", "--dry-run"])
+    assert dry.exit_code == 0 and dry.stdout.strip().endswith("--pipeline"), dry.stdout
+    too_many = runner.invoke(app, ["serve", "-m", str(tiny_qwen2), "--ranks", "3", "--pipeline"])
+    assert too_many.exit_code == 2 and "2 layers across the ranks: at most 2 ranks" in too_many.stderr
+    result = runner.invoke(app, ["parity", "-m", str(tiny_qwen2), "--ranks", "2", "--pipeline", "--json"])
+    report = json.loads(result.stdout)
+    texts = [t["inproc_text"] for t in report["turns"]]
+    assert result.exit_code == 0 and report["ok"] and texts == [t["server_text"] for t in report["turns"]]
+    assert len(set(texts)) == len(texts) and all(len(set(t)) > 5 for t in texts)  # not one token repeated

@@ -10,6 +10,7 @@ failed, and every rank stopped (they share the launcher's process group).
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 import shutil
@@ -87,21 +88,63 @@ def check_ranks(ranks: Ranks, model_dir: Path | None) -> None:
 
 
 def check_split(config: dict, ranks: Ranks) -> None:
-    """Tensor parallelism splits every layer's heads across the ranks; pipelining splits the layers."""
+    """Tensor parallelism splits every layer's heads across the ranks; pipelining splits the layers.
+    Which of the two mlx_lm can do depends on the architecture (llama: heads only)."""
     n = ranks.size
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
     heads, kv_heads = text.get("num_attention_heads"), text.get("num_key_value_heads") or text.get("num_attention_heads")
     layers = text.get("num_hidden_layers")
+    splits = what_mlx_lm_splits(text)
     if ranks.pipeline:
+        if splits and not splits.by_layers:
+            raise UsageError(f"--pipeline: mlx_lm {splits.version} cannot split {splits.kind} models by layers; "
+                             "leave it out and the heads are split")
         if isinstance(layers, int) and layers < n:
             raise UsageError(f"--pipeline splits the model's {layers} layers across the ranks: at most {layers} ranks")
         return
+    if splits and not splits.by_heads:
+        raise UsageError(f"mlx_lm {splits.version} cannot split {splits.kind} models by heads; "
+                         + ("add --pipeline (layers split across the ranks)" if splits.by_layers else
+                            "nor by layers: serve it on one machine"))
     if not isinstance(heads, int) or not isinstance(kv_heads, int) or (heads % n == 0 and kv_heads % n == 0):
         return
     fits = [k for k in range(2, min(heads, MAX_RANKS) + 1) if heads % k == 0 and kv_heads % k == 0]
     hint = f"use --ranks {fits[0]}" if fits else "this model cannot be split by heads"
+    if splits is None or splits.by_layers:
+        hint += ", or --pipeline (layers split across the ranks)"
+    else:
+        hint += f" (--pipeline, which splits layers instead, is not in mlx_lm {splits.version} for {splits.kind} models)"
     raise UsageError(f"the model has {heads} attention heads ({kv_heads} key/value heads): {n} ranks cannot share "
-                     f"them evenly; {hint}, or --pipeline (layers split across the ranks)")
+                     f"them evenly; {hint}")
+
+
+@dataclass(frozen=True)
+class Splits:
+    """What mlx_lm can shard for one architecture: heads (its ``Model.shard``), layers (``PipelineMixin``)."""
+
+    kind: str
+    by_heads: bool
+    by_layers: bool
+    version: str
+
+
+def what_mlx_lm_splits(config: dict) -> Splits | None:
+    """Read from the installed mlx_lm's own model module, as its ``sharded_load`` decides; None when
+    the architecture is unknown here (then the launch itself says)."""
+    kind = config.get("model_type")
+    if not isinstance(kind, str) or not re.fullmatch(r"[a-z0-9_]+", kind.replace("-", "_")):
+        return None
+    try:
+        import mlx_lm
+        from mlx_lm.models.pipeline import PipelineMixin
+        from mlx_lm.utils import MODEL_REMAPPING
+
+        module = importlib.import_module(f"mlx_lm.models.{MODEL_REMAPPING.get(kind, kind).replace('-', '_')}")
+    except ImportError:
+        return None
+    own = [c for c in vars(module).values() if isinstance(c, type) and c.__module__ == module.__name__]
+    return Splits(kind=kind, by_heads=hasattr(getattr(module, "Model", None), "shard"),
+                  by_layers=any(issubclass(c, PipelineMixin) for c in own), version=mlx_lm.__version__)
 
 
 def launcher() -> list[str]:
