@@ -135,7 +135,7 @@ def play_conversation(backend: Backend, arm: Arm, script: BenchScript, conversat
             compaction_tokens=summary.prompt_tokens + summary.completion_tokens if summary else 0,
             compaction_s=summary.total_s if summary else 0.0, tool_rounds=len(result.steps),
             tool_calls=sum(len(step.calls) for step in result.steps), tool_s=result.tool_s,
-            tool_prompt_tokens=s.prompt_tokens - result.rounds[0].prompt_tokens if result.rounds else 0))
+            tool_prompt_tokens=result.tool_prompt_tokens))
     return records
 
 

@@ -37,8 +37,7 @@ from localchat.registry import (
     quantization_bits,
     resolve,
 )
-from localchat.tools.host import tool_files
-from localchat.tools.runner import unattended_runner
+from localchat.tools.runner import check_unattended, unattended_runner
 
 
 @dataclass(frozen=True)
@@ -239,9 +238,7 @@ def prepare_bench(opts: BenchOptions) -> PreparedBench:
     if not scripts:
         raise UsageError("no bench scripts: pass --script FILE")
     ref = resolve(opts.model or DEFAULT_MODEL)
-    if opts.tools and not opts.approve_tools:
-        raise UsageError("--tools in a run nobody watches needs --approve-tools (every call runs without asking)")
-    tool_files(list(opts.tools))
+    check_unattended(opts.tools, opts.approve_tools)
     params = GenerationParams(temperature=opts.temperature, max_tokens=opts.max_tokens, seed=opts.seed)
     return PreparedBench(opts=opts, ref=ref, plan=BenchPlan(scripts, opts.repeat, opts.warmup, params, opts.seed),
                          arms=arms)
@@ -252,10 +249,11 @@ def run_bench(prepared: PreparedBench, *, on_start: Callable[[int], None] = lamb
               on_status: Callable[[str], None] = lambda _: None) -> BenchResult:
     """Every arm, one after the other; ``on_start`` hears the number of turns, ``on_turn`` each
     turn as it starts, ``on_status`` what a launched server is doing."""
-    opts, ref, bench, arms = prepared.opts, prepared.ref, prepared.plan, prepared.arms
+    opts, ref, arms = prepared.opts, prepared.ref, prepared.arms
+    tools = unattended_runner(opts.tools, opts.approve_tools, opts.tool_timeout_s)
+    bench = replace(prepared.plan, tools=tools)
     scripts = bench.scripts
     per_arm = (bench.repeat + bench.warmup) * sum(len(t) for s in scripts for t in s.conversations)
-    tools = unattended_runner(opts.tools, opts.approve_tools, opts.tool_timeout_s)
     backends = ArmBackends(ref, opts, on_status, tools)
     on_start(per_arm * len(arms))
 
@@ -266,7 +264,7 @@ def run_bench(prepared: PreparedBench, *, on_start: Callable[[int], None] = lamb
     try:
         turns: list[TurnRecord] = []
         for arm in arms:
-            turns += run_arm(backends.for_arm(arm), arm, replace(bench, tools=tools), turn_started)
+            turns += run_arm(backends.for_arm(arm), arm, bench, turn_started)
         tokenizer = backends.tokenizer or _local_tokenizer(ref)
     finally:
         backends.close()

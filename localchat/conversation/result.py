@@ -57,6 +57,11 @@ class TurnResult:
         return self.status is TurnStatus.COMMITTED
 
     @property
+    def tool_prompt_tokens(self) -> int:
+        """What the turn's calls and their results added to the answer's prompt (over the first round's)."""
+        return self.stats.prompt_tokens - self.rounds[0].prompt_tokens if self.rounds else 0
+
+    @property
     def accepted(self) -> bool:
         """A reply good enough for history (committed, or would be with history on)."""
         return self.status in (TurnStatus.COMMITTED, TurnStatus.NOT_KEPT)

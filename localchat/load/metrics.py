@@ -93,7 +93,7 @@ def request_record(result: TurnResult, *, users: int, history: bool, user: int, 
         reasoning_tokens=s.reasoning_tokens, estimated=s.estimated, scored=scored,
         correct=correct if not failed else None, compaction_tokens=_summary_tokens(result),
         tool_rounds=len(result.steps), tool_s=result.tool_s,
-        tool_prompt_tokens=s.prompt_tokens - result.rounds[0].prompt_tokens if result.rounds else 0)
+        tool_prompt_tokens=result.tool_prompt_tokens)
 
 
 def _summary_tokens(result: TurnResult) -> int:

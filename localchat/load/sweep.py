@@ -20,8 +20,7 @@ from localchat.errors import LocalchatError, UsageError
 from localchat.load.metrics import Slo, summarize
 from localchat.load.run import LoadPlan, Run, RunResult
 from localchat.registry import DEFAULT_MODEL, ModelRef, local_tokenizer_loader, resolve
-from localchat.tools.host import tool_files
-from localchat.tools.runner import unattended_runner
+from localchat.tools.runner import check_unattended, unattended_runner
 
 SCHEMA = "localchat.load/1"
 DEFAULT_SCRIPT = SCRIPTS_DIR / "recall-en.yaml"
@@ -125,9 +124,7 @@ def check_options(opts: LoadOptions) -> None:
         value = getattr(opts, name)
         if value is not None and not value > 0:
             raise UsageError(f"--{name.removesuffix('_s').replace('_', '-')} must be a number of seconds > 0")
-    if opts.tools and not opts.approve_tools:
-        raise UsageError("--tools in a run nobody watches needs --approve-tools (every call runs without asking)")
-    tool_files(list(opts.tools))
+    check_unattended(opts.tools, opts.approve_tools)
     check_outputs(opts)  # --out and --plot, as bench checks them
 
 
@@ -223,12 +220,13 @@ def run_load(opts: LoadOptions, result: LoadResult, target: Target, plan: LoadPl
              on_run: Callable[[Run], None] = lambda _: None) -> LoadResult:
     """Warm-up conversations (discarded), then every run of the sweep, in order, into ``result``
     (so an interrupted sweep keeps what it measured); ``on_run`` hears each run as it starts."""
+    plan = replace(plan, tools=target.tools)
     if opts.warmup:  # its own draws, so that it warms the server but not its prompt cache for the runs
         warmup = replace(plan, conversations=opts.warmup, duration_s=None, seed=plan.seed + WARMUP_SEED)
-        Run(replace(warmup, tools=target.tools), 1, True, target.backend).execute()
+        Run(warmup, 1, True, target.backend).execute()
     for users in opts.users:
         for history in history_settings(opts):
-            run = Run(replace(plan, tools=target.tools), users, history, target.backend)
+            run = Run(plan, users, history, target.backend)
             on_run(run)
             result.runs.append(run.result)
             run.execute()

@@ -16,7 +16,7 @@ from typing import Any
 
 from localchat.backends import ToolCall
 from localchat.errors import LocalchatError, UsageError
-from localchat.tools.host import ToolHost, ToolTimeout
+from localchat.tools.host import ToolHost, ToolTimeout, tool_files
 
 DEFAULT_MAX_ROUNDS = 8
 Approve = Callable[[str, dict[str, Any]], "str | None"]  # (tool, arguments) → None: run it; else why not
@@ -110,12 +110,18 @@ def approve_all(_: str, __: dict[str, Any]) -> str | None:
     return None
 
 
+def check_unattended(files: tuple[Path, ...], approve: bool) -> None:
+    """The tools of a run nobody watches (bench, load), checked before anything loads: every call
+    runs, so ``--approve-tools`` must say so, and the files must be Python files that can be read."""
+    if files and not approve:
+        raise UsageError("--tools in a run nobody watches needs --approve-tools (every call runs without asking)")
+    tool_files(list(files))
+
+
 def unattended_runner(files: tuple[Path, ...], approve: bool, timeout_s: float,
                       max_rounds: int = DEFAULT_MAX_ROUNDS) -> ToolRunner | None:
-    """The tools of a run nobody watches (bench, load): every call runs, so ``--approve-tools``
-    must say so; None without tools."""
+    """The tools of a run nobody watches, every call approved; None without tools."""
+    check_unattended(files, approve)
     if not files:
         return None
-    if not approve:
-        raise UsageError("--tools in a run nobody watches needs --approve-tools (every call runs without asking)")
     return ToolRunner(ToolHost(list(files), timeout_s), approve_all, max_rounds)
