@@ -94,7 +94,7 @@ def check_split(config: dict, ranks: Ranks) -> None:
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
     heads, kv_heads = text.get("num_attention_heads"), text.get("num_key_value_heads") or text.get("num_attention_heads")
     layers = text.get("num_hidden_layers")
-    splits = what_mlx_lm_splits(text)
+    splits = what_mlx_lm_splits(config)  # the top-level model_type: what mlx_lm loads
     if ranks.pipeline:
         if splits and not splits.by_layers:
             raise UsageError(f"--pipeline: mlx_lm {splits.version} cannot split {splits.kind} models by layers; "
