@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -45,10 +46,11 @@ GOOD = sse(delta("Hi"), delta(" there", "stop"), {"choices": [], "usage": USAGE}
 
 
 class FakeServer:
-    """``replies[path]`` is one Reply, or a list of them served in turn (cycling)."""
+    """``replies[path]`` is one Reply, a list of them served in turn (cycling), or a function of the
+    request's body (what a concurrent client gets must not depend on who asked first)."""
 
     def __init__(self) -> None:
-        self.replies: dict[str, Reply | list[Reply]] = {}
+        self.replies: dict[str, Reply | list[Reply] | Callable[[dict], Reply]] = {}
         self.served: dict[str, int] = {}
         self._lock = threading.Lock()
         self.requests: list[tuple[str, dict[str, str], bytes]] = []
@@ -63,7 +65,7 @@ class FakeServer:
                 body = self.rfile.read(length) if length else b""
                 server.requests.append((self.path, dict(self.headers), body))
                 path = self.path.split("?")[0].rstrip("/")
-                reply = server.pick(path) or Reply(404, [b'{"error": "not found"}'],
+                reply = server.pick(path, body) or Reply(404, [b'{"error": "not found"}'],
                                                    {"Content-Type": "application/json"})
                 self.send_response(reply.status)
                 for key, value in reply.headers.items():
@@ -93,15 +95,17 @@ class FakeServer:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
 
-    def pick(self, path: str) -> Reply | None:
+    def pick(self, path: str, body: bytes = b"") -> Reply | None:
         reply = self.replies.get(path)
+        if callable(reply):
+            return reply(json.loads(body or b"{}"))
         if isinstance(reply, list):
             with self._lock:
                 n = self.served[path] = self.served.get(path, -1) + 1
             return reply[n % len(reply)]
         return reply
 
-    def chat(self, reply: Reply | list[Reply]) -> None:
+    def chat(self, reply: Reply | list[Reply] | Callable[[dict], Reply]) -> None:
         self.replies["/v1/chat/completions"] = reply
 
     def close(self) -> None:

@@ -556,7 +556,8 @@ def test_bench_and_load_run_the_tools_and_count_rounds_tool_time_and_tokens(home
     usage = {"choices": [], "usage": {"prompt_tokens": 40, "completion_tokens": 5}}
     first = asks_for_add()[0]
     answer = Reply(chunks=sse(delta("5.", "stop"), {"choices": [], "usage": {"prompt_tokens": 61, "completion_tokens": 2}}))
-    server.chat([Reply(chunks=first.chunks[:-1] + sse(usage)), answer])  # demo-tools lends the template
+    call = Reply(chunks=first.chunks[:-1] + sse(usage))  # demo-tools lends the template
+    server.chat(lambda body: answer if body["messages"][-1]["role"] == "tool" else call)  # 2 users at once
     try:
         refused = runner.invoke(app, ["bench", "-m", "demo-tools", "--backend", "server", "--base-url",
                                       server.base_url, "--tools", str(EXAMPLE), "--script", str(script)])
