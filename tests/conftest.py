@@ -1,4 +1,5 @@
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,10 @@ DEMO_DIR = MODEL_DIR
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["COLUMNS"] = "200"  # stable Rich output
 os.environ.pop("LOCALCHAT_MODELS", None)
+# A run started in the background (`pytest &`, a CI step) begins with SIGINT ignored, and every child
+# would inherit that: a Ctrl+C test would then prove nothing, or hang. Each worker catches it again
+# (Python's own handler), so the processes the tests start get SIGINT's default action.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
