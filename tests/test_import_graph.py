@@ -100,3 +100,42 @@ def test_the_top_level_command_loads_only_its_declarations():
                                                       "jinja2")}
     assert heavy == set()
     assert not {"localchat.conversation.turn", "localchat.cli.chat", "localchat.registry"} & loaded
+
+
+def every_command() -> list[list[str]]:
+    """Every command's words (``["sessions", "show"]``), from the app's own tree."""
+    import typer
+
+    from localchat.cli.app import app
+
+    def walk(group, words):
+        for name, command in group.commands.items():
+            yield [*words, name]
+            if hasattr(command, "commands"):
+                yield from walk(command, [*words, name])
+
+    return list(walk(typer.main.get_command(app), []))
+
+
+HEAVY = ("pydantic", "rich", "httpx", "mlx", "mlx_lm", "prompt_toolkit", "yaml", "jinja2")
+HELP_PROBE = ("import sys; sys.argv = ['localchat', *sys.argv[1:], '--help']\nfrom localchat.cli import main\n"
+              "try:\n    main()\nexcept SystemExit:\n    pass\n"
+              f"print(' '.join(m for m in sys.modules if m.split('.')[0] in {HEAVY!r}), file=sys.stderr)")
+
+
+def test_every_subcommands_help_loads_only_declarations():
+    """Each ``localchat COMMAND --help`` prints its help without pydantic (which Typer would load to
+    coerce the group's unset ``--help``), MLX, httpx, Rich or prompt_toolkit (scripts/bench_help.py times it)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    commands = every_command()
+    assert {"chat", "serve", "sessions show"} <= {" ".join(c) for c in commands}
+
+    def loaded(words: list[str]) -> tuple[str, str, set[str]]:
+        done = subprocess.run([sys.executable, "-c", HELP_PROBE, *words], capture_output=True, text=True, timeout=60)
+        return done.stdout, " ".join(words), set(done.stderr.split())
+
+    with ThreadPoolExecutor(4) as pool:
+        for shown, name, heavy in pool.map(loaded, commands):
+            assert "Usage:" in shown and name in shown, name
+            assert heavy == set(), name

@@ -83,7 +83,7 @@ def parity(
         ranks=ranks_of(ranks, hostfile, distributed_backend, pipeline))
 
 
-sessions_app = typer.Typer(help="Saved conversations (/save NAME in the REPL, chat --resume NAME).",
+sessions_app = typer.Typer(help="Saved conversations (/save NAME in the REPL, chat --resume NAME).", cls=OneLineErrors,
                            no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(sessions_app, name="sessions")
 

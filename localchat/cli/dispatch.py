@@ -56,6 +56,15 @@ class OneLineErrors(TyperGroup):
             say("interrupted")
         sys.exit(code if isinstance(code, int) else outcomes.OK)
 
+    def get_help_option(self, ctx):
+        """The group's own ``--help``, unset when a subcommand's help is asked for, is False rather
+        than None: Typer coerces a None through pydantic, whose import would cost every
+        ``localchat COMMAND --help`` about 0.1 s (see ``scripts/bench_help.py``)."""
+        option = super().get_help_option(ctx)
+        if option is not None and option.default is None:
+            option.default = False
+        return option
+
     def invoke(self, ctx):
         """Ctrl+C between Typer and a command's ``run`` is the same one line as inside it."""
         with user_errors():
