@@ -7,7 +7,6 @@ already be in the local Hugging Face cache.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Callable
@@ -15,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from localchat import bounded_json
 from localchat.backends.settings import SETTINGS, check_setting
 from localchat.errors import LocalchatError, UsageError
 from localchat.gguf.package import PACKAGE_GGUF_PREFIX, ensure_imported
@@ -231,7 +231,7 @@ class ModelInfo:
 def read_config(model_dir: Path) -> dict[str, Any]:
     """A model directory's ``config.json``; {} when it is missing, unreadable or not an object."""
     try:
-        config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+        config = bounded_json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
     return config if isinstance(config, dict) else {}

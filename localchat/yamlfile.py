@@ -32,3 +32,5 @@ def read_yaml(path: Path, error: type[LocalchatError] = LocalchatError) -> Any:
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise error(f"{path}: {describe_yaml_error(exc)}") from None
+    except RecursionError:  # PyYAML composes nested collections recursively
+        raise error(f"{path}: nested too deep to read") from None

@@ -42,7 +42,7 @@ def server(tool_dirs, tmp_path_factory):
 def session(backend, host, approve=approve_all) -> ChatSession:
     backend.offer_tools(host.specs)
     return ChatSession(backend, Conversation.for_backend(backend, None), GenerationParams(max_tokens=64, seed=0),
-                       tools=ToolRunner(host, approve))
+                       tools=ToolRunner([host], approve))
 
 
 def in_process(path: Path):
@@ -99,7 +99,7 @@ def test_ctrl_c_while_a_tool_runs_leaves_the_history_as_it_was(tool_dirs, host):
     chat = session(in_process(tool_dirs["qwen2.5"]), host)
     assert chat.ask("What is 2 plus 3?").committed
     before = list(chat.conversation.turns)
-    chat.tools = ToolRunner(host, interrupted)
+    chat.tools = ToolRunner([host], interrupted)
     result = chat.ask("What is 2 plus 3?")
     assert result.status is TurnStatus.INTERRUPTED and chat.conversation.turns == before
 

@@ -280,13 +280,13 @@ def call(name: str, arguments, problem: str | None = None) -> ToolCall:
     (call("chatty", {"n": 10_000_000}), "ok", "more characters cut"),
 ])
 def test_every_call_gets_a_result_the_model_can_read(host, the_call, status, needle):
-    done = ToolRunner(host, approve_all).run(the_call)
+    done = ToolRunner([host], approve_all).run(the_call)
     assert done.status == status and needle in done.content, done
     assert len(done.content) < 17_000
 
 
 def test_a_tool_that_hangs_is_stopped_and_the_next_call_works(host):
-    tools = ToolRunner(host, approve_all)
+    tools = ToolRunner([host], approve_all)
     started = time.monotonic()
     stopped = tools.run(call("hang", {"seconds": 60}))
     assert stopped.status == "timeout" and "did not finish within 2s" in stopped.content
@@ -295,7 +295,7 @@ def test_a_tool_that_hangs_is_stopped_and_the_next_call_works(host):
 
 
 def test_without_approval_a_call_is_refused_and_the_refusal_is_its_result(host):
-    done = ToolRunner(host, refuse_unasked).run(call("add", {"a": 2, "b": 3}))
+    done = ToolRunner([host], refuse_unasked).run(call("add", {"a": 2, "b": 3}))
     assert (done.status, done.content) == ("refused", REFUSED_UNASKED)
 
 
@@ -442,7 +442,7 @@ def test_a_call_round_is_timed_from_its_first_piece_and_a_call_sent_whole_has_no
                  Reply(chunks=sse(delta("5", "stop")))])
     backend = backend_for(server.base_url, None)
     try:
-        result = ChatSession(backend, Conversation(None), GenerationParams(), tools=ToolRunner(host, approve_all)).ask(
+        result = ChatSession(backend, Conversation(None), GenerationParams(), tools=ToolRunner([host], approve_all)).ask(
             "What is 2 plus 3?")
     finally:
         backend.close()
@@ -485,7 +485,15 @@ def test_a_model_that_never_stops_calling_ends_the_turn_at_the_round_limit(home)
     (["--tools", "{tmp}/notes.txt"], "not a Python file"),
     (["--tools", "{tmp}/broken.py"], "broken.py: line 1"),
     (["--tools", "{tmp}/nodoc.py"], "f: it has no docstring"),
-    (["--tools", str(EXAMPLE), "--tools", str(EXAMPLE)], "'add' is already a tool"),
+    (["--tools", str(EXAMPLE), "--tools", str(EXAMPLE)], "add.py is given twice"),
+    (["--tools", str(EXAMPLE), "--tools", "{tmp}/add_again.py"], "'add' is already a tool from /"),
+    (["--tools", "{tmp}/helper.py"], "helper.py: helper: it has no docstring (the model reads it to know what the tool "
+                                     "does); a helper that is not a tool: name it _helper"),
+    (["--tools", "{tmp}/nan.py"], "f: parameter 'x': its default is NaN or infinity"),
+    (["--tools", "{tmp}/huge.py"], "f: parameter 'n': its default is a number too large for JSON"),
+    (["--approve-tools"], "--approve-tools goes with --tools FILE.py, and no tools are offered"),
+    (["--tool-timeout", "5"], "--tool-timeout goes with --tools FILE.py"),
+    (["--max-tool-rounds", "2"], "--max-tool-rounds goes with --tools FILE.py"),
     (["--tools", str(EXAMPLE), "--tool-timeout", "0"], "--tool-timeout"),
     (["--tools", str(EXAMPLE), "--tool-timeout", "nan"], "--tool-timeout"),
     (["--tools", str(EXAMPLE), "--tool-timeout", "1e99"], "--tool-timeout"),
@@ -497,6 +505,11 @@ def test_bad_tool_options_are_one_line_exit_2_and_nothing_written(home, tmp_path
     (tmp_path / "notes.txt").write_text("x")
     (tmp_path / "broken.py").write_text("def f(:\n")
     (tmp_path / "nodoc.py").write_text("def f(a: int):\n    return a\n")
+    (tmp_path / "add_again.py").write_text("def add(a: int) -> int:\n    '''Add.'''\n    return a\n")
+    (tmp_path / "helper.py").write_text("def add(a: int) -> int:\n    '''Add.'''\n    return helper(a)\n\n"
+                                        "def helper(x):\n    return x\n")
+    (tmp_path / "nan.py").write_text("def f(x: float = float('nan')) -> float:\n    '''Doc.'''\n    return x\n")
+    (tmp_path / "huge.py").write_text("def f(n: int = 10**5000) -> int:\n    '''Doc.'''\n    return 1\n")
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
     done = runner.invoke(app, ["chat", *args, "--record", str(tmp_path / "records"), "What is 2 plus 3?"])
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]

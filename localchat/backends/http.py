@@ -7,12 +7,12 @@ count does not advance; a "line" that never ends cannot fill memory.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Iterator
 
 import httpx
 
+from localchat import bounded_json
 from localchat.backends import DEFAULT_TIMEOUT_S
 from localchat.backends.sse import ChatChunk, KeepAlive, StreamError, error_message
 from localchat.errors import LocalchatError, UsageError
@@ -133,7 +133,7 @@ def error_body(response: httpx.Response) -> str:
     """The human part of an error response: its ``error`` message, or its first line of text."""
     body = response.read().decode("utf-8", "replace").strip()
     try:
-        payload = json.loads(body)
+        payload = bounded_json.loads(body)
     except ValueError:
         payload = None
     if isinstance(payload, dict) and payload.get("error"):

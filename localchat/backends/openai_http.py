@@ -213,8 +213,9 @@ class ServerBackend:
         yield self._finished(reply, messages, params.think)
 
     def _tool_format(self) -> ToolFormat | None:
-        """How calls look when a server leaves them in the text (the local template's format)."""
-        return self.template.traits.tool_format if self.template is not None and self.tools else None
+        """How calls look when a server leaves them in the text (the local template's format; read
+        even without tools offered, so that a call is never shown as an answer)."""
+        return self.template.traits.tool_format if self.template is not None else None
 
     def _reasoning_format(self, messages: list[Message], think: bool | None) -> tuple[ReasoningFormat | None, bool]:
         """The model's reasoning format from its local template, and whether this prompt opens a

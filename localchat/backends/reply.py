@@ -48,12 +48,15 @@ def opens_reasoning(tokenizer: Any, prompt_ids: list[int], fmt: ReasoningFormat 
 
 class ReplySplitter:
     """Decoded text in, typed chunks out; one per model call. Without a format, all text is answer.
-    ``tools`` (the offered functions) are what a call's parser may read its types from."""
+    ``tools`` (the offered functions) are what a call's parser may read its types from. A call in
+    the family's markers is read even when no tools are offered, so that its markup is never shown
+    as an answer (the turn refuses it); a whole-reply format (Llama's JSON) only with tools."""
 
     def __init__(self, fmt: ReasoningFormat | None, *, opened: bool = False,
                  marker_ids: tuple[tuple[int, ...], tuple[int, ...]] | None = None,
                  tool_format: ToolFormat | None = None, tools: list[dict[str, Any]] | None = None):
-        self.fmt, self.tool_format, self.tools = fmt, tool_format if tools else None, list(tools or [])
+        reads_calls = tool_format is not None and (bool(tools) or not tool_format.whole_reply)
+        self.fmt, self.tool_format, self.tools = fmt, tool_format if reads_calls else None, list(tools or [])
         machine = TextStateMachine(merged(fmt, self.tool_format))
         self._state = machine.make_state(REASONING if opened else (fmt.start if fmt else ANSWER))
         self._counter = _ReasoningCounter(*marker_ids, inside=opened) if marker_ids else None

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from localchat import bounded_json
 from localchat.errors import LocalchatError
 
 FORMAT = "localchat-kv-1"
@@ -161,7 +162,7 @@ def load(backend: Any, session_uid: str, path: Path, metadata: dict[str, str]) -
 
 def _held_ids(text: str) -> list[int]:
     try:
-        ids = json.loads(text)
+        ids = bounded_json.loads(text)
     except ValueError:
         ids = None
     if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and i >= 0 for i in ids):

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from localchat import bounded_json
 from localchat.errors import LocalchatError
 
 KEEPALIVE = re.compile(r"\s*keepalive\s+(\d+)\s*/\s*(\d+)\s*$")
@@ -97,7 +98,7 @@ def iter_stream(lines: Iterable[str]) -> Iterator[ChatChunk | KeepAlive]:
         if item.strip() == "[DONE]":
             return
         try:
-            payload = json.loads(item)
+            payload = bounded_json.loads(item)
         except ValueError:
             raise StreamError(f"the server sent data that is not JSON: {excerpt(item)}") from None
         yield parse_chunk(payload)

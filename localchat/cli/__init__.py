@@ -8,10 +8,13 @@ import sys
 
 
 def main() -> None:
-    """The ``localchat`` command. Ctrl+C while the app itself is still being imported or built
-    is one line and 130 too (inside a command, ``dispatch.user_errors`` maps it). Standard output is
+    """The ``localchat`` command. Ctrl+C (or SIGTERM) while the app itself is still being imported
+    or built is one line and 130 (143) too (inside a command, ``dispatch.user_errors`` maps it). Standard output is
     guarded (``stdout``): what it cannot take is one line, and what is left in its buffer is
     flushed here, where a failure can still be said."""
+    from localchat.errors import TerminationRequested, raise_on_sigterm
+
+    raise_on_sigterm()  # from the first moment: SIGTERM while still importing is one line and 143 too
     try:
         from localchat.cli.stdout import GuardedOutput
 
@@ -19,14 +22,18 @@ def main() -> None:
         from localchat.cli.app import app
 
         app()
+    except TerminationRequested:
+        sys.stderr.write("terminated (SIGTERM)\n")
+        _exit_now(143)
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
         _exit_now(130)
     except RuntimeError as exc:  # Ctrl+C inside a class's __set_name__ while importing arrives wrapped
         if not isinstance(exc.__cause__, KeyboardInterrupt):
             raise
-        sys.stderr.write("interrupted\n")
-        _exit_now(130)
+        terminated = isinstance(exc.__cause__, TerminationRequested)
+        sys.stderr.write("terminated (SIGTERM)\n" if terminated else "interrupted\n")
+        _exit_now(143 if terminated else 130)
     except BrokenPipeError:  # `localchat chat … | head`: the reader left; nothing more to say
         _exit_now(141)
     except SystemExit as done:

@@ -19,8 +19,9 @@ from localchat.cli.options import (
     DistributedBackendOpt,
     ExportFormat,
     HostfileOpt,
-    ModelOpt,
+    LaunchedModelOpt,
     RanksOpt,
+    ServedModelOpt,
     TimeoutOpt,
     ranks_of,
 )
@@ -37,9 +38,10 @@ app.command(context_settings=SERVER_ARGS)(load)
 @app.command(context_settings=SERVER_ARGS)
 def serve(
     ctx: typer.Context,
-    model: ModelOpt = None,
-    host: Annotated[str, typer.Option(help="Interface to bind (loopback unless you mean it).")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(min=1, max=65535, envvar="LOCALCHAT_PORT")] = 8080,
+    model: LaunchedModelOpt = None,
+    host: Annotated[str, typer.Option(metavar="HOST", help="Interface to bind (loopback unless you mean it).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=1, max=65535, envvar="LOCALCHAT_PORT", metavar="PORT",
+                                      help="Port to listen on.")] = 8080,
     log: Annotated[Optional[Path], typer.Option(help="mlx_lm.server's log file [default: logs/server-PORT.log in the localchat data directory].")] = None,
     smoke: Annotated[bool, typer.Option("--smoke", help="Start, run the smoke test, stop; exit with its result.")] = False,
     ranks: RanksOpt = None,
@@ -58,7 +60,7 @@ def serve(
 @app.command("smoke")
 def smoke_cmd(
     base_url: BaseUrlOpt = DEFAULT_BASE_URL,
-    model: ModelOpt = None,
+    model: ServedModelOpt = None,
     api_key: ApiKeyOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print a machine-readable result.")] = False,
     timeout: TimeoutOpt = DEFAULT_TIMEOUT_S,
@@ -70,7 +72,7 @@ def smoke_cmd(
 
 @app.command()
 def parity(
-    model: ModelOpt = None,
+    model: LaunchedModelOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print a machine-readable result.")] = False,
     ranks: RanksOpt = None,
     hostfile: HostfileOpt = None,

@@ -48,12 +48,14 @@ DEFAULT_MAX_TOKENS = 512
 
 
 def read_prompt(prompt: str, max_chars: int) -> str:
-    """The PROMPT argument, or standard input for ``-`` (which must be valid UTF-8)."""
+    """The PROMPT argument, or standard input for ``-`` (which must be valid UTF-8), less one final
+    line break, as shells take a command's output (``$(cat f)`` drops it too)."""
     if prompt == "-":
         try:
             prompt = sys.stdin.buffer.read().decode("utf-8")
         except UnicodeDecodeError as exc:
             raise UsageError(f"standard input is not valid UTF-8 (byte {exc.start})") from None
+        prompt = prompt.removesuffix("\n").removesuffix("\r")
     command = prompt.strip().split(" ", 1)[0]
     if command in REPL_COMMANDS:
         raise UsageError(f"{command} is a REPL command: start the REPL with `localchat chat` and type it "
@@ -148,6 +150,18 @@ def resumed_line(saved: SavedSession, session: ChatSession, caches: SessionCache
     return f"resumed '{saved.name}': {len(saved.turns)} turn(s){notes}" + (f"; {cache}" if cache else "")
 
 
+def resumed_tools_line(saved: SavedSession, tools: ToolRunner | None) -> str | None:
+    """A session whose turns called tools, said so once: which it used, which are offered now."""
+    used = sorted({call["name"] for turn in saved.turns for step in turn.steps for call in step.calls})
+    if not used:
+        return None
+    offered = tools.names() if tools else []
+    missing = [name for name in used if name not in offered]
+    now = f"offered now: {', '.join(offered)}" if offered else "no tools are offered now"
+    hint = f" ({', '.join(missing)} not offered: resume with --tools FILE.py to offer them again)" if missing else ""
+    return f"'{saved.name}' was saved with tool calls to {', '.join(used)}; {now}{hint}"
+
+
 def compaction_policy(opts: ChatOptions, ui: ChatUI) -> CompactionPolicy:
     """``--compact``'s settings, with ``--compact-model`` opened as a backend of the same kind."""
     context = opts.context
@@ -215,15 +229,16 @@ def open_backend(opts: ChatOptions, ui: ChatUI) -> tuple[ModelRef | None, Backen
     return ref, open_inproc(ref, opts, ui)
 
 
-def tool_runner(options: ToolOptions, ui: ChatUI) -> ToolRunner | None:
-    """The ``--tools`` files' functions, in their own process; calls approved by ``--approve-tools``,
-    else asked on a terminal, else refused (the refusal is what the model hears)."""
+def tool_runner(options: ToolOptions, ui: ChatUI, hidden: list[str]) -> ToolRunner | None:
+    """The ``--tools`` files' functions, in their own process (without ``hidden``, the API key, in
+    its environment); calls approved by ``--approve-tools``, else asked on a terminal, else refused
+    (the refusal is what the model hears)."""
     if not options.files:
         return None
     from localchat.tools.host import ToolHost
     from localchat.tools.runner import ToolRunner, approve_all, refuse_unasked
 
-    host = ToolHost(list(options.files), options.timeout_s)
+    sources = [ToolHost(list(options.files), options.timeout_s, hidden=hidden)]
     if options.approve:
         approve = approve_all
     elif sys.stdin.isatty() and sys.stderr.isatty():
@@ -232,11 +247,9 @@ def tool_runner(options: ToolOptions, ui: ChatUI) -> ToolRunner | None:
         approve = AskBeforeRunning(ui, terminal_asker())
     else:
         approve = refuse_unasked
-    runner = ToolRunner(host, approve, options.max_rounds)
-    ui.info(f"tools offered: {', '.join(runner.names())}" + ("" if options.approve else " (each call asks first)"
-                                                               if approve is not refuse_unasked else
-                                                               " (no terminal to ask: calls are refused; "
-                                                               "--approve-tools runs them)"))
+    runner = ToolRunner(sources, approve, options.max_rounds)
+    how = {approve_all: "", refuse_unasked: " (no terminal to ask: calls are refused; --approve-tools runs them)"}
+    ui.info(f"tools offered: {', '.join(runner.names())}" + how.get(approve, " (each call asks first)"))
     return runner
 
 
@@ -285,7 +298,7 @@ def chat_with_ui(*, opts: ChatOptions, prompt: str | None, ui: ChatUI) -> TurnSt
         opts = replace(opts, model=replace(opts.model, model=saved.model))
     recorder = TurnRecorder(path) if (path := records_dir(opts.storage.record)) else None
     raise_on_sigterm()  # SIGTERM mid-reply: the turn is discarded and recorded, then exit 143
-    tools = tool_runner(opts.tools, ui)  # before the model loads: a bad tools file is said at once
+    tools = tool_runner(opts.tools, ui, hidden=[opts.model.api_key or ""])  # before the model loads: said at once
     try:
         ref, backend = open_backend(opts, ui)
         if tools:
@@ -306,6 +319,8 @@ def chat_with_ui(*, opts: ChatOptions, prompt: str | None, ui: ChatUI) -> TurnSt
     caches = SessionCaches(cache_files(opts.storage.cache_max_bytes), write=opts.storage.save_cache)
     if saved:
         ui.info(resumed_line(saved, session, caches))
+        if line := resumed_tools_line(saved, tools):
+            ui.notice(line)
     if recorder:
         ui.info(f"recording turns in {recorder.directory} as {recorder.session_id}-NNNN-*.json")
     try:
@@ -323,6 +338,7 @@ def chat_with_ui(*, opts: ChatOptions, prompt: str | None, ui: ChatUI) -> TurnSt
         ui.end_turn(result, session.params.max_tokens)
         return result.status
     finally:
+        ui.stop_waiting()  # a turn refused before any call (its one line follows) leaves no spinner
         backend.close()
         if session.compaction.backend is not None:
             session.compaction.backend.close()

@@ -11,7 +11,8 @@ import importlib
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, get_args
 
 import typer
 from typer.core import TyperGroup
@@ -29,6 +30,20 @@ def _click_class(name: str) -> type:
 
 
 ClickUsageError, ClickException = _click_class("UsageError"), _click_class("ClickException")
+METAVARS = {int: "N", float: "NUMBER", str: "TEXT", Path: "PATH"}  # instead of Typer's <int range>, <list[str]>
+
+
+def with_metavars(command: Any) -> Any:
+    """Every option that takes a value shows a word for it (``--pin TEXT``, ``--max-tokens N``),
+    unless its declaration names one; choices keep their list."""
+    for param in getattr(command, "params", ()):
+        described = getattr(param, "type_descriptor", None)
+        if param.param_type_name != "option" or param.metavar is not None or described is None \
+                or described.is_choice or getattr(param, "is_flag", False):
+            continue
+        inner = get_args(described.annotation) if described.is_list else ()
+        param.metavar = METAVARS.get(inner[0] if inner else described.annotation)
+    return command
 
 
 class OneLineErrors(TyperGroup):
@@ -55,6 +70,9 @@ class OneLineErrors(TyperGroup):
         if code == outcomes.INTERRUPTED:  # Typer's own mapping of a Ctrl+C it caught, silently
             say("interrupted")
         sys.exit(code if isinstance(code, int) else outcomes.OK)
+
+    def get_command(self, ctx, cmd_name):
+        return with_metavars(super().get_command(ctx, cmd_name))
 
     def get_help_option(self, ctx):
         """The group's own ``--help``, unset when a subcommand's help is asked for, is False rather

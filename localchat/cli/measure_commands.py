@@ -10,23 +10,26 @@ import typer
 from localchat.backends import DEFAULT_BASE_URL, DEFAULT_TIMEOUT_S
 from localchat.cli.dispatch import err_console, out_console, run, user_errors
 from localchat.cli.options import (
+    DEFAULT_TOOL_TIMEOUT_S,
     ApiKeyOpt,
-    ApproveToolsOpt,
     BaseUrlOpt,
     BenchBackend,
+    BenchModelOpt,
     Compact,
     CompactOpt,
-    ModelOpt,
+    LoadModelOpt,
     OnOffBoth,
     OutputFormat,
     TimeoutOpt,
     ToolsOpt,
     ToolTimeoutOpt,
     TrimToOpt,
+    UnattendedApproveOpt,
     check_base_url,
     check_seconds,
     check_seed,
     check_temperature,
+    check_tool_flags,
     check_wait,
 )
 from localchat.conversation.settings import DEFAULT_TRIM_TO
@@ -35,7 +38,7 @@ SERVER_ARGS = {"allow_extra_args": True, "ignore_unknown_options": True}  # mlx_
 
 
 def bench(
-    model: ModelOpt = None,
+    model: BenchModelOpt = None,
     backend: Annotated[BenchBackend, typer.Option(help="Which backend(s) to run.")] = BenchBackend.inproc,
     history: Annotated[OnOffBoth, typer.Option(help="History on, off, or both (side by side).")] = OnOffBoth.both,
     script: Annotated[Optional[list[Path]], typer.Option("--script", help="A bench script (YAML), or a built-in one's name (name-recall); repeatable [default: the built-in scripts].")] = None,
@@ -53,22 +56,24 @@ def bench(
     think: Annotated[Optional[OnOffBoth], typer.Option(help="Thinking on, off, or both (side by side: what reasoning costs) [default: the model's own].")] = None,
     policy: Annotated[Optional[str], typer.Option(help="History policies side by side on long scripts: full,window:N,budget:N,compact:N,pin:N.")] = None,
     tools: ToolsOpt = None,
-    approve_tools: ApproveToolsOpt = False,
-    tool_timeout: ToolTimeoutOpt = 30.0,
+    approve_tools: UnattendedApproveOpt = False,
+    tool_timeout: ToolTimeoutOpt = None,
 ) -> None:
     """History on vs off at a fixed temperature: what history costs (tokens, TTFT) and buys (answers)."""
+    check_tool_flags(bool(tools), approve_tools, tool_timeout)
     opts = dict(model=model, backend=backend.value, history=history.value, scripts=tuple(script or ()),
                         repeat=repeat, warmup=warmup, temperature=temperature, seed=seed, max_tokens=max_tokens,
                         no_cache_reuse=no_cache_reuse, base_url=base_url, out=out, format=format.value,
                         plot=plot, replay=tuple(replay or ()), think=think.value if think else None, policy=policy,
-                        tools=tuple(tools or ()), approve_tools=approve_tools, tool_timeout_s=tool_timeout)
+                        tools=tuple(tools or ()), approve_tools=approve_tools,
+                        tool_timeout_s=tool_timeout or DEFAULT_TOOL_TIMEOUT_S)
     run("localchat.cli.bench:run_bench_cmd", options=opts, console=out_console(), err=err_console())
 
 
 def load(
     ctx: typer.Context,
     base_url: BaseUrlOpt = DEFAULT_BASE_URL,
-    model: ModelOpt = None,
+    model: LoadModelOpt = None,
     api_key: ApiKeyOpt = None,
     users: Annotated[int, typer.Option(min=1, max=256, help="Concurrent simulated users.")] = 1,
     sweep: Annotated[Optional[str], typer.Option(help="Several runs, e.g. 1,2,4,8 users (instead of --users).")] = None,
@@ -92,10 +97,11 @@ def load(
     trim_to: TrimToOpt = DEFAULT_TRIM_TO,
     compact: CompactOpt = Compact.off,
     tools: ToolsOpt = None,
-    approve_tools: ApproveToolsOpt = False,
-    tool_timeout: ToolTimeoutOpt = 30.0,
+    approve_tools: UnattendedApproveOpt = False,
+    tool_timeout: ToolTimeoutOpt = None,
 ) -> None:
     """Many simulated users with multi-turn history against an OpenAI-compatible server."""
+    check_tool_flags(bool(tools), approve_tools, tool_timeout)
     from localchat.load.sweep import LoadOptions, parse_sweep
 
     with user_errors():
@@ -106,5 +112,5 @@ def load(
                        slo_ttft_s=slo_ttft, slo_tpot_s=slo_tpot, out=out, plot=plot, launch=launch,
                        server_args=tuple(ctx.args), timeout_s=timeout, max_context_tokens=max_context_tokens,
                        trim_to=trim_to, compact=compact is Compact.auto, tools=tuple(tools or ()),
-                       approve_tools=approve_tools, tool_timeout_s=tool_timeout)
+                       approve_tools=approve_tools, tool_timeout_s=tool_timeout or DEFAULT_TOOL_TIMEOUT_S)
     run("localchat.cli.load:run_load_cmd", opts=opts, console=out_console(), err=err_console())

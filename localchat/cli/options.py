@@ -115,20 +115,36 @@ def check_fraction(value: float | None) -> float | None:
 
 
 ToolsOpt = Annotated[Optional[list[Path]], typer.Option(
-    "--tools", metavar="FILE.py", help="Offer every public function of this Python file (type hints and a docstring) "
-                                       "as a tool the model may call; repeatable.")]
+    "--tools", metavar="FILE.py", help="Offer every public function of this Python file (type hints and a docstring; "
+                                       "_name keeps a helper out) as a tool the model may call; repeatable.")]
 ApproveToolsOpt = Annotated[bool, typer.Option("--approve-tools", help="Run every tool call without asking (else a "
                                                                        "terminal asks; without one, calls are refused).")]
-def check_tool_timeout(value: float) -> float:
-    if not (math.isfinite(value) and 0 < value <= MAX_WAIT_S):
+UnattendedApproveOpt = Annotated[bool, typer.Option("--approve-tools", help="Run every tool call without asking "
+                                                                            "(required with --tools: nobody is asked here).")]
+DEFAULT_TOOL_TIMEOUT_S = 30.0
+DEFAULT_MAX_TOOL_ROUNDS = 8
+
+
+def check_tool_timeout(value: float | None) -> float | None:
+    if value is not None and not (math.isfinite(value) and 0 < value <= MAX_WAIT_S):
         raise typer.BadParameter(f"must be a number of seconds > 0, at most {MAX_WAIT_S:.0f}")
     return value
 
 
-ToolTimeoutOpt = Annotated[float, typer.Option(callback=check_tool_timeout, help="Stop a tool call after this many "
-                                                                                "seconds.")]
-MaxToolRoundsOpt = Annotated[int, typer.Option(min=1, max=100, help="Rounds of tool calls a turn may take before it "
-                                                                    "must answer.")]
+ToolTimeoutOpt = Annotated[Optional[float], typer.Option(callback=check_tool_timeout, metavar="SECONDS", help=(
+    f"Stop a tool call after this many seconds [default: {DEFAULT_TOOL_TIMEOUT_S:g}]."))]
+MaxToolRoundsOpt = Annotated[Optional[int], typer.Option(min=1, max=100, metavar="N", help=(
+    f"Rounds of tool calls a turn may take before it must answer [default: {DEFAULT_MAX_TOOL_ROUNDS}]."))]
+
+
+def check_tool_flags(tools: bool, approve: bool, timeout_s: float | None, rounds: int | None = None) -> None:
+    """Tool settings without any tools are a usage error, not silently nothing."""
+    given = [flag for flag, value in (("--approve-tools", approve), ("--tool-timeout", timeout_s is not None),
+                                      ("--max-tool-rounds", rounds is not None)) if value]
+    if given and not tools:
+        from localchat.cli.dispatch import ClickUsageError
+
+        raise ClickUsageError(f"{given[0]} goes with --tools FILE.py, and no tools are offered")
 
 
 class Compact(str, Enum):
@@ -144,19 +160,33 @@ CompactOpt = Annotated[Compact, typer.Option(
 CompactAtOpt = Annotated[float, typer.Option(callback=check_fraction, help="The share of the budget that triggers "
                                                                            "--compact auto.")]
 CompactKeepOpt = Annotated[int, typer.Option(min=0, help="Turns kept verbatim after the notes.")]
-ModelOpt = Annotated[Optional[str], typer.Option(
-    "--model", "-m", envvar="LOCALCHAT_MODEL", show_default=False,
-    help="models.yaml id or alias, a local MLX model directory, or a Hugging Face repo id "
-         "[default: demo; with --backend server, the server's own model].")]
-BaseUrlOpt = Annotated[str, typer.Option(envvar="LOCALCHAT_BASE_URL", callback=check_base_url,
+MODEL_KINDS = "models.yaml id or alias, a local MLX model directory, or a Hugging Face repo id"
+
+
+def model_option(purpose: str, default: str, also: str = "") -> Any:
+    """``-m/--model``, its help saying what the command does with it and what it defaults to."""
+    return typer.Option("--model", "-m", envvar="LOCALCHAT_MODEL", show_default=False, metavar="MODEL",
+                        help=f"{purpose}: a {MODEL_KINDS}{also} [default: {default}].")
+
+
+ModelOpt = Annotated[Optional[str], model_option("The model to chat with", "demo; with --backend server, the "
+                                                                           "server's own model")]
+LaunchedModelOpt = Annotated[Optional[str], model_option("The model to serve", "demo")]
+BenchModelOpt = Annotated[Optional[str], model_option("The model to benchmark", "demo")]
+ServedModelOpt = Annotated[Optional[str], model_option("The model to ask the server for", "the server's own model",
+                                                       ", or a name only the server knows")]
+LoadModelOpt = Annotated[Optional[str], model_option("The model to ask the server for", "the server's own model; "
+                                                     "demo with --launch", ", or a name only the server knows")]
+BaseUrlOpt = Annotated[str, typer.Option(envvar="LOCALCHAT_BASE_URL", callback=check_base_url, metavar="URL",
                                          help="OpenAI-compatible base URL.")]
 ApiKeyOpt = Annotated[Optional[str], typer.Option(envvar="LOCALCHAT_API_KEY", show_default=False, callback=check_api_key,
+                                                  metavar="KEY",
                                                   help="Bearer token for remote servers (never printed or recorded).")]
 ThinkOpt = Annotated[Optional[bool], typer.Option(
     "--think/--no-think", show_default=False,
     help="A thinking model reasons before it answers, or answers directly (the template's enable_thinking) "
          "[default: the model's own].")]
-TimeoutOpt = Annotated[float, typer.Option(callback=check_seconds, envvar="LOCALCHAT_TIMEOUT",
+TimeoutOpt = Annotated[float, typer.Option(callback=check_seconds, envvar="LOCALCHAT_TIMEOUT", metavar="SECONDS",
                                            help="Give up on a server that makes no progress for this many seconds.")]
 
 
@@ -297,8 +327,8 @@ class ToolOptions:
 
     files: tuple[Path, ...] = ()
     approve: bool = False  # --approve-tools: every call runs without asking
-    timeout_s: float = 30.0
-    max_rounds: int = 8
+    timeout_s: float = DEFAULT_TOOL_TIMEOUT_S
+    max_rounds: int = DEFAULT_MAX_TOOL_ROUNDS
 
 
 @dataclass(frozen=True)

@@ -70,14 +70,16 @@ class ChatUI:
         self._rounds = 0
         self._start_waiting()
         return Listeners(on_text=self.text, on_reasoning=self.reasoning, on_progress=self.progress,
-                         on_tool_call=self.tool_call, on_tool_result=self.tool_result, on_round=self.tool_round)
+                         on_tool_call=self.tool_call, on_tool_result=self.tool_result, on_round=self.tool_round,
+                         on_notice=self.notice)
 
     def _start_waiting(self) -> None:
         if self.err.is_terminal and self._waiting is None:
             self._waiting = self.err.status("waiting for the first token…", spinner="dots")
             self._waiting.start()
 
-    def _stop_waiting(self) -> None:
+    def stop_waiting(self) -> None:
+        """The spinner stops (every way out of a turn passes here, errors before any call too)."""
         if self._waiting is not None:
             self._waiting.stop()
             self._waiting = None
@@ -100,7 +102,7 @@ class ChatUI:
 
     def text(self, chunk: str) -> None:
         """Streamed answer text, flushed as it comes (held back in JSON mode)."""
-        self._stop_waiting()
+        self.stop_waiting()
         self._end_thinking()
         if self.json_mode:
             return
@@ -125,7 +127,7 @@ class ChatUI:
 
     def tool_call(self, call: ToolCall) -> None:
         """A call the model asks for, on stderr as it arrives (before any approval)."""
-        self._stop_waiting()
+        self.stop_waiting()
         self._end_thinking()
         self._end_answer()
         self.err.print(f"→ {call.name or '?'}({shortened(call.arguments)})", style="cyan", markup=False)
@@ -147,7 +149,7 @@ class ChatUI:
 
     def reasoning(self, chunk: str) -> None:
         """Reasoning, on stderr only: streamed dim with --show-thinking, else a counter on a terminal."""
-        self._stop_waiting()
+        self.stop_waiting()
         self._thinking += 1
         if self.show_thinking:
             self.err.print(chunk, style="dim", end="", markup=False, highlight=False)
@@ -173,7 +175,7 @@ class ChatUI:
             self._waiting.update(f"prefilling {left:,} of {progress.total:,} prompt tokens…")
 
     def end_turn(self, result: TurnResult, max_tokens: int) -> None:
-        self._stop_waiting()
+        self.stop_waiting()
         self._end_thinking()
         if self.json_mode:
             self._json_reply(result)

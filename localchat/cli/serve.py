@@ -17,8 +17,16 @@ from localchat.backends.openai_http import backend_for
 from localchat.cli import outcomes
 from localchat.errors import LocalchatError, raise_on_sigterm
 from localchat.registry import DEFAULT_MODEL, DEMO_MODEL, resolve
-from localchat.server.distributed import Ranks, check_ranks
-from localchat.server.launch import LOOPBACK, ServerStartError, failure_line, last_lines, server_command, start_ready
+from localchat.server.distributed import Ranks, check_ranks, exit_words, failed_rank
+from localchat.server.launch import (
+    LOOPBACK,
+    RunningServer,
+    ServerStartError,
+    failure_line,
+    last_lines,
+    server_command,
+    start_ready,
+)
 from localchat.server.parity import ParityReport, run_parity
 from localchat.server.smoke import SmokeReport, run_smoke
 
@@ -67,15 +75,27 @@ def run_serve(*, model: str | None, host: str, port: int, log: Path | None, smok
         console.print("Ctrl+C stops the server.", style="dim")
         while server.process.poll() is None:
             time.sleep(0.5)
+        server.stop()  # what the launcher left: every rank ends before the line is said
         show_log_tail(console, server.log_path)
-        raise LocalchatError(f"mlx_lm.server exited with code {server.process.returncode}: "
-                             f"{failure_line(server.log_path)} (log: {server.log_path})")
+        raise LocalchatError(ended_line(server, ranks))
     except KeyboardInterrupt:
         return outcomes.OK
     finally:
-        stopped_by_us = server.process.poll() is None
-        code = server.stop()
-        console.print("server stopped" if stopped_by_us else f"server exited (exit code {code})", style="dim")
+        if server.process.poll() is None:
+            server.stop()  # returns once every rank has exited
+            console.print("server stopped" + (" (every rank)" if ranks else ""), style="dim")
+
+
+def ended_line(server: RunningServer, ranks: Ranks | None) -> str:
+    """Why a server that was not stopped by us has ended: the rank and its signal, and the log's
+    last error (or that it shows none)."""
+    log = server.log_path
+    if ranks is not None:
+        tail = last_lines(log, 200)
+        rank = failed_rank(tail)
+        why = failure_line(log) if rank else f"the launcher {exit_words(server.process.returncode)}; " + failure_line(log)
+        return f"mlx_lm.server on {ranks.size} ranks ended: {why}; every rank has stopped (log: {log})"
+    return f"mlx_lm.server {exit_words(server.process.returncode)}: {failure_line(log)} (log: {log})"
 
 
 def show_log_tail(console: Console, path: Path, lines: int = 12) -> None:

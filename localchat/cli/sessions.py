@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import sys
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from localchat import bounded_json
 from localchat.cli.terminal import for_stream
 from localchat.errors import LocalchatError
 from localchat.store.kv_files import cache_files, human_size, read_metadata
@@ -45,7 +45,7 @@ def cache_description(name: str) -> str:
         return "KV cache: none (saved without one, or evicted)"
     try:
         metadata = read_metadata(path)
-        tokens = len(json.loads(metadata["ids"]))
+        tokens = len(bounded_json.loads(metadata["ids"]))
         return f"KV cache: {human_size(path.stat().st_size)}, {tokens} tokens of {metadata.get('model', '?')}"
     except (OSError, ValueError, KeyError) as exc:
         return f"KV cache: {human_size(path.stat().st_size)}, damaged ({exc}); a resume will not use it"

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from localchat import bounded_json
 from localchat.errors import UsageError
 
 DEFAULT_INSTRUCTION = 'Answer in JSON: {"answer": "..."}'
@@ -39,7 +40,7 @@ class AnswerSchema:
         from jsonschema import Draft202012Validator
 
         try:
-            value = json.loads(_strip_fence(text))
+            value = bounded_json.loads(_strip_fence(text))
         except ValueError as exc:
             return None, f"not JSON: {exc}"
         error = next(iter(Draft202012Validator(self.schema).iter_errors(value)), None)
@@ -59,7 +60,7 @@ def load_schema(path: Path) -> AnswerSchema:
     from jsonschema.exceptions import SchemaError
 
     try:
-        schema = json.loads(path.read_text(encoding="utf-8"))
+        schema = bounded_json.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise UsageError(f"cannot read --json-schema {path}: {exc.strerror}") from None
     except ValueError as exc:

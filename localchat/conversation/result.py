@@ -91,6 +91,7 @@ class Listeners:
     on_tool_call: Callable[[ToolCall], None] = lambda _: None
     on_tool_result: Callable[[Any], None] = lambda _: None  # a ``tools.runner.ToolResult``, after the call ran
     on_round: Callable[[TurnResult], None] = lambda _: None  # a round that ended in calls, before they run
+    on_notice: Callable[[str], None] = lambda _: None  # what the turn did that the user should know (a result cut)
 
 
 @dataclass

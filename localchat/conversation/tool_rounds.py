@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from localchat.backends import Message
+from localchat.conversation.fitting import ContextOverflow
 from localchat.conversation.history import ToolStep
 from localchat.conversation.result import Listeners, TurnResult, TurnStatus
 from localchat.conversation.stats import Ledger, TurnClock
@@ -21,11 +22,13 @@ from localchat.errors import TerminationRequested
 from localchat.tools.runner import ToolRunner
 
 Call = Callable[[list[Message], TurnClock], TurnResult]  # one model round: the messages sent, its clock
+Fit = Callable[[list[Message], ToolStep], tuple[ToolStep, list[str]]]  # the context guard (``fitting``)
 
 
 def answer_with_tools(call: Call, runner: ToolRunner, messages: list[Message], listeners: Listeners, *,
-                      clock: TurnClock, ledger: Ledger, reasoning_field: str | None) -> TurnResult:
-    """The turn's last round, with the earlier rounds' steps and figures."""
+                      clock: TurnClock, ledger: Ledger, reasoning_field: str | None, fit: Fit) -> TurnResult:
+    """The turn's last round, with the earlier rounds' steps and figures. Each round's results pass
+    ``fit`` before the next call: cut to what fits the context, or the turn ends there."""
     steps: list[ToolStep] = []
     rounds, tool_s, sent = [], 0.0, messages
     while True:
@@ -39,11 +42,17 @@ def answer_with_tools(call: Call, runner: ToolRunner, messages: list[Message], l
         listeners.on_round(result)
         try:
             step, seconds = _run_calls(runner, result, listeners)
+            step, notices = fit(sent, step)
         except TerminationRequested:
             raise
         except KeyboardInterrupt:
             result = replace(result, status=TurnStatus.INTERRUPTED)
             break
+        except ContextOverflow as exc:
+            result = replace(result, status=TurnStatus.ERROR, error=str(exc))
+            break
+        for notice in notices:
+            listeners.on_notice(notice)
         ledger.add_tools(len(step.calls), seconds)
         steps.append(step)
         rounds.append(result.stats)

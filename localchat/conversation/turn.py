@@ -19,7 +19,8 @@ from typing import Any
 
 from localchat.backends import Backend, GenerationParams, Message
 from localchat.conversation.compaction import CompactionPolicy
-from localchat.conversation.history import NEXT_QUESTION, Conversation, Turn, validate_input
+from localchat.conversation.fitting import fit_results
+from localchat.conversation.history import NEXT_QUESTION, Conversation, ToolStep, Turn, validate_input
 from localchat.conversation.jsonmode import AnswerSchema
 from localchat.conversation.records import TurnRecorder
 from localchat.conversation.result import (
@@ -36,6 +37,7 @@ from localchat.conversation.stats import Ledger, TurnClock, stats_to_dict
 from localchat.conversation.tool_rounds import answer_with_tools
 from localchat.errors import OutputError, TerminationRequested, UsageError
 from localchat.templates.render import TemplateError
+from localchat.templates.tool_formats import reads_as_call
 from localchat.tools.runner import ToolRunner
 
 
@@ -112,7 +114,23 @@ class ChatSession:
         if self.tools is None:
             return call(messages, clock)
         return answer_with_tools(call, self.tools, messages, listeners, clock=clock, ledger=self.ledger,
-                                 reasoning_field=self.conversation.reasoning_field)
+                                 reasoning_field=self.conversation.reasoning_field, fit=self._fit_step)
+
+    def _fit_step(self, sent: list[Message], step: ToolStep) -> tuple[ToolStep, list[str]]:
+        """A round's results as the next request can hold them (see ``fitting``); as they are when
+        the budget or the counting is unknown here (a server then refuses in its own words)."""
+        budget = self.known_budget()
+        if budget is None:
+            return step, []
+        reasoning_field = self.conversation.reasoning_field
+
+        def tokens_of(candidate: ToolStep) -> int | None:
+            try:
+                return self.count([*sent, *candidate.messages(reasoning_field)])
+            except TemplateError:
+                return None
+
+        return fit_results(step, tokens_of, budget.tokens, budget.limit)
 
     @staticmethod
     def _turn_of(result: TurnResult) -> Turn:
@@ -122,6 +140,8 @@ class ChatSession:
               on_compaction: Callable[[Compaction], None] = lambda _: None) -> TurnResult:
         """Ask the last question again, without its answer in the request; the old answer leaves
         the history only when the new one is accepted."""
+        if not self.conversation.turns:
+            raise UsageError("nothing to retry: no question has been answered and kept yet")
         last = self.conversation.take_back()
         try:
             result = self.ask(last.user, listeners, on_compaction)
@@ -164,6 +184,11 @@ class ChatSession:
     def _judged(self, trim: TrimPlan, result: TurnResult) -> TurnResult:
         """The status of a turn that streamed to its end: cut, empty, invalid, unrenderable, kept or not."""
         result = finished(result)
+        if result.status is TurnStatus.COMMITTED and self.tools is None and self._is_a_call(result):
+            names = ", ".join(sorted({c.name or "?" for c in result.tool_calls})) or "a tool"
+            return replace(result, status=TurnStatus.ERROR,
+                           error=f"the model answered with a call to {names}, but no tools are offered here "
+                                 "(--tools FILE.py offers them): not added to history")
         if result.status is not TurnStatus.COMMITTED or result.tool_calls:  # a round of calls: judged by its answer
             return result
         if self.schema is not None:
@@ -175,6 +200,18 @@ class ChatSession:
             return replace(result, status=TurnStatus.NOT_KEPT)
         refusal = self._refused_back(trim, result)
         return replace(result, status=TurnStatus.UNRENDERABLE, error=refusal) if refusal else result
+
+    def _is_a_call(self, result: TurnResult) -> bool:
+        """A reply that asked for tools: calls read from it, or (JSON mode aside) a whole reply in the
+        family's call format."""
+        if result.tool_calls:
+            return True
+        template = self.backend.template
+        try:
+            fmt = template.traits.tool_format if template is not None else None
+        except TemplateError:
+            return False
+        return self.schema is None and reads_as_call(fmt, result.text)
 
     def _refused_back(self, trim: TrimPlan, result: TurnResult) -> str | None:
         """Why the model's chat template would refuse this answer in the next request (gpt-oss

@@ -3,11 +3,11 @@ in ollama's store: where the file is, and importing it the first time it is used
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
 
+from localchat import bounded_json
 from localchat.errors import LocalchatError, UsageError
 
 PACKAGE_GGUF_PREFIX = "gguf-package:"  # gguf-package:DISTRIBUTION/PATH/IN/IT.gguf, imported on first use
@@ -64,7 +64,7 @@ def ollama_blob(model: str, models_dir: Path | None = None) -> Path:
     root = models_dir or Path(os.environ.get("OLLAMA_MODELS") or Path.home() / ".ollama" / "models")
     manifest = ollama_manifest(model, root)
     try:
-        data = json.loads(manifest.read_text(encoding="utf-8"))
+        data = bounded_json.loads(manifest.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise UsageError(f"ollama has no model '{model}' in {root} (see: ollama list)") from None
     except (OSError, ValueError) as exc:

@@ -16,6 +16,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from localchat import bounded_json
 from localchat.errors import LocalchatError
 
 GPT2_SPLIT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
@@ -133,7 +134,7 @@ def save_tokenizer(hf: Any, directory, spec: TokenizerSpec) -> None:
 
     hf.save_pretrained(str(directory))
     path = directory / "tokenizer_config.json"
-    config = json.loads(path.read_text(encoding="utf-8"))
+    config = bounded_json.loads(path.read_text(encoding="utf-8"))
     config["tokenizer_class"] = "PreTrainedTokenizerFast"  # never a class that re-splits the text
     config["add_bos_token"] = spec.add_bos
     if spec.chat_template:

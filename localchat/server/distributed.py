@@ -11,14 +11,15 @@ failed, and every rank stopped (they share the launcher's process group).
 from __future__ import annotations
 
 import importlib
-import json
 import re
 import shutil
+import signal
 import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from localchat import bounded_json
 from localchat.errors import UsageError
 from localchat.registry import read_config
 
@@ -48,7 +49,7 @@ def hosts_of(hostfile: Path | None) -> list[dict]:
     if hostfile is None:
         return []
     try:
-        data = json.loads(hostfile.read_text(encoding="utf-8"))
+        data = bounded_json.loads(hostfile.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise UsageError(f"--hostfile {hostfile}: no such file") from None
     except (OSError, UnicodeDecodeError) as exc:
@@ -59,6 +60,8 @@ def hosts_of(hostfile: Path | None) -> list[dict]:
     if not isinstance(hosts, list) or not hosts:
         raise UsageError(f"--hostfile {hostfile}: expected a list of hosts, e.g. "
                          '[{"ssh": "mac1.local", "ips": ["192.168.1.10"]}, {"ssh": "mac2.local", "ips": [...]}]')
+    if len(hosts) > MAX_RANKS:
+        raise UsageError(f"--hostfile {hostfile}: {len(hosts)} hosts, over the {MAX_RANKS} ranks localchat launches")
     for i, host in enumerate(hosts):
         if not isinstance(host, dict) or not isinstance(host.get("ssh"), str) or not host["ssh"]:
             raise UsageError(f"--hostfile {hostfile}: host {i} needs an \"ssh\" name")
@@ -178,15 +181,30 @@ def _free(port: int) -> bool:
 
 
 def launch_command(ranks: Ranks, server: list[str]) -> list[str]:
-    """mlx.launch running ``server`` (the mlx_lm.server command line) on every rank."""
-    where = (["--hostfile", str(ranks.hostfile)] if ranks.hostfile is not None else
-             ["--hosts", "127.0.0.1", "-n", str(ranks.count), "--starting-port", str(ring_ports(ranks.count or 1))])
+    """mlx.launch running ``server`` (the mlx_lm.server command line, ``python -m mlx_lm …``) on
+    every rank; a local rank runs inside the rank guard, which ends it when ``serve`` is gone."""
+    if ranks.hostfile is not None:  # remote ranks end with their ssh session (SIGHUP)
+        where = ["--hostfile", str(ranks.hostfile)]
+    else:
+        where = ["--hosts", "127.0.0.1", "-n", str(ranks.count), "--starting-port", str(ring_ports(ranks.count or 1))]
+        python, flag, *rest = server
+        server = [python, flag, "localchat.server.rank_guard", *rest] if flag == "-m" else server
     extra = ["--pipeline"] if ranks.pipeline and "--pipeline" not in server else []
     return [*launcher(), "--backend", ranks.backend, *where, "--", *server, *extra]
 
 
+def exit_words(code: int) -> str:
+    """``exited with code 1``, or ``was killed by SIGKILL`` for a negative code (a signal)."""
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
 def failed_rank(log_text: str) -> str | None:
-    """``rank 1 exited with code 1`` from the launcher's own words in the log, if a rank failed."""
+    """``rank 1 was killed by SIGKILL`` from the launcher's own words in the log, if a rank failed."""
     match = RANK_FAILED.search(log_text)
     if match is None:
         return None
@@ -194,4 +212,4 @@ def failed_rank(log_text: str) -> str | None:
         return f"rank {match[1]} was killed"
     unreachable = " (ssh could not reach its host: check the host file's names, and that `ssh HOST` works without " \
                   "a password)" if match[3] == "255" else ""
-    return f"rank {match[1]} exited with code {match[3]}{unreachable}"
+    return f"rank {match[1]} {exit_words(int(match[3]))}{unreachable}"

@@ -7,10 +7,8 @@ SIGTERM, then SIGKILL after a grace period) and, on Linux, dies with us even if 
 
 from __future__ import annotations
 
-import ctypes
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -23,8 +21,10 @@ from pathlib import Path
 import httpx
 
 from localchat.errors import LocalchatError
+from localchat.processes import child_preexec, stop_group
 from localchat.registry import ModelRef, local_dir
 from localchat.server.distributed import RANK_FAILED, Ranks, check_ranks, failed_rank, launch_command
+from localchat.server.rank_guard import SERVE_PID
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 GRACE_S = 5.0
@@ -58,25 +58,18 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
-def _die_with_parent() -> None:  # runs in the child before exec (Linux only)
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
 def failure_line(path: Path) -> str:
     """What the child's log says went wrong, in one line: the rank that failed (a distributed
-    server) and the exception of its last traceback (``ValueError: Model type foo not supported.``),
-    else its last line."""
+    server), then the log's last error-looking line (``ValueError: Model type foo not supported.``);
+    never an ordinary log line presented as the cause."""
     tail = last_lines(path, 200)
     lines = [line.strip() for line in tail.splitlines() if line.strip() and not RANK_FAILED.search(line)]
-    found = next((line for line in reversed(lines) if EXCEPTION_LINE.match(line)), None)
-    cause = (found or (lines[-1] if lines else ""))[:300]
+    cause = next((line for line in reversed(lines) if EXCEPTION_LINE.match(line) or ERROR_WORDS.search(line)), "")
+    cause = cause[:300]
     rank = failed_rank(tail)
     if rank:
-        return f"{rank}: {cause}" if cause else rank
-    return cause or "(the log is empty)"
+        return f"{rank}; the log's last error: {cause}" if cause else f"{rank}; the log shows no error"
+    return cause or (f"the log's last line: {lines[-1][:300]}" if lines else "(the log is empty)")
 
 
 def last_lines(path: Path, n: int = 20) -> str:
@@ -108,23 +101,9 @@ class RunningServer:
 
     def stop(self, grace_s: float = GRACE_S) -> int | None:
         """SIGTERM to the child's whole process group (every rank of a distributed server is in
-        it), then SIGKILL after ``grace_s``; returns the child's exit code."""
-        if self.process.poll() is None:
-            _signal_group(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(grace_s)
-            except subprocess.TimeoutExpired:
-                _signal_group(self.process.pid, signal.SIGKILL)
-                self.process.wait()
-        _signal_group(self.process.pid, signal.SIGKILL)  # a rank left behind by its launcher
-        return self.process.returncode
-
-
-def _signal_group(pgid: int, signum: int) -> None:
-    try:
-        os.killpg(pgid, signum)
-    except (ProcessLookupError, PermissionError):
-        pass
+        it), then SIGKILL after ``grace_s``; returns once every rank has exited, with the child's
+        exit code."""
+        return stop_group(self.process, grace_s)
 
 
 def server_command(model_location: str, host: str, port: int, extra_args: tuple[str, ...] = (),
@@ -144,9 +123,9 @@ def launch(model_location: str, *, host: str = "127.0.0.1", port: int = 8080, lo
     command = server_command(model_location, host, port, extra_args, ranks)
     with open_log(log_path) as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   env=os.environ | {"HF_HUB_OFFLINE": "1"},  # the server never downloads
-                                   start_new_session=True,
-                                   preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+                                   # the server never downloads; its ranks know whom to outlive not
+                                   env=os.environ | {"HF_HUB_OFFLINE": "1", SERVE_PID: str(os.getpid())},
+                                   start_new_session=True, preexec_fn=child_preexec())
     return RunningServer(process, host, port, model_location, log_path)
 
 
@@ -164,6 +143,7 @@ def open_log(path: Path):
 FAILURE_MARKS = ("generation thread died", "Traceback (most recent call last)", "Node with rank")
 SGR = re.compile(r"\x1b\[[0-9;]*m")  # colour codes in a log (mlx.launch's warnings)
 EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b:?")
+ERROR_WORDS = re.compile(r"\b(?:ERROR|CRITICAL|FATAL)\b|[Ee]rror:|\b(?:[Ff]ailed|[Cc]annot|[Uu]nable to)\b")
 
 
 def _ready_once(client: httpx.Client, server: RunningServer) -> bool:

@@ -10,7 +10,6 @@ needs no mlx: a safetensors file starts with the length of its JSON header.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import stat
@@ -19,6 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from localchat import bounded_json
 from localchat.errors import LocalchatError, UsageError
 
 DIR_NAME = "kv-cache"
@@ -179,8 +179,8 @@ def read_metadata(path: Path) -> dict[str, str]:
     if len(raw) < length:
         raise ValueError("the file ends inside its header")
     try:
-        header = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError):
+        header = bounded_json.loads(raw)
+    except ValueError:  # not UTF-8, not JSON, or nested past any header's depth
         raise ValueError("its header is not JSON") from None
     stored = header.get("__metadata__") if isinstance(header, dict) else None
     if not isinstance(stored, dict) or not all(isinstance(v, str) for v in stored.values()):

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from localchat import bounded_json
 from localchat.conversation.history import ToolStep, Turn
 from localchat.conversation.stats import stats_from_dict, stats_to_dict
 from localchat.conversation.turn import ChatSession
@@ -214,13 +215,13 @@ def _session_from_rows(row: tuple, turns: list[tuple]) -> SavedSession:
         if value is not None and not isinstance(value, str):
             raise damaged(field, "is not text")
     try:
-        pins = json.loads(row[9]) if row[9] is not None else []
+        pins = bounded_json.loads(row[9]) if row[9] is not None else []
     except (TypeError, ValueError):
         raise damaged("pins", "is not JSON") from None
     if not isinstance(pins, list) or not all(isinstance(p, str) for p in pins):
         raise damaged("pins", "is not a list of texts")
     try:
-        params = json.loads(row[6])
+        params = bounded_json.loads(row[6])
     except (TypeError, ValueError):
         raise damaged("params", "is not JSON") from None
     if not isinstance(params, dict):
@@ -232,11 +233,11 @@ def _session_from_rows(row: tuple, turns: list[tuple]) -> SavedSession:
         if reasoning is not None and not isinstance(reasoning, str):
             raise damaged(f"turn {position} reasoning", "is not text")
         try:
-            figures = stats_from_dict(json.loads(stats)) if stats else None
+            figures = stats_from_dict(bounded_json.loads(stats)) if stats else None
         except (TypeError, ValueError):
             raise damaged(f"turn {position} stats", "is not JSON") from None
         try:
-            rounds = tool_steps(json.loads(steps)) if steps is not None else ()
+            rounds = tool_steps(bounded_json.loads(steps)) if steps is not None else ()
         except (TypeError, ValueError):
             raise damaged(f"turn {position} tool calls", "are not whole (each call needs its result)") from None
         loaded.append(Turn(user, assistant, figures, reasoning or "", rounds))

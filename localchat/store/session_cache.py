@@ -103,10 +103,12 @@ def restore_cache(session: ChatSession, uid: str, name: str, files: CacheFiles) 
     except CacheUnusable as exc:
         return f"saved KV cache not used: {exc}; the first turn prefills the whole prompt"
     backend.adopt_cache(restored.cache, restored.ids)
-    held = len(restored.ids)
-    part = "" if matched >= held else f" ({matched} of them still match the prompt the template renders now)"
-    return (f"KV cache loaded: {held} tokens{part}, {human_size(path.stat().st_size)} in {restored.seconds:.2f}s; "
-            "the first turn prefills only what is new")
+    held, size = len(restored.ids), f"{human_size(path.stat().st_size)} in {restored.seconds:.2f}s"
+    if matched >= held:
+        return f"KV cache loaded: {held} tokens, {size}; the first turn prefills only what is new"
+    return (f"KV cache loaded ({size}), but only {matched} of its {held} tokens still match the prompt the template "
+            "renders now (the tools offered or the template changed?): the first turn prefills from token "
+            f"{matched} on")
 
 
 def _matching_tokens(session: ChatSession, held: list[int]) -> int:

@@ -53,6 +53,9 @@ class ChatTemplate:
     defaults: dict[str, Any] = field(default_factory=dict)  # models.yaml chat_template_kwargs
     tools: list[dict[str, Any]] = field(default_factory=list)  # the functions every prompt offers
 
+    def __post_init__(self) -> None:
+        quiet_length_warning(self.tokenizer)
+
     @cached_property
     def _probed(self) -> TemplateTraits | TemplateError:
         try:
@@ -99,6 +102,16 @@ class ChatTemplate:
             raise
         except Exception as exc:  # the template is the model's code: any failure is its failure
             raise TemplateError(f"{self.model_id}'s chat template: {describe(exc)}") from None
+
+
+def quiet_length_warning(tokenizer: Any) -> None:
+    """transformers warns on stderr when a text encodes past the model's length; localchat's own
+    budget says what is too long (``conversation.fitting``), so the library's warning is marked as
+    given already (its own flag) and never reaches the terminal."""
+    inner = getattr(tokenizer, "_tokenizer", tokenizer)
+    warnings = getattr(inner, "deprecation_warnings", None)
+    if isinstance(warnings, dict):
+        warnings["sequence-length-is-longer-than-the-specified-maximum"] = True
 
 
 def template_of(tokenizer: Any, model_id: str, defaults: dict[str, Any] | None = None) -> ChatTemplate | None:

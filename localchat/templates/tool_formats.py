@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from localchat import bounded_json
 from localchat.templates.formats import ANSWER, REASONING, ReasoningFormat
 
 TOOL, TOOL_NAME, TOOL_HEAD = "tool", "tool-name", "tool-head"
@@ -70,7 +71,7 @@ def json_reply() -> ToolFormat:
     """Llama 3.x: ``{"name": …, "parameters": {…}}`` (or a list of them) as the whole reply."""
     def parse(text: str, _: str, __: list[dict[str, Any]]) -> Parsed:
         try:
-            found = json.loads(text.strip().removeprefix(PYTHON_TAG))
+            found = bounded_json.loads(text.strip().removeprefix(PYTHON_TAG))
         except json.JSONDecodeError as exc:
             raise ToolCallUnreadable(f"not JSON ({exc.msg})") from None
         return [_named(call) for call in (found if isinstance(found, list) else [found])]
@@ -94,6 +95,17 @@ def looks_like_call(text: str) -> bool | None:
     if not head:
         return None
     return head[0] in "{[" or PYTHON_TAG.startswith(head[:len(PYTHON_TAG)]) or head.startswith(PYTHON_TAG)
+
+
+def reads_as_call(fmt: ToolFormat | None, text: str) -> bool:
+    """Whether a whole reply is a call in a whole-reply format (Llama's ``{"name", "parameters"}``):
+    such a reply is no answer when no tools were offered. Marked calls are read as calls anyway."""
+    if fmt is None or not fmt.whole_reply or not looks_like_call(text):
+        return False
+    try:
+        return bool(fmt.parse(text, "", []))
+    except ToolCallUnreadable:
+        return False
 
 
 def _named(call: Any) -> tuple[str, str]:

@@ -1,22 +1,25 @@
 """A model's tool calls run: each checked, approved, run with a time limit, and answered.
 
-Whatever happens to a call becomes its result, which goes back to the model: a call whose text
-could not be read, an unknown tool, arguments that are not JSON or do not fit the tool's schema, a
-call the user did not approve, an exception, a timeout. Only Ctrl+C (and SIGTERM) ends the round.
+Tools come from sources (``ToolSource``): the user's Python files (``host``), MCP servers
+(``localchat.mcp``). Whatever happens to a call becomes its result, which goes back to the model: a
+call whose text could not be read, an unknown tool, arguments that are not JSON or do not fit the
+tool's schema, a call the user did not approve, an exception, a timeout. Only Ctrl+C (and
+SIGTERM) ends the round.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+from localchat import bounded_json
 from localchat.backends import ToolCall
 from localchat.errors import LocalchatError, UsageError
-from localchat.tools.host import ToolHost, ToolTimeout, tool_files
+from localchat.tools.host import ToolHost, ToolOutput, ToolTimeout, tool_files
+from localchat.wording import count
 
 DEFAULT_MAX_ROUNDS = 8
 Approve = Callable[[str, dict[str, Any]], "str | None"]  # (tool, arguments) → None: run it; else why not
@@ -25,19 +28,34 @@ REFUSED_UNASKED = ("refused: localchat had no terminal to ask for approval and w
 REFUSED_BY_USER = "refused: the user did not approve this call"
 
 
+class ToolSource(Protocol):
+    """Where tools come from: their entries (OpenAI ``tools``, names as the model sees them), and
+    one call at a time."""
+
+    name: str  # what /tools shows as the source: a file's name, an MCP server's
+
+    @property
+    def specs(self) -> list[dict[str, Any]]: ...
+
+    def call(self, name: str, arguments: dict[str, Any]) -> ToolOutput: ...
+
+    def close(self) -> None: ...
+
+
 @dataclass(frozen=True)
 class ToolResult:
     call: ToolCall
     content: str  # what the model reads as the tool's result
     status: str  # "ok" | "error" (the tool raised) | "invalid" (the call itself) | "refused" | "timeout"
     seconds: float = 0.0  # time spent inside the tool (not model time)
+    printed: str = ""  # what the tool printed beside its result: the user's to see, not the model's
 
     @property
     def arguments(self) -> dict[str, Any] | str:
         """The call's arguments as an object when they are one (templates render them so), else
         the model's text as it wrote it."""
         try:
-            value = json.loads(self.call.arguments)
+            value = bounded_json.loads(self.call.arguments)
         except ValueError:
             return self.call.arguments
         return value if isinstance(value, dict) else self.call.arguments
@@ -45,16 +63,28 @@ class ToolResult:
 
 @dataclass
 class ToolRunner:
-    host: ToolHost
+    sources: list[ToolSource]
     approve: Approve
     max_rounds: int = DEFAULT_MAX_ROUNDS
 
     @property
     def specs(self) -> list[dict[str, Any]]:
-        return self.host.specs
+        return [spec for source in self.sources for spec in source.specs]
 
     def names(self) -> list[str]:
         return [spec["function"]["name"] for spec in self.specs]
+
+    def source_of(self, name: str) -> ToolSource | None:
+        return next((s for s in self.sources if any(t["function"]["name"] == name for t in s.specs)), None)
+
+    def approval(self, name: str) -> str:
+        """How a call of ``name`` is allowed to run, in words (``/tools``)."""
+        if self.approve is approve_all:
+            return "runs without asking (--approve-tools)"
+        if self.approve is refuse_unasked:
+            return "refused (no terminal to ask; --approve-tools runs it)"
+        return "runs without asking (always, this session)" if name in getattr(self.approve, "always", ()) \
+            else "asks first"
 
     def run(self, call: ToolCall) -> ToolResult:
         checked = self._checked(call)
@@ -63,13 +93,16 @@ class ToolRunner:
         refusal = self.approve(call.name, checked)
         if refusal is not None:
             return ToolResult(call, refusal, "refused")
+        source = self.source_of(call.name)
         started = time.perf_counter()
         try:
-            done = self.host.call(call.name, checked)
+            done = source.call(call.name, checked)
         except LocalchatError as exc:  # the tool ran past its limit, or its process ended
             status = "timeout" if isinstance(exc, ToolTimeout) else "error"
             return ToolResult(call, f"error: {exc}", status, time.perf_counter() - started)
-        return ToolResult(call, done["content"], "ok" if done["ok"] else "error", done["seconds"])
+        stopped = f"\n[localchat stopped {count(done.stopped, 'process', 'processes')} the tool left running]" \
+            if done.stopped else ""
+        return ToolResult(call, done.content + stopped, "ok" if done.ok else "error", done.seconds, done.printed)
 
     def _checked(self, call: ToolCall) -> dict[str, Any] | ToolResult:
         """The call's arguments when they may be run; else the result saying why not."""
@@ -84,7 +117,7 @@ class ToolRunner:
         if spec is None:
             return invalid(f"there is no tool named {call.name!r} (the tools are: {', '.join(self.names())})")
         try:
-            arguments = json.loads(call.arguments or "{}")
+            arguments = bounded_json.loads(call.arguments or "{}")
         except ValueError as exc:
             return invalid(f"the arguments are not valid JSON ({exc})")
         if not isinstance(arguments, dict):
@@ -94,10 +127,13 @@ class ToolRunner:
         except jsonschema.ValidationError as exc:
             where = "/".join(map(str, exc.absolute_path)) or "the arguments"
             return invalid(f"the arguments do not fit {call.name}'s parameters ({where}: {exc.message})")
+        except jsonschema.SchemaError as exc:  # a server's schema that is not one
+            return invalid(f"{call.name}'s own parameter schema is invalid ({exc.message})")
         return arguments
 
     def close(self) -> None:
-        self.host.close()
+        for source in self.sources:
+            source.close()
 
 
 def refuse_unasked(_: str, __: dict[str, Any]) -> str | None:
@@ -124,4 +160,4 @@ def unattended_runner(files: tuple[Path, ...], approve: bool, timeout_s: float,
     check_unattended(files, approve)
     if not files:
         return None
-    return ToolRunner(ToolHost(list(files), timeout_s), approve_all, max_rounds)
+    return ToolRunner([ToolHost(list(files), timeout_s)], approve_all, max_rounds)

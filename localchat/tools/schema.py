@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import inspect
+import json
 import re
 import types
 import typing
@@ -51,8 +52,7 @@ def describe(function: Callable[..., Any], name: str) -> dict[str, Any]:
         if parameter.default is parameter.empty:
             required.append(parameter.name)
         elif _json_value(parameter.default):
-            schema["default"] = parameter.default.value if isinstance(parameter.default, enum.Enum) \
-                else parameter.default
+            schema["default"] = _strict_default(parameter.default, f"{name}: parameter '{parameter.name}'")
         properties[parameter.name] = schema
     parameters: dict[str, Any] = {"type": "object", "properties": properties, "required": required,
                                   "additionalProperties": False}
@@ -107,6 +107,18 @@ def _arguments_described(doc: str) -> dict[str, str]:
         if match := ARG_LINE.match(line):
             found[match[1]] = match[2].strip()
     return found
+
+
+def _strict_default(value: Any, where: str) -> Any:
+    """A default as JSON carries it; NaN, infinity and an integer of thousands of digits are
+    refused, naming the parameter (every request would fail to encode them)."""
+    value = value.value if isinstance(value, enum.Enum) else value
+    try:
+        json.dumps(value, allow_nan=False)
+    except (ValueError, OverflowError) as exc:
+        shown = "NaN or infinity" if "float" in str(exc) else "a number too large for JSON"
+        raise ToolDefinitionError(f"{where}: its default is {shown}; JSON (and so the model) cannot carry it") from None
+    return value
 
 
 def _json_value(value: Any) -> bool:

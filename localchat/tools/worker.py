@@ -1,11 +1,14 @@
-"""The process that runs the user's tools (``python -m localchat.tools.worker FILES_JSON``).
+"""The process that runs the user's tools (``python -m localchat.tools.worker``).
 
-It imports the tool files (the user's own code, imported as such), describes their public
-functions, then runs one call at a time. Requests come one JSON line each on stdin; answers go one
-JSON line each on the original stdout, which nothing else may write to: the tools' own output
-(``print``, or C code writing to fd 1 and 2) is captured, capped, or thrown away. In its own
-process a tool that hangs can be stopped (the chat kills this process and starts another for the
-next call), an exception is a result, and Ctrl+C belongs to the chat alone.
+Its first line on stdin names the tool files and a nonce; then it imports the files (the user's own
+code, imported as such), describes their public functions and runs one call at a time, each
+request a JSON line on stdin. Answers go one JSON line each, tagged with the nonce, to a private
+duplicate of the original stdout that nothing the tools start inherits; fd 1 and 2 then lead
+nowhere, and what a tool prints is captured, capped and sent apart from its result. The chat
+(``host``) refuses any line without the nonce or of the wrong shape, so a tool that writes to the
+channel cannot forge an answer. A process the tool forks that comes back into this module exits at
+once; what a call leaves running is stopped when it returns, and everything the tools started
+ends with this process, and this process with the chat (``processes.watch_parent``).
 """
 
 from __future__ import annotations
@@ -20,11 +23,13 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
+from localchat.processes import kill_pids, reap_children, stray_members, watch_parent
 from localchat.tools.schema import ToolDefinitionError, describe
 
-MAX_RESULT_CHARS = 16_000  # what goes back to the model of a tool's result (and of what it printed)
+MAX_RESULT_CHARS = 16_000  # what goes back to the model of a tool's result
+MAX_PRINTED_CHARS = 4_000  # what the user is shown of what a call printed
 
 
 class CappedText:
@@ -48,15 +53,23 @@ class CappedText:
         return "".join(self.parts) + cut
 
 
+def capped(text: str, limit: int = MAX_RESULT_CHARS) -> str:
+    buffer = CappedText(limit)
+    buffer.write(text)
+    return buffer.text()
+
+
 def load_functions(paths: list[str]) -> dict[str, Callable[..., Any]]:
     """Every public function defined in the files, by name; a clash of names is refused."""
     functions: dict[str, Callable[..., Any]] = {}
+    owners: dict[str, Path] = {}
     for index, text in enumerate(paths):
         path = Path(text)
         for name, function in _public_functions(_imported(path, index)).items():
             if name in functions:
-                raise ToolDefinitionError(f"{path}: '{name}' is already a tool from another --tools file")
-            functions[name] = function
+                where = "earlier in the same file" if owners[name] == path else f"from {owners[name]}"
+                raise ToolDefinitionError(f"{path}: '{name}' is already a tool {where}")
+            functions[name], owners[name] = function, path
     return functions
 
 
@@ -83,6 +96,18 @@ def _public_functions(module: Any) -> dict[str, Callable[..., Any]]:
     return found
 
 
+def _described(functions: dict[str, Callable[..., Any]], paths: list[str]) -> list[dict[str, Any]]:
+    """Each function's tool entry; a refusal names the file, and how to keep a helper out."""
+    specs = []
+    for name, function in functions.items():
+        try:
+            specs.append(describe(function, name))
+        except ToolDefinitionError as exc:
+            where = inspect.getsourcefile(function) or (paths[0] if len(paths) == 1 else "a --tools file")
+            raise ToolDefinitionError(f"{where}: {exc}; a helper that is not a tool: name it _{name}") from None
+    return specs
+
+
 def as_text(value: Any) -> str:
     """A tool's return value as the model reads it: text as it is, anything else as JSON."""
     if isinstance(value, str):
@@ -91,8 +116,8 @@ def as_text(value: Any) -> str:
 
 
 def call(function: Callable[..., Any], arguments: dict[str, Any]) -> dict[str, Any]:
-    """Run one call: its result as text (what it returned; what it printed when it returned nothing),
-    capped; an exception as the result's error."""
+    """Run one call: its result as text (what it returned; what it printed when it returned
+    nothing), capped; an exception as the result's error; what it printed beside a result."""
     printed = CappedText()
     started = time.perf_counter()
     try:
@@ -101,43 +126,69 @@ def call(function: Callable[..., Any], arguments: dict[str, Any]) -> dict[str, A
         content, ok = (printed.text() if value is None else as_text(value)), True
     except BaseException as exc:  # the user's code: an exception (or exit()) is what the model hears
         content, ok = f"error: {type(exc).__name__}: {_first_line(exc)}", False
-    capped = CappedText()
-    capped.write(content)
-    return {"ok": ok, "content": capped.text(), "seconds": time.perf_counter() - started}
+    aside = printed.text() if ok and value is not None else ""
+    return {"ok": ok, "content": capped(content), "seconds": time.perf_counter() - started,
+            "printed": capped(aside, MAX_PRINTED_CHARS)}
 
 
 def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
+    try:
+        text = str(exc).strip()
+    except Exception:  # an exception whose str() fails (e.g. an int too long to print)
+        return "(its message cannot be shown)"
     return text.splitlines()[0][:500] if text else "(no message)"
 
 
-def _channel() -> TextIO:
-    """The answers' channel (the original stdout); fd 1 and 2 then lead nowhere."""
-    channel = os.fdopen(os.dup(1), "w", encoding="utf-8")
-    quiet = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(quiet, 1)
-    os.dup2(quiet, 2)
-    return channel
+class Channel:
+    """The answers' line: a private duplicate of the original stdout, used by this process only
+    (a fork of it that comes back here exits), each answer tagged with the nonce."""
+
+    def __init__(self, nonce: str):
+        self.nonce, self.owner = nonce, os.getpid()
+        self._file = os.fdopen(os.dup(1), "w", encoding="utf-8")  # not inherited by what a tool starts
+        quiet = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(quiet, 1)
+        os.dup2(quiet, 2)
+        os.close(quiet)
+
+    def guard(self) -> None:
+        """A process the tool forked, come back into the worker's code: it ends here, silently."""
+        if os.getpid() != self.owner:
+            os._exit(0)
+
+    def answer(self, message: dict[str, Any]) -> None:
+        self.guard()
+        self._file.write(json.dumps({**message, "nonce": self.nonce}) + "\n")  # ASCII: any text travels
+        self._file.flush()
+
+
+def stop_strays() -> int:
+    """Stop what the call left running (its processes in this group, or below this one)."""
+    strays = stray_members()
+    kill_pids(strays)
+    reap_children()
+    return len(strays)
 
 
 def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C is the chat's: it stops this process itself
-    channel = _channel()
-
-    def answer(message: dict[str, Any]) -> None:
-        channel.write(json.dumps(message, ensure_ascii=False) + "\n")
-        channel.flush()
-
+    watch_parent(lambda: (stop_strays(), os._exit(1)))  # the chat is gone: so are the tools
+    first = json.loads(sys.stdin.readline())
+    channel = Channel(first["nonce"])
     try:
-        functions = load_functions(json.loads(sys.argv[1]))
-        specs = [describe(function, name) for name, function in functions.items()]
+        functions = load_functions(first["files"])
+        channel.guard()
+        specs = _described(functions, first["files"])
     except ToolDefinitionError as exc:
-        answer({"refused": str(exc)})
+        channel.answer({"refused": str(exc)})
         return
-    answer({"tools": specs})
+    channel.answer({"tools": specs, "stopped": stop_strays()})
     for line in sys.stdin:
         request = json.loads(line)
-        answer(call(functions[request["name"]], request["arguments"]))
+        done = call(functions[request["name"]], request["arguments"])
+        channel.guard()
+        channel.answer({**done, "stopped": stop_strays()})
+    stop_strays()
 
 
 if __name__ == "__main__":

@@ -125,6 +125,8 @@ class ReplLoop:
         except UsageError as exc:
             self.ui.error(str(exc))
             return None
+        finally:
+            self.ui.stop_waiting()
         self.ui.end_turn(result, self.session.params.max_tokens)
         if dropped.count:
             self.ui.notice(f"dropped what was typed while the reply streamed ({count(dropped.count, 'byte')}): "
