@@ -34,3 +34,13 @@ def visible(text: str) -> str:
 def has_controls(text: str) -> bool:
     """Whether ``text`` holds a control character a terminal could act on (CRLF is a line end)."""
     return visible(text) != text.replace("\r\n", "\n")
+
+
+def valid_unicode(text: str) -> str:
+    """``text`` with every lone surrogate (``"\\ud800"`` from a JSON escape) as U+FFFD: text that
+    cannot be encoded would fail the next request, or a file, much later than it arrived."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return text

@@ -103,8 +103,31 @@ def test_two_ranks_of_the_demo_serve_chat_and_smoke_and_ctrl_c_leaves_nothing(ho
     finally:
         proc.send_signal(signal.SIGINT)
         out = proc.communicate(timeout=60)[0]
-    assert proc.returncode == 0 and "server stopped" in out
-    assert gone(proc.pid) and gone(sid)
+        left = session_processes(sid)  # the moment serve has returned: no rank may still be there
+    assert proc.returncode == 0 and "server stopped (every rank)" in out
+    assert left == [] and gone(proc.pid)
+
+
+def test_no_rank_outlives_a_serve_killed_with_sigkill(home):
+    """Only the launcher has a parent-death signal; each local rank's guard sees serve go."""
+    proc, _, _ = serve("--ranks", "2", home=home)
+    sid = launcher_session(proc.pid)
+    assert len([p for p in session_processes(sid) if rank_of(p) is not None]) == 2
+    proc.kill()
+    proc.wait()
+    assert gone(sid, seconds=5), session_processes(sid)
+
+
+@pytest.mark.parametrize("delay", [0.05, 0.4, 1.5])
+def test_sigterm_in_the_first_moments_of_serve_is_one_line_143_and_leaves_nothing(home, delay):
+    proc = subprocess.Popen([sys.executable, "-m", "localchat", "serve", "--ranks", "2", "--port", str(free_port())],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, "LOCALCHAT_HOME": str(home)})
+    time.sleep(delay)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143 and "terminated (SIGTERM)" in err and "Traceback" not in err, err
+    assert gone(proc.pid, seconds=5)
 
 
 def test_parity_of_two_ranks_with_one_process_is_token_for_token(home):
@@ -150,8 +173,11 @@ def test_a_rank_killed_mid_request_stops_every_rank_and_names_it(home):
             proc.kill()
     errors = [line for line in client_err.splitlines() if line.startswith("error:")]
     assert client.returncode == 1 and len(errors) == 1, client_err
-    assert proc.returncode == 1 and "error: mlx_lm.server exited" in out and "rank 1 exited with code -9" in out, out
-    assert "Traceback" not in out and gone(proc.pid) and gone(sid)
+    errors = [line for line in out.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 1 and len(errors) == 1, out
+    assert errors[0].startswith("error: mlx_lm.server on 2 ranks ended: rank 1 was killed by SIGKILL; "), errors[0]
+    assert "every rank has stopped" in errors[0] and "exit code 0" not in out and "Prompt processing" not in errors[0]
+    assert "Traceback" not in out.split("the end of")[0] and gone(proc.pid) and gone(sid)
 
 
 @pytest.mark.parametrize("args, needle", [
@@ -163,11 +189,15 @@ def test_a_rank_killed_mid_request_stops_every_rank_and_names_it(home):
     (["--ranks", "2", "--distributed-backend", "mpi"], "needs --hostfile"),
     (["--ranks", "3"], "the model has 4 attention heads"), (["--pipeline"], "needs --ranks N"),
     (["--ranks", "2", "--pipeline"], "cannot split llama models by layers"),
+    (["--hostfile", "{tmp}/deep.json"], "not JSON (nested more than 128 levels deep)"),
+    (["--hostfile", "{tmp}/many.json"], "65 hosts, over the 64 ranks"),
 ])
 def test_bad_distributed_input_is_one_line_exit_2_and_starts_nothing(home, tmp_path, args, needle):
     (tmp_path / "bad.json").write_text("{not json")
     (tmp_path / "empty.json").write_text("[]")
     (tmp_path / "noips.json").write_text('[{"ssh": "a"}, {"ssh": "b"}]')
+    (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    (tmp_path / "many.json").write_text(json.dumps([{"ssh": f"h{i}", "ips": ["10.0.0.1"]} for i in range(65)]))
     before = set(session_processes(os.getsid(0)))
     result = runner.invoke(app, ["serve", *(a.replace("{tmp}", str(tmp_path)) for a in args)])
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
@@ -191,7 +221,8 @@ def test_dry_run_shows_the_command_and_starts_nothing(home):
     result = runner.invoke(app, ["serve", "--ranks", "2", "--dry-run"])
     assert result.exit_code == 0
     assert "mlx.launch --backend ring --hosts 127.0.0.1 -n 2 --starting-port" in result.stdout
-    assert "-m mlx_lm server --model" in result.stdout and "--pipeline" not in result.stdout
+    assert "-m localchat.server.rank_guard mlx_lm server --model" in result.stdout  # a local rank ends with serve
+    assert "--pipeline" not in result.stdout
 
 
 @pytest.fixture(scope="module")

@@ -137,7 +137,7 @@ def test_retry_says_what_it_kept_and_keys_typed_during_a_reply_are_dropped(tmp_p
         child.expect_exact("history: 2 messages")  # /reset never ran
         child.expect_exact(PROMPT)
         child.send("/retry\r")
-        child.expect_exact("kept the new answer (the old one is gone; /undo takes it back)")
+        child.expect_exact("the new answer replaced the old one, which is gone (/undo would remove this whole turn)")
         child.expect_exact(PROMPT)
         child.send("/set max_tokens 1\r")
         child.expect_exact(PROMPT)

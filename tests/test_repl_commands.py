@@ -51,7 +51,7 @@ def test_retry_keeps_the_old_answer_when_the_new_one_is_not_accepted(demo):
     before = list(repl.session.conversation.turns)
     repl.handle("/set max_tokens 1")  # "OK" and its end take two tokens: the retried reply is cut
     repl.handle("/retry")
-    assert "reply cut at --max-tokens 1" in err.getvalue()
+    assert "reply cut at max_tokens 1: not added to history (/set max_tokens N raises it)" in err.getvalue()
     assert repl.session.conversation.turns == before
     repl.handle("/set max_tokens 24")
     repl.handle("/retry")

@@ -48,13 +48,22 @@ def describe_http_error(exc: httpx.HTTPError, url: str, timeout_s: float | None 
     if isinstance(exc, httpx.ConnectTimeout):
         return f"cannot connect to {url}: no answer within {CONNECT_TIMEOUT_S:.0f}s (is the host right?)"
     if isinstance(exc, httpx.ConnectError):
-        return f"cannot connect to {url}: nothing is listening there. Start a server with: localchat serve"
+        return f"cannot connect to {url}: nothing is listening there. Start a server with: {serve_command(url)}"
     if isinstance(exc, httpx.TimeoutException):
         limit = f" for {timeout_s:.0f}s" if timeout_s else ""
         return f"{url} sent nothing{limit} ({type(exc).__name__}); raise --timeout for very long prompts"
     if isinstance(exc, (httpx.RemoteProtocolError, httpx.ReadError)):  # a close, or a reset (RST)
         return f"{url} closed the connection without a complete response ({exc or type(exc).__name__})"
     return f"HTTP failure talking to {url}: {type(exc).__name__}"
+
+
+def serve_command(url: str) -> str:
+    """``localchat serve``, with the port of ``url`` when it is not serve's own default."""
+    try:
+        port = httpx.URL(url).port
+    except (httpx.InvalidURL, ValueError):
+        port = None
+    return "localchat serve" + (f" --port {port}" if port and port != 8080 else "")
 
 
 def iter_lines_watched(response: httpx.Response, deadline: Callable[[], None]) -> Iterator[str]:

@@ -278,6 +278,7 @@ class _Reply:
         self.chunks = self.reasoning_chunks = 0
         self.inline = InlineReply(fmt, opened, tool_format=tool_format, tools=tools)
         self.redact_content, self.redact_reasoning = Redactor(secret), Redactor(secret)
+        self.secret = secret
         self.calls: dict[int, ToolCallDelta] = {}  # delta.tool_calls assembled by index
 
     def add(self, item: ChatChunk) -> Iterator[Event]:
@@ -294,10 +295,10 @@ class _Reply:
             yield from self._kept(self.inline.feed(self.redact_content.feed(item.content)))
 
     def _assemble(self, piece: ToolCallDelta) -> None:
-        """A call's pieces joined: the first id and name that come, the arguments in order."""
+        """A call's pieces joined: the first id that comes, the name and the arguments in order."""
         seen = self.calls.get(piece.index, ToolCallDelta(piece.index))
-        self.calls[piece.index] = ToolCallDelta(piece.index, seen.id or piece.id, seen.name or piece.name,
-                                                seen.arguments + piece.arguments)
+        self.calls[piece.index] = ToolCallDelta(piece.index, seen.id or piece.id, seen.name + piece.name,
+                                                seen.arguments + piece.arguments, seen.unreadable or piece.unreadable)
 
     def close(self) -> Iterator[Event]:
         """What the key's redaction and the content splitter held back, once the stream has finished;
@@ -308,8 +309,11 @@ class _Reply:
         yield from self._kept(self.inline.feed(self.redact_content.flush()))
         yield from self._kept(self.inline.finish(self.finish))
         for _, call in sorted(self.calls.items()):
-            yield ToolCall(new_call_id(), call.name, call.arguments,
-                           problem=None if call.name else "the server sent a tool call without a function name")
+            yield ToolCall(new_call_id(), self.redact(call.name), self.redact(call.arguments), problem=_problem(call))
+
+    def redact(self, text: str) -> str:
+        """A whole string from the server (a call's name or arguments) with the API key cut out."""
+        return text.replace(self.secret, REDACTED) if self.secret else text
 
     def _kept(self, chunks: list[ReasoningChunk | TextChunk | ToolCall]) -> Iterator[Event]:
         for chunk in chunks:
@@ -325,6 +329,15 @@ class _Reply:
                 self.text += chunk.text
                 self.chunks += 1
             yield chunk
+
+
+def _problem(call: ToolCallDelta) -> str | None:
+    """Why a call the server sent cannot be run as it is (the model hears it as the call's result)."""
+    if not call.name:
+        return "the server sent a tool call without a function name"
+    if call.unreadable:
+        return "the server sent its name or arguments with text that is not valid Unicode (a lone surrogate)"
+    return None
 
 
 def wire_messages(messages: list[Message]) -> list[Message]:

@@ -18,6 +18,7 @@ from typing import Any
 
 from localchat import bounded_json
 from localchat.errors import LocalchatError
+from localchat.safe_text import valid_unicode
 
 KEEPALIVE = re.compile(r"\s*keepalive\s+(\d+)\s*/\s*(\d+)\s*$")
 EXCERPT = 80
@@ -43,6 +44,7 @@ class ToolCallDelta:
     id: str = ""
     name: str = ""
     arguments: str = ""
+    unreadable: bool = False  # its name or arguments held text that is not Unicode (a lone surrogate)
 
 
 @dataclass(frozen=True)
@@ -120,7 +122,8 @@ def parse_chunk(payload: Any) -> ChatChunk:
     delta = _typed(choice, "delta", dict, {}, where="choices[0].")
     reasoning = _typed(delta, "reasoning", str, "", where="choices[0].delta.") or _typed(
         delta, "reasoning_content", str, "", where="choices[0].delta.")
-    return ChatChunk(content=_typed(delta, "content", str, "", where="choices[0].delta."), reasoning=reasoning,
+    return ChatChunk(content=valid_unicode(_typed(delta, "content", str, "", where="choices[0].delta.")),
+                     reasoning=valid_unicode(reasoning),
                      finish_reason=_typed(choice, "finish_reason", str, None, where="choices[0]."), usage=usage,
                      tool_calls=_tool_calls(_typed(delta, "tool_calls", list, [], where="choices[0].delta.")))
 
@@ -141,9 +144,12 @@ def _tool_calls(raw: list) -> tuple[ToolCallDelta, ...]:
             raise _wrong(where + "function.arguments", "text", arguments)
         if index < 0:
             raise _wrong(where + "index", "a whole number ≥ 0", index)
-        pieces.append(ToolCallDelta(index=index, id=_typed(piece, "id", str, "", where=where),
-                                    name=_typed(function, "name", str, "", where=where + "function."),
-                                    arguments=arguments or ""))
+        name = _typed(function, "name", str, "", where=where + "function.")
+        arguments = arguments or ""
+        unreadable = valid_unicode(name) != name or valid_unicode(arguments) != arguments
+        pieces.append(ToolCallDelta(index=index, id=valid_unicode(_typed(piece, "id", str, "", where=where)),
+                                    name=valid_unicode(name), arguments=valid_unicode(arguments),
+                                    unreadable=unreadable))
     return tuple(pieces)
 
 

@@ -14,7 +14,8 @@ ANSWERS = {"y": "yes", "yes": "yes", "n": "no", "no": "no", "": "no", "a": "alwa
 
 
 class AskBeforeRunning:
-    """The approval a terminal gives: each call shown whole, then ``run it? [y]es/[n]o/[a]lways``.
+    """The approval a terminal gives, under the call's line (``→ add({…})``): ``run add? [y]es/[n]o/
+    [a]lways``, with the arguments in full first when that line had to cut them.
     Ctrl+C while asking ends the turn (history unchanged); end of input refuses."""
 
     def __init__(self, ui: ChatUI, read_line: Callable[[str], str]):
@@ -24,8 +25,9 @@ class AskBeforeRunning:
     def __call__(self, name: str, arguments: dict[str, Any]) -> str | None:
         if name in self.always:
             return None
-        shown = shortened(json.dumps(arguments, ensure_ascii=False), 2000)
-        self.ui.info(f"the model asks to run {name} with {shown}")
+        whole = json.dumps(arguments, ensure_ascii=False)
+        if shortened(whole) != whole:  # the call's line above was cut: the arguments in full first
+            self.ui.info(f"its arguments in full: {shortened(whole, 4000)}")
         while True:
             try:
                 answer = ANSWERS.get(self.read_line(f"run {name}? [y]es / [n]o / [a]lways for {name}: ").strip().lower())

@@ -62,6 +62,7 @@ class ChatUI:
         self._round_text: list[str] = []
         self._wrote = False  # answer text of this round is on stdout
         self._rounds = 0
+        self.in_repl = False  # the REPL sets it: hints name /set, not the command's flags
 
     def listeners(self) -> Listeners:
         """The reply as it streams: the answer on stdout, reasoning and prefill progress on stderr.
@@ -130,7 +131,7 @@ class ChatUI:
         self.stop_waiting()
         self._end_thinking()
         self._end_answer()
-        self.err.print(f"→ {call.name or '?'}({shortened(call.arguments)})", style="cyan", markup=False)
+        self.err.print(f"→ {shortened(call.name, 80) or '?'}({shortened(call.arguments)})", style="cyan", markup=False)
 
     def tool_round(self, result: TurnResult) -> None:
         """A round that ended in calls: what it wrote beside them, and its own figures."""
@@ -145,6 +146,9 @@ class ChatUI:
         """A call's result (``tools.runner.ToolResult``), then the spinner for the next round."""
         style = {"ok": "green", "refused": "yellow"}.get(result.status, "red")
         self.err.print(f"← {shortened(result.content)} ({result.seconds:.2f}s)", style=style, markup=False)
+        if result.printed.strip():
+            self.err.print(f"  {result.call.name} printed (not sent to the model): {shortened(result.printed, 300)}",
+                           style="dim", markup=False)
         self._start_waiting()
 
     def reasoning(self, chunk: str) -> None:
@@ -195,9 +199,7 @@ class ChatUI:
             if result.text:
                 self.notice("the partial reply above is incomplete and was not added to history")
         elif status is TurnStatus.CUT:
-            where = " inside its reasoning" if result.reasoning and not result.text else ""
-            self.notice(f"reply cut at --max-tokens {max_tokens}{where}: not added to history "
-                        "(raise --max-tokens)")
+            self.notice(self._cut_line(result, max_tokens))
         elif status is TurnStatus.INVALID:
             self.error(f"invalid JSON reply, not added to history: {result.invalid}")
         elif status is TurnStatus.UNRENDERABLE:
@@ -212,6 +214,18 @@ class ChatUI:
         if self.show_stats and not _failed_before_first_token(result):
             tools = [f"rounds {len(result.steps) + 1}", f"tools {result.tool_s:.2f}s"] if result.steps else []
             self.err.print(stats_line(result.stats, tools), style="dim", markup=False)
+
+    def _cut_line(self, result: TurnResult, max_tokens: int) -> str:
+        """Why a reply that did not stop was not kept: its length, a filter, or what the runtime said."""
+        reason = result.stats.finish_reason
+        where = " inside its reasoning" if result.reasoning and not result.text else ""
+        if reason in ("length", None):
+            if self.in_repl:
+                return f"reply cut at max_tokens {max_tokens}{where}: not added to history (/set max_tokens N raises it)"
+            return f"reply cut at --max-tokens {max_tokens}{where}: not added to history (raise --max-tokens)"
+        if reason == "content_filter":
+            return f"the server filtered the reply{where} (finish_reason content_filter): not added to history"
+        return f"the reply ended with finish_reason {shortened(reason, 40)!r}{where}, not stop: not added to history"
 
     def _json_reply(self, result: TurnResult) -> None:
         if result.accepted:
@@ -242,14 +256,15 @@ class ChatUI:
             self.err.print(f"{i:>3}. [cyan]{escape(role)}[/cyan]: {escape(content)}")
 
     def ledger(self, summary: dict[str, Any], last: TurnStats | None) -> None:
-        def fmt(value: Any, spec: str) -> str:
-            return "–" if value is None else format(value, spec)
+        def fmt(value: Any, spec: str, unit: str = "") -> str:
+            return "–" if value is None else format(value, spec) + unit
 
         s = summary
+        interrupted = f" ({s['interrupted']} more interrupted)" if s.get("interrupted") else ""
         self.err.print(
-            f"turns {s['turns']} · tokens in {s['tokens_in']} / out {s['tokens_out']} · "
-            f"cached {fmt(s['cached_share'], '.0%')} · TTFT mean {fmt(s['ttft_mean_s'], '.2f')}s "
-            f"median {fmt(s['ttft_median_s'], '.2f')}s · tok/s mean {fmt(s['decode_tps_mean'], '.1f')} "
+            f"turns {s['turns']}{interrupted} · tokens in {s['tokens_in']} / out {s['tokens_out']} · "
+            f"cached {fmt(s['cached_share'], '.0%')} · TTFT mean {fmt(s['ttft_mean_s'], '.2f', 's')} "
+            f"median {fmt(s['ttft_median_s'], '.2f', 's')} · tok/s mean {fmt(s['decode_tps_mean'], '.1f')} "
             f"median {fmt(s['decode_tps_median'], '.1f')}", markup=False)
         if s.get("context_share_last") is not None:
             self.err.print(f"context: last prompt {s['context_share_last']:.0%} of its budget, at most "

@@ -22,8 +22,7 @@ def show_list(console: Console) -> None:
     if not summaries:
         console.print(f"no saved sessions in {store.path} (save one with /save NAME in the REPL)")
         return
-    table = Table("name", "turns", "model", "backend", "saved", "KV cache", title=str(store.path),
-                  title_justify="left")
+    table = Table("name", "turns", "model", "backend", "saved", "KV cache")
     sizes = []
     for s in summaries:
         size = caches.size_of(s.name)
@@ -31,8 +30,8 @@ def show_list(console: Console) -> None:
         table.add_row(s.name, str(s.turns), s.model or "(server default)", s.backend, s.updated,
                       human_size(size) if size is not None else "-")
     console.print(table)
-    console.print(f"KV caches: {human_size(sum(sizes))} of {human_size(caches.max_bytes)} in {caches.directory}",
-                  style="dim", markup=False)
+    console.print(f"sessions in {store.path}; KV caches: {human_size(sum(sizes))} of {human_size(caches.max_bytes)} "
+                  f"in {caches.directory}", style="dim", markup=False)
 
 
 def cache_description(name: str) -> str:

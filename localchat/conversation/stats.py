@@ -186,7 +186,7 @@ class Ledger:
     """Every model call of a session (turns, committed or not, and compactions), for ``/stats``."""
 
     turns: list[TurnStats] = field(default_factory=list)
-    kinds: list[str] = field(default_factory=list)  # "turn" | "tool-round" | "compaction", one per entry
+    kinds: list[str] = field(default_factory=list)  # "turn" | "interrupted" | "tool-round" | "compaction", one each
     tool_calls: int = 0
     tool_s: float = 0.0  # inside the tools, never counted as model time
 
@@ -208,6 +208,7 @@ class Ledger:
         cached = sum(t.cached_tokens for t in self.turns)
         return {
             "turns": self.kinds.count("turn"),
+            "interrupted": self.kinds.count("interrupted"),  # stopped by Ctrl+C: no figures worth a mean
             "tokens_in": tokens_in,
             "tokens_out": sum(t.completion_tokens for t in self.turns),
             "cached_share": cached / tokens_in if tokens_in else None,

@@ -168,7 +168,7 @@ class ChatSession:
             outcome.failure, outcome.error, outcome.unshowable = TurnStatus.ERROR, str(exc), exc
         budget = self.known_budget()
         stats = replace(clock.finish(outcome.done), budget_tokens=budget.tokens if budget else None)
-        self.ledger.add(stats, "tool-round" if kind == "turn" and outcome.tool_calls else kind)
+        self.ledger.add(stats, self._ledger_kind(kind, outcome))
         result = judge(TurnResult(
             prompt=prompt, messages=messages, text=clock.text, reasoning=clock.reasoning, stats=stats,
             token_gaps_s=clock.gaps(), status=outcome.failure or TurnStatus.COMMITTED, dropped_turns=trim.drop,
@@ -180,6 +180,15 @@ class ChatSession:
         if outcome.unshowable:
             raise outcome.unshowable
         return result
+
+    @staticmethod
+    def _ledger_kind(kind: str, outcome: StreamOutcome) -> str:
+        """What ``/stats`` counts a call as: a turn, a round of tool calls, an interrupted turn."""
+        if kind != "turn":
+            return kind
+        if outcome.failure is TurnStatus.INTERRUPTED:
+            return "interrupted"
+        return "tool-round" if outcome.tool_calls else kind
 
     def _judged(self, trim: TrimPlan, result: TurnResult) -> TurnResult:
         """The status of a turn that streamed to its end: cut, empty, invalid, unrenderable, kept or not."""

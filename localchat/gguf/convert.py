@@ -10,6 +10,7 @@ an import that fails leaves nothing behind.
 
 from __future__ import annotations
 
+import errno
 import json
 import shutil
 import sys
@@ -185,7 +186,10 @@ def write_shards(arrays: Iterator[tuple[str, Any]], directory: Path) -> None:
 
     def flush() -> None:
         file = f"model-{len(set(index.values())) + 1:05d}.safetensors"
-        mx.save_safetensors(str(directory / file), shard, metadata={"format": "mlx"})
+        try:
+            mx.save_safetensors(str(directory / file), shard, metadata={"format": "mlx"})
+        except RuntimeError as exc:  # MLX's own writer: "[write] Unable to write N bytes to file." (a full disk)
+            raise OSError(errno.ENOSPC, f"{file}: {str(exc).splitlines()[0]} (is the disk full?)") from None
         index.update({name: file for name in shard})
         shard.clear()
 

@@ -51,10 +51,13 @@ def sweep_lines(result: LoadResult) -> list[str]:
     lines = []
     slo = result.settings["slo_ttft_s"]
     for history, figures in result.sweep().items():
-        gains = ", ".join(f"{count(int(users), 'user')} ×{_f(g, '.2f')}" for users, g in figures["batching_gain"].items())
+        known = {users: g for users, g in figures["batching_gain"].items() if g is not None}
+        gains = ("batching gain (output tokens/s ÷ 1 user) " + ", ".join(
+            f"{count(int(users), 'user')} ×{g:.2f}" for users, g in known.items())) if known else \
+            "no batching gain (it needs a 1-user run: --sweep 1,…)"
         knee = (f"TTFT p99 first exceeds {slo:g}s at {count(figures['knee_users'], 'user')}" if figures["knee_users"]
                 else f"TTFT p99 stays within {slo:g}s" if slo else "no --slo-ttft: no knee")
-        lines.append(f"history {history}: batching gain (output tokens/s ÷ 1 user) {gains}; {knee}")
+        lines.append(f"history {history}: {gains}; {knee}")
     for s in result.summaries():
         if s["tools"]["rounds"]:
             lines.append(f"{count(s['users'], 'user')}, history {s['history']}: tools: {s['tools']['rounds']} rounds of "

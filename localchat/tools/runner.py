@@ -115,7 +115,8 @@ class ToolRunner:
             return invalid(f"the tool call could not be read ({call.problem})")
         spec = next((s["function"] for s in self.specs if s["function"]["name"] == call.name), None)
         if spec is None:
-            return invalid(f"there is no tool named {call.name!r} (the tools are: {', '.join(self.names())})")
+            shown = call.name if len(call.name) <= 80 else call.name[:79] + "…"
+            return invalid(f"there is no tool named {shown!r} (the tools are: {', '.join(self.names())})")
         try:
             arguments = bounded_json.loads(call.arguments or "{}")
         except ValueError as exc:

@@ -23,7 +23,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from localchat.processes import kill_pids, reap_children, stray_members, watch_parent
 from localchat.tools.schema import ToolDefinitionError, describe
@@ -170,10 +170,21 @@ def stop_strays() -> int:
     return len(strays)
 
 
+def private_requests() -> TextIO:
+    """The requests' line, a private duplicate of stdin; fd 0 then reads nothing (a tool calling
+    ``input()`` gets end of file, never the next request)."""
+    requests = os.fdopen(os.dup(0), "r", encoding="utf-8")
+    empty = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(empty, 0)
+    os.close(empty)
+    return requests
+
+
 def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C is the chat's: it stops this process itself
     watch_parent(lambda: (stop_strays(), os._exit(1)))  # the chat is gone: so are the tools
-    first = json.loads(sys.stdin.readline())
+    requests = private_requests()
+    first = json.loads(requests.readline())
     channel = Channel(first["nonce"])
     try:
         functions = load_functions(first["files"])
@@ -183,7 +194,7 @@ def main() -> None:
         channel.answer({"refused": str(exc)})
         return
     channel.answer({"tools": specs, "stopped": stop_strays()})
-    for line in sys.stdin:
+    for line in requests:
         request = json.loads(line)
         done = call(functions[request["name"]], request["arguments"])
         channel.guard()

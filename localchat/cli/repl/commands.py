@@ -61,8 +61,8 @@ def _reset(repl: Repl, _: str) -> bool:
 def _retry(repl: Repl, _: str) -> bool:
     result = repl.turn(lambda: repl.session.retry(repl.ui.listeners(), repl.ui.compaction))
     if result is not None:
-        repl.ui.info("kept the new answer (the old one is gone; /undo takes it back)" if result.committed else
-                     "kept the old answer: the new one was not kept (see above)")
+        repl.ui.info("the new answer replaced the old one, which is gone (/undo would remove this whole turn)"
+                     if result.committed else "kept the old answer: the new one was not kept (see above)")
     return True
 
 
@@ -111,11 +111,15 @@ def _set(repl: Repl, arg: str) -> bool:
     """``/set NAME VALUE`` for the sampling settings and the system message; ``/set`` shows them."""
     session = repl.session
     name, _, value = arg.partition(" ")
+    names = ", ".join([*SETTINGS, "system"])
     if not name:
         params = session.params
-        shown = [f"{key} {getattr(params, key)}" for key in SETTINGS]
-        repl.ui.info(" · ".join(shown) + f" · system {session.conversation.system!r}")
+        shown = [f"{key} {'off' if getattr(params, key) is None else getattr(params, key)}" for key in SETTINGS]
+        system = session.conversation.system
+        repl.ui.info(" · ".join([*shown, f"system {_short(system, 60)!r}" if system else "system none"]))
         return True
+    if name not in SETTINGS and name != "system":
+        raise UsageError(f"unknown setting {_short(name)!r}: one of {names}")
     if name == "system":
         system = value.strip()
         session.set_system(None if system in ("", '""', "''") else system)
@@ -123,7 +127,7 @@ def _set(repl: Repl, arg: str) -> bool:
                      "system message set; it applies from the next turn")
         return True
     if not value.strip():
-        raise UsageError(f"usage: /set NAME VALUE, NAME one of {', '.join([*SETTINGS, 'system'])}")
+        raise UsageError(f"usage: /set NAME VALUE, NAME one of {names}")
     session.params = replace(session.params, **{name: parse_setting(name, value)})
     repl.ui.info(f"{name} {getattr(session.params, name)} from the next turn")
     return True

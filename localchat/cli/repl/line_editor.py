@@ -32,7 +32,8 @@ class KeysDropped:
 def typed_ahead(stdin: TextIO) -> Iterator[KeysDropped]:
     """While a reply streams, keys typed on the terminal are neither echoed above the answer nor
     run at the next prompt: echo is off (Ctrl+C still interrupts) and what was typed is dropped at
-    the end, counted so the REPL can say so."""
+    the end, counted so the REPL can say so. Line editing is off too: in it, keys typed without
+    Enter wait where no count can see them, and would vanish unsaid."""
     import termios
 
     dropped = KeysDropped()
@@ -43,7 +44,7 @@ def typed_ahead(stdin: TextIO) -> Iterator[KeysDropped]:
         yield dropped
         return
     quiet = list(saved)
-    quiet[3] &= ~termios.ECHO
+    quiet[3] &= ~(termios.ECHO | termios.ICANON)
     termios.tcsetattr(fd, termios.TCSANOW, quiet)
     try:
         yield dropped

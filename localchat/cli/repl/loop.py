@@ -57,6 +57,7 @@ class ReplLoop:
         self.interactive = interactive
         self.autosave = autosave
         self.while_replying = while_replying
+        ui.in_repl = True  # its hints name REPL commands (/set max_tokens N), not the command's flags
         self.last_answer: str | None = None  # for /copy: the last reply shown, kept or not
         self.attachment: Attachment | None = None  # /load FILE: goes into the next message
         self._warned_unsaved = False
