@@ -79,6 +79,7 @@ def test_invalid_utf8_on_stdin():
     ("models:\n  - id: a\n    source: x/y\n  - id: b\n    sorce: x/z\n", "entry 2 (b): unknown field 'sorce'"),
     ("models:\n  - id: a\n    source: [unclosed\n", "line"),
     ("models:\n  - {id: a, source: x/y}\n  - {id: b, source: x/z, aliases: [a]}\n", "already used"),
+    ("models: " + "[" * 100_000 + "]" * 100_000 + "\n", "nested too deep to read"),
 ])
 def test_malformed_models_yaml_names_entry_and_field(tmp_path, monkeypatch, yaml_text, needle):
     bad = tmp_path / "models.yaml"
@@ -117,3 +118,36 @@ def test_doctor_is_honest_about_the_cpu():
     assert result.exit_code == 0, result.stderr
     assert "not Apple Silicon" in result.stdout and "cpu (Metal not available)" in result.stdout
     assert "nothing answers" in result.stdout
+
+
+@pytest.mark.parametrize("command, says, never", [
+    (["serve"], "The model to serve", "--backend server"),
+    (["parity"], "The model to serve", "--backend server"),
+    (["smoke"], "The model to ask the server for", "--backend server"),
+    (["load"], "demo with --launch", "--backend server"),
+    (["bench"], "The model to benchmark", "--backend server"),
+    (["chat"], "with --backend server, the server's own model", "<float>"),
+])
+def test_each_commands_model_help_says_what_that_command_does_with_it(command, says, never):
+    text = runner.invoke(app, [*command, "--help"]).stdout
+    shown = " ".join(text.split())
+    options = [line for line in text.splitlines() if line.lstrip().startswith("-")]
+    assert says in shown and never not in shown
+    assert not [line for line in options if "<list[" in line or "<int range>" in line or "<str>" in line]
+
+
+def test_serve_port_has_help_and_unattended_runs_never_say_a_terminal_asks():
+    serve = " ".join(runner.invoke(app, ["serve", "--help"]).stdout.split())
+    assert "--port PORT Port to listen on." in serve
+    for command in ("bench", "load"):
+        shown = " ".join(runner.invoke(app, [command, "--help"]).stdout.split())
+        assert "required with --tools: nobody is asked here" in shown and "terminal asks" not in shown
+    assert "--script PATH" in " ".join(runner.invoke(app, ["bench", "--help"]).stdout.split())
+
+
+def test_a_server_that_is_not_there_names_the_port_to_serve_on():
+    from localchat.server.launch import free_port
+
+    done = runner.invoke(app, ["chat", "--backend", "server", "--base-url", f"http://127.0.0.1:{free_port()}/v1", "Hi"])
+    port = done.stderr.split("127.0.0.1:")[1].split("/")[0]
+    assert done.exit_code == 1 and f"Start a server with: localchat serve --port {port}" in done.stderr

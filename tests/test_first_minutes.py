@@ -150,6 +150,43 @@ def test_retry_says_what_it_kept_and_keys_typed_during_a_reply_are_dropped(tmp_p
         server.close()
 
 
+def test_retry_with_nothing_to_retry_stops_the_spinner_and_keys_without_enter_are_said(tmp_path):
+    server = FakeServer()
+    server.chat(Reply(chunks=sse(*[delta(f"word{i} ") for i in range(12)], delta("end", "stop")), pause_s=0.15))
+    try:
+        child = spawn("--backend", "server", "--base-url", server.base_url, home=tmp_path)
+        child.send("/retry\r")
+        child.expect_exact("error: nothing to retry: no question has been answered and kept yet")
+        child.expect_exact(PROMPT)
+        time.sleep(0.6)  # a spinner left running would draw over the prompt by now
+        child.send("/stats\r")
+        child.expect_exact("turns 0 ")
+        child.expect_exact(PROMPT)
+        assert "waiting for the first token" not in child.before
+        child.send("hello\r")
+        time.sleep(0.8)
+        child.send("abc")  # typed during the reply, no Enter
+        child.expect_exact("[TTFT")
+        child.expect_exact("dropped what was typed while the reply streamed (3 bytes)")
+        child.expect_exact(PROMPT)
+        child.send("/set\r")
+        child.expect_exact("repetition_penalty off")
+        child.expect_exact("system none")
+        child.expect_exact(PROMPT)
+        child.send("/set foo 1\r")
+        child.expect_exact("unknown setting 'foo': one of temperature, top_p, top_k, min_p, repetition_penalty, "
+                            "max_tokens, system")
+        child.expect_exact(PROMPT)
+        child.send("/stats\r")
+        child.expect_exact("turns 1 ")
+        child.expect_exact("TTFT mean ")
+        child.expect_exact(PROMPT)
+        assert "–s" not in child.before
+        quit(child)
+    finally:
+        server.close()
+
+
 def test_bench_and_load_at_80_columns_wrap_between_figures_and_say_things_right(tmp_path):
     bench = runner.invoke(app, ["bench", "--repeat", "1", "--max-tokens", "24"], env={"COLUMNS": "80"})
     assert bench.exit_code == 0, bench.stderr

@@ -570,3 +570,26 @@ def test_a_runaway_template_is_stopped_in_a_worker_thread_too(quick_limit):
     worker.start()
     worker.join(30)
     assert not worker.is_alive() and caught == ["looping's chat template: it rendered for over 0.5s (a runaway template?)"]
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A real 1 MiB file system (tmpfs), where one is allowed to be mounted here (root)."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True)
+    if made.returncode != 0:
+        pytest.skip(f"no tmpfs can be mounted here: {made.stderr.decode().strip()}")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_an_import_onto_a_full_disk_is_one_line_and_leaves_nothing(tmp_path, tiny_disk, monkeypatch):
+    """The tokenizer fits, the weights (3 MB) do not: MLX's own writer fails, in one line, the
+    partial model directory goes, nothing is registered."""
+    home = tiny_disk / "home"
+    monkeypatch.setenv("LOCALCHAT_HOME", str(home))
+    write_tiny_gguf(tmp_path / "m.gguf", "llama", "F32", hidden=256, ffn=1024)
+    error = one_error(imported(tmp_path / "m.gguf"), 1, "cannot write")
+    assert "nothing was imported" in error
+    no_debris(home)

@@ -116,7 +116,7 @@ def test_load_refuses_hostile_files_without_hanging(tried, tmp_path, monkeypatch
     ("/pin", "usage: /pin TEXT"), ("/pin    ", "usage: /pin TEXT"), ("/pin " + "y" * 9000, "over the limit"),
     ("/pin " + "word " * 1500, "this pin would make"),
     ("/unpin 0", "nothing is pinned"), ("/unpin -1", "nothing is pinned"), ("/unpin abc", "nothing is pinned"),
-    ("/retry", "no turn to take back"), ("/undo", "no turn to take back"), ("/copy", "nothing to copy yet"),
+    ("/retry", "nothing to retry"), ("/undo", "no turn to take back"), ("/copy", "nothing to copy yet"),
 ])
 def test_commands_refuse_hostile_arguments_in_one_line(tried, line, needle):
     tried.refused(line, needle)

@@ -128,6 +128,8 @@ def test_a_slow_server_is_bounded_by_the_duration(server):
     requests = int(result.stdout.split("\n")[[i for i, line in enumerate(result.stdout.split("\n"))
                                               if " on " in line][0]].split()[2])
     assert 3 <= requests <= 3 * 2  # each user starts at most two requests of ~0.6 s in 1 s
+    assert "no batching gain (it needs a 1-user run: --sweep 1,…)" in " ".join(result.stdout.split())
+    assert "×–" not in result.stdout
 
 
 def test_a_server_that_dies_mid_run_is_error_counts_and_one_line(tmp_path):

@@ -68,4 +68,4 @@ def test_set_changes_the_next_request_only_through_the_session(demo):
     repl.handle('/set system ""')
     assert repl.session.preview("hi") == [{"role": "user", "content": "hi"}]
     repl.handle("/set")
-    assert "top_p 0.5" in err.getvalue() and "system None" in err.getvalue()
+    assert "top_p 0.5" in err.getvalue() and "system none" in err.getvalue() and "None" not in err.getvalue()

@@ -78,6 +78,9 @@ def test_ctrl_c_mid_reply_discards_the_turn(rambling_model):
     send(child, "/history")
     child.expect_exact("history: 0 messages")
     child.expect_exact(PROMPT)
+    send(child, "/stats")
+    child.expect_exact("turns 0 (1 more interrupted)")  # an interrupted turn is no turn of the figures
+    child.expect_exact(PROMPT)
     child.send("half typed")
     child.sendintr()  # Ctrl+C at the prompt clears the line and says how to leave
     child.expect_exact("(Ctrl+C clears the line; /quit or Ctrl+D leaves)")
@@ -174,7 +177,7 @@ def test_retry_undo_set_and_their_bad_arguments():
     send(child, "/undo")
     child.expect_exact("no turn to take back")
     send(child, "/retry")
-    child.expect_exact("no turn to take back")
+    child.expect_exact("nothing to retry")
     quit(child)
 
 

@@ -175,6 +175,7 @@ def test_save_resume_show_and_remove_from_the_command_line(tmp_path, monkeypatch
     runner.invoke(app, ["chat", "--resume", "c1"], input=f"{QUESTION}\n/quit\n")
     listed = runner.invoke(app, ["sessions", "list"])
     assert "KB" in listed.stdout and "KV caches: " in listed.stdout
+    assert str(home) not in listed.stdout.splitlines()[0]  # the table first; where it lives, below it
     assert "tokens of demo" in runner.invoke(app, ["sessions", "show", "c1"]).stdout
     removed = runner.invoke(app, ["sessions", "rm", "c1"])
     assert "and its KV cache" in removed.stderr and not (home / "kv-cache" / "c1.safetensors").exists()

@@ -176,5 +176,5 @@ def test_repl_reports_a_truncated_reply(demo_backend):
     chat = session(demo_backend, max_tokens=1)
     feed = iter([RECALL, "/history", "/quit"])
     Repl(chat, ui, read_line=lambda _: next(feed)).run()
-    assert "reply cut at --max-tokens 1" in err.getvalue()
+    assert "reply cut at max_tokens 1: not added to history (/set max_tokens N raises it)" in err.getvalue()
     assert re.search(r"history: 1 message\b", err.getvalue())

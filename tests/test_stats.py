@@ -84,3 +84,18 @@ def test_figures_from_another_version_keep_what_fits():
     assert stats_from_dict(stored) == TurnStats(prompt_tokens=12)
     assert stats_from_dict({"version": 1, "prompt_tokens": 3}) == TurnStats(prompt_tokens=3)  # before thinking
     assert stats_from_dict(["not", "a", "mapping"]) is None
+
+
+def test_an_interrupted_turn_is_counted_apart_and_a_missing_mean_has_no_unit():
+    import io
+
+    from rich.console import Console
+
+    from localchat.cli.render import ChatUI
+    from localchat.conversation.stats import Ledger, TurnStats
+
+    ledger = Ledger()
+    ledger.add(TurnStats(prompt_tokens=10), "interrupted")
+    err = io.StringIO()
+    ChatUI(out=io.StringIO(), err=Console(file=err, width=200)).ledger(ledger.summary(), None)
+    assert "turns 0 (1 more interrupted)" in err.getvalue() and "TTFT mean – median –" in err.getvalue()

@@ -549,6 +549,7 @@ def test_a_terminal_asks_before_each_call_and_always_means_this_session(tmp_path
             child.expect_exact('→ add({"a": 2, "b": 3})')
             if answer is not None:
                 child.expect_exact("run add? [y]es / [n]o / [a]lways for add:")
+                assert "asks to run" not in child.before and "in full" not in child.before  # the call shown once
                 send(child, answer)
             child.expect_exact(heard)  # the third call is not asked again: "always" holds (else this waits)
             child.expect_exact("Done.")

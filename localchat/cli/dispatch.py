@@ -35,9 +35,11 @@ METAVARS = {int: "N", float: "NUMBER", str: "TEXT", Path: "PATH"}  # instead of 
 
 def with_metavars(command: Any) -> Any:
     """Every option that takes a value shows a word for it (``--pin TEXT``, ``--max-tokens N``),
-    unless its declaration names one; choices keep their list."""
+    unless its declaration names one; choices keep their list; an argument shows its name."""
     for param in getattr(command, "params", ()):
         described = getattr(param, "type_descriptor", None)
+        if param.param_type_name == "argument" and param.metavar is None:
+            param.metavar = param.name.upper()  # PROMPT, NAME, FILE: as the docstrings call them
         if param.param_type_name != "option" or param.metavar is not None or described is None \
                 or described.is_choice or getattr(param, "is_flag", False):
             continue

@@ -9,6 +9,7 @@ SIGTERM) ends the round.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -58,7 +59,7 @@ class ToolResult:
             value = bounded_json.loads(self.call.arguments)
         except ValueError:
             return self.call.arguments
-        return value if isinstance(value, dict) else self.call.arguments
+        return value if isinstance(value, dict) and _encodable(value) else self.call.arguments
 
 
 @dataclass
@@ -123,6 +124,8 @@ class ToolRunner:
             return invalid(f"the arguments are not valid JSON ({exc})")
         if not isinstance(arguments, dict):
             return invalid("the arguments must be a JSON object of the parameters")
+        if not _encodable(arguments):
+            return invalid("the arguments hold text that is not valid Unicode (a lone surrogate, such as \\ud800)")
         try:
             jsonschema.validate(arguments, spec["parameters"])
         except jsonschema.ValidationError as exc:
@@ -135,6 +138,15 @@ class ToolRunner:
     def close(self) -> None:
         for source in self.sources:
             source.close()
+
+
+def _encodable(value: Any) -> bool:
+    """Whether parsed arguments can travel on (a ``\\ud800`` escape parses to a lone surrogate)."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def refuse_unasked(_: str, __: dict[str, Any]) -> str | None:

@@ -182,7 +182,13 @@ def private_requests() -> TextIO:
 
 def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C is the chat's: it stops this process itself
-    watch_parent(lambda: (stop_strays(), os._exit(1)))  # the chat is gone: so are the tools
+
+    def chat_gone(*_: Any) -> None:  # what the tools started goes first, then this process
+        stop_strays()
+        os._exit(1)
+
+    signal.signal(signal.SIGTERM, chat_gone)  # the parent-death signal (Linux), or a plain SIGTERM
+    watch_parent(chat_gone)  # any system: the chat is gone
     requests = private_requests()
     first = json.loads(requests.readline())
     channel = Channel(first["nonce"])
