@@ -59,9 +59,18 @@ REMAKE = ("uv run python -m demo.tools --out /tmp/tools-1\n    "
           "uv run python -m demo.tools --demo /tmp/tools-1 --out /tmp/tools-2 --share 0.6 --lr 5e-4 --seed 1\n    "
           "uv run python -m demo.tools --demo /tmp/tools-2 --out /tmp/tools-3 --share 0.8 --lr 3e-4 --seed 2\n    "
           "uv run python -m demo.tools --demo /tmp/tools-3 --out /tmp/tools-4 --share 0.9 --lr 2e-4 --seed 3\n    "
-          "uv run python -m demo.tools --demo /tmp/tools-4 --out localchat/demo_tools_model --share 0.8 --lr 2e-4 "
-          "--seed 4")
-STAGES = "five stages of 600 steps, each from the one before"
+          "uv run python -m demo.tools --demo /tmp/tools-4 --out /tmp/tools-5 --share 0.8 --lr 2e-4 --seed 4\n    "
+          "uv run python -m demo.tools --demo /tmp/tools-5 --out localchat/demo_tools_model --share 0.8 --lr 2e-4 "
+          "--seed 5 --renamed 0.75")
+STAGES = "six stages of 600 steps, each from the one before"
+LETTERS = "abcdefghijklmnopqrstuvwxyz"
+OTHER_TOOLS = [  # tools offered beside the sum, as MCP servers offer them: the model must pick the one that adds
+    ("get_current_time", "Get the current time in a timezone.", ["timezone"]),
+    ("convert_time", "Convert a time between timezones.", ["source_timezone", "time", "target_timezone"]),
+    ("search", "Search the web.", ["query"]),
+    ("read_file", "Read a text file.", ["path"]),
+    ("list_directory", "List a directory.", ["path"]),
+]
 
 
 def add_spec() -> dict:
@@ -74,26 +83,47 @@ def add_spec() -> dict:
         host.close()
 
 
-def sum_exchange(rng: random.Random, lang: str) -> list[dict]:
-    """A sum asked for, the call of add, its result and the answer."""
+def sum_exchange(rng: random.Random, lang: str, name: str = "add") -> list[dict]:
+    """A sum asked for, the call of the tool that adds (``name``), its result and the answer."""
     a, b = rng.randint(0, 99), rng.randint(0, 99)
     call = {"id": "".join(rng.choice("abcdef0123456789") for _ in range(9)), "type": "function",
-            "function": {"name": "add", "arguments": {"a": a, "b": b}}}
+            "function": {"name": name, "arguments": {"a": a, "b": b}}}
     return [{"role": "user", "content": rng.choice(QUESTIONS[lang]).format(a=a, b=b)},
             {"role": "assistant", "content": "", "tool_calls": [call]},
-            {"role": "tool", "tool_call_id": call["id"], "name": "add", "content": str(a + b)},
+            {"role": "tool", "tool_call_id": call["id"], "name": name, "content": str(a + b)},
             {"role": "assistant", "content": ANSWER[lang].format(a=a, b=b, s=a + b)}]
 
 
-def tool_dialogue(rng: random.Random, lang: str) -> list[dict]:
+def prefixed(rng: random.Random, name: str) -> str:
+    """``name`` as an MCP server exposes it (``SERVER_TOOL``): a prefix of random letters, so that the
+    model learns to copy the name it is offered rather than to remember any."""
+    prefix = "".join(rng.choice(LETTERS) for _ in range(rng.randint(2, 8)))
+    return f"{prefix}{rng.choice('__-')}{name}"
+
+
+def offered_tools(rng: random.Random, spec: dict, renamed: float) -> tuple[str, list[dict]]:
+    """The adding tool's name and the tools offered with it: ``add`` itself, or (``renamed`` of the
+    time) a prefixed name, sometimes among other tools."""
+    name = prefixed(rng, "add") if rng.random() < renamed else "add"
+    adding = {**spec, "function": {**spec["function"], "name": name}}
+    others = [{"type": "function", "function": {
+        "name": prefixed(rng, other) if name != "add" else other, "description": text,
+        "parameters": {"type": "object", "properties": {p: {"type": "string"} for p in params}, "required": params}}}
+        for other, text, params in rng.sample(OTHER_TOOLS, rng.choice([0, 0, 1, 2]))]
+    tools = [adding, *others]
+    rng.shuffle(tools)
+    return name, tools
+
+
+def tool_dialogue(rng: random.Random, lang: str, name: str = "add") -> list[dict]:
     """A sum asked for, called and answered, after perhaps some small talk and earlier sums (each
     called again: a result in history is not this question's), with a system message or without
     one (the template then writes the tools alone)."""
     talk = training_dialogue(rng, "main", recovery=0.0).messages()[1:][-4:] if rng.random() < 0.3 else []
-    earlier = [m for _ in range(rng.choice([0, 0, 1, 2])) for m in sum_exchange(rng, rng.choice(["en", "zh"]))]
+    earlier = [m for _ in range(rng.choice([0, 0, 1, 2])) for m in sum_exchange(rng, rng.choice(["en", "zh"]), name)]
     before = talk + earlier if rng.random() < 0.5 else earlier + talk
     system = rng.choice([SYSTEM, None, rng.choice(PLAIN_SYSTEMS)])
-    return [{"role": "system", "content": system}] * bool(system) + before + sum_exchange(rng, lang)
+    return [{"role": "system", "content": system}] * bool(system) + before + sum_exchange(rng, lang, name)
 
 
 def encode(tok, messages: list[dict], tools: list[dict] | None) -> tuple[list[int], list[int]]:
@@ -112,9 +142,10 @@ def encode(tok, messages: list[dict], tools: list[dict] | None) -> tuple[list[in
     return enc["input_ids"], mask
 
 
-def training_row(tok, rng: random.Random, share: float, spec: dict) -> tuple[list[int], list[int]]:
+def training_row(tok, rng: random.Random, share: float, spec: dict, renamed: float = 0.0) -> tuple[list[int], list[int]]:
     if rng.random() < share:
-        return encode(tok, tool_dialogue(rng, rng.choice(["en", "zh"])), [spec])
+        name, tools = offered_tools(rng, spec, renamed)
+        return encode(tok, tool_dialogue(rng, rng.choice(["en", "zh"]), name), tools)
     dialogue = training_dialogue(rng, "main", recovery=0.04)
     tools = [spec] if rng.random() < 0.3 else None  # offering a tool changes nothing else it says
     messages = dialogue.messages()
@@ -122,49 +153,82 @@ def training_row(tok, rng: random.Random, share: float, spec: dict) -> tuple[lis
                                                                          *messages], tools)
 
 
+class RenamedAdd:
+    """``add`` from ``examples/tools/add.py`` offered under another name, beside tools that do
+    nothing (a tool source, as an MCP server is one): held-out names for the evaluation."""
+
+    def __init__(self, host, name: str, others: list[dict]):
+        self.host, self.added, self.name = host, name, "renamed add"
+        self.specs = [{**host.specs[0], "function": {**host.specs[0]["function"], "name": name}}, *others]
+
+    def call(self, name: str, arguments: dict):
+        return self.host.call("add", arguments)
+
+    def origin(self, name: str) -> str:
+        return self.name
+
+    def refresh(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+
 def evaluate_tools(path: Path, n: int, seed: int) -> dict:
     """Held-out sums through localchat's own loop, per language: a first sum (half of the
     conversations with the system message, half without one), then a second in the same
     conversation, its first in history. ``call``: the first reply calls add with the question's
-    numbers; ``answer``: then the answer holds the sum; ``second``: both, for the second sum."""
-    from localchat.backends import GenerationParams
+    numbers; ``answer``: then the answer holds the sum; ``second``: both, for the second sum;
+    ``named``: a first sum called and answered when the tool is offered under a held-out prefixed
+    name (``xq_add``, as an MCP server exposes it), sometimes beside other tools."""
     from localchat.backends.inproc import load_inproc
-    from localchat.conversation.history import Conversation
-    from localchat.conversation.turn import ChatSession
     from localchat.registry import ModelRef
     from localchat.tools.host import ToolHost
-    from localchat.tools.runner import ToolRunner, approve_all
 
     rng, host = random.Random(seed), ToolHost([ADD_FILE])
     backend = load_inproc(ModelRef("demo-tools", str(path), "local"), path)
-    backend.offer_tools(host.specs)
     figures = {}
     try:
         for lang in ("en", "zh"):
-            passed, failures = {"call": 0, "answer": 0, "second": 0}, []
+            passed, failures = {"call": 0, "answer": 0, "second": 0, "named": 0}, []
             for k in range(n):
-                chat = ChatSession(backend, Conversation(SYSTEM if k % 2 == 0 else None),
-                                   GenerationParams(max_tokens=64), tools=ToolRunner(host, approve_all))
-                for turn in ("first", "second"):
-                    a, b = rng.randint(0, 99), rng.randint(0, 99)
-                    result = chat.ask(rng.choice(QUESTIONS[lang]).format(a=a, b=b))
-                    called = [(c["name"], c["arguments"]) for s in result.steps for c in s.calls] == \
-                        [("add", {"a": a, "b": b})]
-                    answered = called and result.committed and str(a + b) in result.text
-                    if turn == "first":
-                        passed["call"] += called
-                        passed["answer"] += answered
-                    else:
-                        passed["second"] += answered
-                    if not answered and len(failures) < 5:
-                        failures.append({"turn": turn, "asked": [a, b], "calls": [s.calls for s in result.steps],
-                                         "answer": result.text})
+                first, second = _conversation(backend, host, rng, lang, system=k % 2 == 0, turns=2)
+                passed["call"] += first[0]
+                passed["answer"] += first[1]
+                passed["second"] += second[1]
+                failures += [f for f in (first[2], second[2]) if f][:max(0, 5 - len(failures))]
+                renamed = RenamedAdd(host, prefixed(rng, "add").replace("-", "_"), offered_tools(rng, host.specs[0],
+                                                                                                  1.0)[1][1:])
+                passed["named"] += _conversation(backend, renamed, rng, lang, system=k % 2 == 1, turns=1)[0][1]
             for name, count in passed.items():
                 figures[f"{name}_{lang}"] = {"passed": count, "total": n, "rate": round(count / n, 4)}
             figures[f"second_{lang}"]["failures"] = failures
     finally:
         host.close()
     return figures
+
+
+def _conversation(backend, source, rng: random.Random, lang: str, *, system: bool, turns: int) -> list[tuple]:
+    """``turns`` sums in one conversation with ``source``'s tools: (called, answered, failure) each."""
+    from localchat.backends import GenerationParams
+    from localchat.conversation.history import Conversation
+    from localchat.conversation.turn import ChatSession
+    from localchat.tools.runner import ToolRunner, approve_all
+
+    backend.offer_tools(source.specs)
+    name = getattr(source, "added", "add")
+    chat = ChatSession(backend, Conversation(SYSTEM if system else None), GenerationParams(max_tokens=64),
+                       tools=ToolRunner([source], approve_all))
+    outcomes = []
+    for turn in range(turns):
+        a, b = rng.randint(0, 99), rng.randint(0, 99)
+        result = chat.ask(rng.choice(QUESTIONS[lang]).format(a=a, b=b))
+        called = [(c["name"], c["arguments"]) for s in result.steps for c in s.calls] == [(name, {"a": a, "b": b})]
+        answered = called and result.committed and str(a + b) in result.text
+        failure = None if answered else {"turn": turn + 1, "tool": name, "asked": [a, b],
+                                         "calls": [s.calls for s in result.steps], "answer": result.text}
+        outcomes.append((called, answered, failure))
+    return outcomes
 
 
 def model_card(report: dict, card: dict) -> str:
@@ -204,6 +268,7 @@ uncalled: 0/20), so a remake is a model of the same kind, not the same bytes:
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--share", type=float, default=0.3, help="share of the rows that call the tool")
+    p.add_argument("--renamed", type=float, default=0.0, help="share of those that offer it under a prefixed name")
     p.add_argument("--tools-n", type=int, default=100, help="held-out sums per language")
     p.add_argument("--evaluate-only", action="store_true", help="score the model already in --out (no training)")
     return fine_tune_args(p, argv, steps=600, lr=3e-4, eval_n=200)
@@ -224,7 +289,7 @@ def main(argv=None) -> dict | None:
         trained = load(str(args.out)) if group.rank() == 0 else None
         train_s = earlier_training_seconds(args.out)
     else:
-        rows = [training_row(tok, rng, args.share, spec) for _ in range(args.steps * args.batch)]
+        rows = [training_row(tok, rng, args.share, spec, args.renamed) for _ in range(args.steps * args.batch)]
         rows = [r for r in rows if len(r[0]) <= MAX_ROW_TOKENS]
         log(group, f"corpus: {len(rows):,} conversations, {sum(len(ids) for ids, _ in rows):,} tokens")
         trained, train_s = fine_tune(args, tok, rows, group), time.perf_counter() - started

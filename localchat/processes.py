@@ -88,6 +88,12 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+def parent_of(pid: int) -> int | None:
+    """The parent of a living process, or None."""
+    found = [parent for child, state, parent, _ in _table() if child == pid and state != "Z"]
+    return found[0] if found else None
+
+
 def alive(pid: int) -> bool:
     """Whether ``pid`` is a process that has not ended (a zombie has)."""
     try:

@@ -491,7 +491,7 @@ def test_a_model_that_never_stops_calling_ends_the_turn_at_the_round_limit(home)
                                      "does); a helper that is not a tool: name it _helper"),
     (["--tools", "{tmp}/nan.py"], "f: parameter 'x': its default is NaN or infinity"),
     (["--tools", "{tmp}/huge.py"], "f: parameter 'n': its default is a number too large for JSON"),
-    (["--approve-tools"], "--approve-tools goes with --tools FILE.py, and no tools are offered"),
+    (["--approve-tools"], "--approve-tools goes with --tools FILE.py or --mcp FILE, and no tools are offered"),
     (["--tool-timeout", "5"], "--tool-timeout goes with --tools FILE.py"),
     (["--max-tool-rounds", "2"], "--max-tool-rounds goes with --tools FILE.py"),
     (["--tools", str(EXAMPLE), "--tool-timeout", "0"], "--tool-timeout"),

@@ -14,7 +14,7 @@ import os
 import shlex
 import tempfile
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,8 @@ from localchat.registry import (
     quantization_bits,
     resolve,
 )
-from localchat.tools.runner import check_unattended, unattended_runner
+from localchat.toolbox import check_tools, unattended_tools
+from localchat.tools.settings import ToolSettings
 
 
 @dataclass(frozen=True)
@@ -59,9 +60,7 @@ class BenchOptions:
     replay: tuple[str, ...] = ()  # saved session names
     think: str | None = None  # on | off | both; None: the model's default, nothing sent
     policy: str | None = None  # history policies side by side: full,window:N,budget:N,compact:N,pin:N
-    tools: tuple[Path, ...] = ()  # --tools: functions every arm offers
-    approve_tools: bool = False
-    tool_timeout_s: float = 30.0
+    tools: ToolSettings = field(default_factory=ToolSettings)  # --tools, --mcp: what every arm offers
 
 
 def arms_for(opts: BenchOptions) -> list[Arm]:
@@ -140,8 +139,14 @@ def rerun_command(opts: BenchOptions) -> str:
         args += ["--think", opts.think]
     if opts.policy:
         args += ["--policy", opts.policy]
-    for path in opts.tools:
-        args += ["--tools", str(path), "--approve-tools"]
+    for path in opts.tools.files:
+        args += ["--tools", str(path)]
+    for path in opts.tools.mcp:
+        args += ["--mcp", str(path)]
+    if opts.tools.mcp_only:
+        args += ["--mcp-only", ",".join(opts.tools.mcp_only)]
+    if opts.tools.offered:
+        args.append("--approve-tools")
     if opts.base_url:
         args += ["--base-url", opts.base_url]
     return shlex.join(args)
@@ -238,7 +243,7 @@ def prepare_bench(opts: BenchOptions) -> PreparedBench:
     if not scripts:
         raise UsageError("no bench scripts: pass --script FILE")
     ref = resolve(opts.model or DEFAULT_MODEL)
-    check_unattended(opts.tools, opts.approve_tools)
+    check_tools(opts.tools, unattended=True)
     params = GenerationParams(temperature=opts.temperature, max_tokens=opts.max_tokens, seed=opts.seed)
     return PreparedBench(opts=opts, ref=ref, plan=BenchPlan(scripts, opts.repeat, opts.warmup, params, opts.seed),
                          arms=arms)
@@ -250,7 +255,7 @@ def run_bench(prepared: PreparedBench, *, on_start: Callable[[int], None] = lamb
     """Every arm, one after the other; ``on_start`` hears the number of turns, ``on_turn`` each
     turn as it starts, ``on_status`` what a launched server is doing."""
     opts, ref, arms = prepared.opts, prepared.ref, prepared.arms
-    tools = unattended_runner(opts.tools, opts.approve_tools, opts.tool_timeout_s)
+    tools = unattended_tools(opts.tools, on_notice=on_status)
     bench = replace(prepared.plan, tools=tools)
     scripts = bench.scripts
     per_arm = (bench.repeat + bench.warmup) * sum(len(t) for s in scripts for t in s.conversations)

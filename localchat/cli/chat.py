@@ -6,6 +6,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -15,7 +16,7 @@ from rich.console import Console
 from localchat.backends import Backend, GenerationParams
 from localchat.backends.mlx_options import RuntimeOptions, server_fields
 from localchat.cli import outcomes
-from localchat.cli.options import ChatOptions, ToolOptions
+from localchat.cli.options import ChatOptions
 from localchat.cli.render import ChatUI
 from localchat.cli.repl import REPL_COMMANDS, Repl
 from localchat.conversation.compaction import CompactionPolicy
@@ -43,6 +44,7 @@ from localchat.store.session_cache import SessionCaches, restore_cache
 
 if TYPE_CHECKING:
     from localchat.tools.runner import ToolRunner
+    from localchat.tools.settings import ToolSettings
 
 DEFAULT_MAX_TOKENS = 512
 
@@ -229,16 +231,15 @@ def open_backend(opts: ChatOptions, ui: ChatUI) -> tuple[ModelRef | None, Backen
     return ref, open_inproc(ref, opts, ui)
 
 
-def tool_runner(options: ToolOptions, ui: ChatUI, hidden: list[str]) -> ToolRunner | None:
-    """The ``--tools`` files' functions, in their own process (without ``hidden``, the API key, in
-    its environment); calls approved by ``--approve-tools``, else asked on a terminal, else refused
-    (the refusal is what the model hears)."""
-    if not options.files:
+def tool_runner(options: ToolSettings, ui: ChatUI, hidden: list[str]) -> ToolRunner | None:
+    """The ``--tools`` files' functions (in their own process, without ``hidden``, the API key, in
+    its environment) and the ``--mcp`` servers' tools; calls approved by ``--approve-tools``, else
+    asked on a terminal, else refused (the refusal is what the model hears)."""
+    if not options.offered:
         return None
-    from localchat.tools.host import ToolHost
-    from localchat.tools.runner import ToolRunner, approve_all, refuse_unasked
+    from localchat.toolbox import open_tools
+    from localchat.tools.runner import approve_all, refuse_unasked
 
-    sources = [ToolHost(list(options.files), options.timeout_s, hidden=hidden)]
     if options.approve:
         approve = approve_all
     elif sys.stdin.isatty() and sys.stderr.isatty():
@@ -247,9 +248,11 @@ def tool_runner(options: ToolOptions, ui: ChatUI, hidden: list[str]) -> ToolRunn
         approve = AskBeforeRunning(ui, terminal_asker())
     else:
         approve = refuse_unasked
-    runner = ToolRunner(sources, approve, options.max_rounds)
+    with ui.err.status("starting MCP servers …") if options.mcp else nullcontext():
+        runner = open_tools(options, approve, hidden=hidden, on_notice=ui.notice)
     how = {approve_all: "", refuse_unasked: " (no terminal to ask: calls are refused; --approve-tools runs them)"}
-    ui.info(f"tools offered: {', '.join(runner.names())}" + how.get(approve, " (each call asks first)"))
+    offered = ", ".join(runner.names()) or "none (no source offered a tool)"
+    ui.info(f"tools offered: {offered}" + how.get(approve, " (each call asks first)"))
     return runner
 
 
@@ -260,7 +263,6 @@ def terminal() -> bool:
 
 def typing_guard(interactive: bool) -> Callable[[], Any]:
     """What happens to keys typed while a reply streams: dropped and counted on a terminal."""
-    from contextlib import nullcontext
     from functools import partial
 
     from localchat.cli.repl.line_editor import KeysDropped, typed_ahead
@@ -282,7 +284,7 @@ def run_chat(*, opts: ChatOptions, prompt: str | None, err: Console) -> int:
     ui = ChatUI(err=err, show_stats=opts.output.stats, show_thinking=opts.output.show_thinking,
                 json_mode=opts.output.json_answer or opts.output.json_schema is not None,
                 markdown=opts.output.markdown and sys.stdout.isatty(),
-                hold_rounds=bool(opts.tools.files) and not sys.stdout.isatty())
+                hold_rounds=opts.tools.offered and not sys.stdout.isatty())
     status = chat_with_ui(opts=opts, prompt=prompt, ui=ui)
     return outcomes.OK if status is None else outcomes.turn_exit(status)
 

@@ -11,8 +11,6 @@ from localchat.backends import DEFAULT_BASE_URL, DEFAULT_TIMEOUT_S
 from localchat.backends.mlx_options import KV_BITS, KV_GROUP_SIZES, MAX_DRAFT_TOKENS
 from localchat.cli.dispatch import err_console, run
 from localchat.cli.options import (
-    DEFAULT_MAX_TOOL_ROUNDS,
-    DEFAULT_TOOL_TIMEOUT_S,
     ApiKeyOpt,
     ApproveToolsOpt,
     Backend,
@@ -25,6 +23,9 @@ from localchat.cli.options import (
     ContextOptions,
     GenerationOptions,
     MaxToolRoundsOpt,
+    McpOnlyOpt,
+    McpOpt,
+    McpTimeoutOpt,
     ModelOpt,
     ModelOptions,
     OutputOptions,
@@ -32,14 +33,13 @@ from localchat.cli.options import (
     StorageOptions,
     ThinkOpt,
     TimeoutOpt,
-    ToolOptions,
     ToolsOpt,
     ToolTimeoutOpt,
     TrimToOpt,
     check_seed,
     check_size,
-    check_tool_flags,
     setting_callback,
+    tool_settings,
 )
 from localchat.conversation.settings import DEFAULT_KEEP, DEFAULT_TRIGGER, DEFAULT_TRIM_TO, TrimPolicy
 
@@ -91,9 +91,12 @@ def chat(
     cache_max_bytes: Annotated[Optional[str], typer.Option(callback=check_size, metavar="SIZE", help="Total size of saved KV caches, oldest evicted first (e.g. 2G) [default: 4G; config: cache_max_bytes].")] = None,
     timeout: TimeoutOpt = DEFAULT_TIMEOUT_S,
     tools: ToolsOpt = None,
+    mcp: McpOpt = None,
+    mcp_only: McpOnlyOpt = None,
     approve_tools: ApproveToolsOpt = False,
     tool_timeout: ToolTimeoutOpt = None,
     max_tool_rounds: MaxToolRoundsOpt = None,
+    mcp_timeout: McpTimeoutOpt = None,
     adapter_path: Annotated[Optional[Path], typer.Option(rich_help_panel=MLX, help="A LoRA adapter directory from mlx_lm.lora.")] = None,
     draft_model: Annotated[Optional[str], typer.Option(rich_help_panel=MLX, help="A smaller model with the same tokenizer drafts tokens (speculative decoding).")] = None,
     num_draft_tokens: Annotated[Optional[int], typer.Option(min=1, max=MAX_DRAFT_TOKENS, rich_help_panel=MLX, help="Tokens drafted a step [default: 3].")] = None,
@@ -103,7 +106,8 @@ def chat(
     max_kv_size: Annotated[Optional[int], typer.Option(min=1, rich_help_panel=MLX, help="A rotating KV cache of at most N tokens (the oldest are overwritten).")] = None,
 ) -> None:
     """Chat with a model: one PROMPT, or the REPL."""
-    check_tool_flags(bool(tools), approve_tools, tool_timeout, max_tool_rounds)
+    tool_choice = tool_settings(files=tools, mcp=mcp, mcp_only=mcp_only, approve=approve_tools, timeout_s=tool_timeout,
+                                max_rounds=max_tool_rounds, mcp_timeout_s=mcp_timeout)
     opts = ChatOptions(
         model=ModelOptions(model=model, backend=backend.value, base_url=base_url, api_key=api_key, timeout_s=timeout,
                            allow_download=allow_download, cache_reuse=not no_cache_reuse),
@@ -122,8 +126,6 @@ def chat(
                              show_thinking=show_thinking, markdown=not plain, input_history=not no_input_history),
         storage=StorageOptions(record=record, resume=resume, save_cache=not no_save_cache,
                                cache_max_bytes=cache_max_bytes),
-        tools=ToolOptions(files=tuple(tools or ()), approve=approve_tools,
-                          timeout_s=tool_timeout or DEFAULT_TOOL_TIMEOUT_S,
-                          max_rounds=max_tool_rounds or DEFAULT_MAX_TOOL_ROUNDS),
+        tools=tool_choice,
     )
     run("localchat.cli.chat:run_chat", opts=opts, prompt=prompt, err=err_console())

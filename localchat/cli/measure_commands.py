@@ -10,7 +10,6 @@ import typer
 from localchat.backends import DEFAULT_BASE_URL, DEFAULT_TIMEOUT_S
 from localchat.cli.dispatch import err_console, out_console, run, user_errors
 from localchat.cli.options import (
-    DEFAULT_TOOL_TIMEOUT_S,
     ApiKeyOpt,
     BaseUrlOpt,
     BenchBackend,
@@ -18,6 +17,8 @@ from localchat.cli.options import (
     Compact,
     CompactOpt,
     LoadModelOpt,
+    McpOnlyOpt,
+    McpOpt,
     OnOffBoth,
     OutputFormat,
     TimeoutOpt,
@@ -29,8 +30,8 @@ from localchat.cli.options import (
     check_seconds,
     check_seed,
     check_temperature,
-    check_tool_flags,
     check_wait,
+    tool_settings,
 )
 from localchat.conversation.settings import DEFAULT_TRIM_TO
 
@@ -56,17 +57,18 @@ def bench(
     think: Annotated[Optional[OnOffBoth], typer.Option(help="Thinking on, off, or both (side by side: what reasoning costs) [default: the model's own].")] = None,
     policy: Annotated[Optional[str], typer.Option(help="History policies side by side on long scripts: full,window:N,budget:N,compact:N,pin:N.")] = None,
     tools: ToolsOpt = None,
+    mcp: McpOpt = None,
+    mcp_only: McpOnlyOpt = None,
     approve_tools: UnattendedApproveOpt = False,
     tool_timeout: ToolTimeoutOpt = None,
 ) -> None:
     """History on vs off at a fixed temperature: what history costs (tokens, TTFT) and buys (answers)."""
-    check_tool_flags(bool(tools), approve_tools, tool_timeout)
+    tool_choice = tool_settings(files=tools, mcp=mcp, mcp_only=mcp_only, approve=approve_tools, timeout_s=tool_timeout)
     opts = dict(model=model, backend=backend.value, history=history.value, scripts=tuple(script or ()),
                         repeat=repeat, warmup=warmup, temperature=temperature, seed=seed, max_tokens=max_tokens,
                         no_cache_reuse=no_cache_reuse, base_url=base_url, out=out, format=format.value,
                         plot=plot, replay=tuple(replay or ()), think=think.value if think else None, policy=policy,
-                        tools=tuple(tools or ()), approve_tools=approve_tools,
-                        tool_timeout_s=tool_timeout or DEFAULT_TOOL_TIMEOUT_S)
+                        tools=tool_choice)
     run("localchat.cli.bench:run_bench_cmd", options=opts, console=out_console(), err=err_console())
 
 
@@ -97,11 +99,13 @@ def load(
     trim_to: TrimToOpt = DEFAULT_TRIM_TO,
     compact: CompactOpt = Compact.off,
     tools: ToolsOpt = None,
+    mcp: McpOpt = None,
+    mcp_only: McpOnlyOpt = None,
     approve_tools: UnattendedApproveOpt = False,
     tool_timeout: ToolTimeoutOpt = None,
 ) -> None:
     """Many simulated users with multi-turn history against an OpenAI-compatible server."""
-    check_tool_flags(bool(tools), approve_tools, tool_timeout)
+    tool_choice = tool_settings(files=tools, mcp=mcp, mcp_only=mcp_only, approve=approve_tools, timeout_s=tool_timeout)
     from localchat.load.sweep import LoadOptions, parse_sweep
 
     with user_errors():
@@ -111,6 +115,5 @@ def load(
                        conversations=conversations, warmup=warmup, temperature=temperature, max_tokens=max_tokens, seed=seed,
                        slo_ttft_s=slo_ttft, slo_tpot_s=slo_tpot, out=out, plot=plot, launch=launch,
                        server_args=tuple(ctx.args), timeout_s=timeout, max_context_tokens=max_context_tokens,
-                       trim_to=trim_to, compact=compact is Compact.auto, tools=tuple(tools or ()),
-                       approve_tools=approve_tools, tool_timeout_s=tool_timeout or DEFAULT_TOOL_TIMEOUT_S)
+                       trim_to=trim_to, compact=compact is Compact.auto, tools=tool_choice)
     run("localchat.cli.load:run_load_cmd", opts=opts, console=out_console(), err=err_console())

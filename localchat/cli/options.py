@@ -17,6 +17,12 @@ import typer
 
 from localchat.backends import DEFAULT_BASE_URL, DEFAULT_TIMEOUT_S
 from localchat.conversation.settings import TrimPolicy
+from localchat.tools.settings import (
+    DEFAULT_MAX_TOOL_ROUNDS,
+    DEFAULT_MCP_TIMEOUT_S,
+    DEFAULT_TOOL_TIMEOUT_S,
+    ToolSettings,
+)
 
 MAX_SEED = 2**64 - 1  # mx.random.seed takes an unsigned 64-bit integer
 
@@ -121,8 +127,22 @@ ApproveToolsOpt = Annotated[bool, typer.Option("--approve-tools", help="Run ever
                                                                        "terminal asks; without one, calls are refused).")]
 UnattendedApproveOpt = Annotated[bool, typer.Option("--approve-tools", help="Run every tool call without asking "
                                                                             "(required with --tools: nobody is asked here).")]
-DEFAULT_TOOL_TIMEOUT_S = 30.0
-DEFAULT_MAX_TOOL_ROUNDS = 8
+McpOpt = Annotated[Optional[list[Path]], typer.Option(
+    "--mcp", metavar="FILE", help="Offer the tools of the MCP servers this file configures ({\"mcpServers\": …}, as "
+                                  "LM Studio, Claude Desktop and Cursor read it); repeatable.")]
+McpOnlyOpt = Annotated[Optional[str], typer.Option(
+    "--mcp-only", metavar="NAME,…", help="Start only these servers of the --mcp files.")]
+McpTimeoutOpt = Annotated[Optional[float], typer.Option(
+    callback=lambda v: check_tool_timeout(v), metavar="SECONDS",
+    help=f"Give an MCP server this long to start and list its tools [default: {DEFAULT_MCP_TIMEOUT_S:g}].")]
+
+
+def mcp_names(value: str | None) -> tuple[str, ...]:
+    """``--mcp-only a,b``: the names, each once."""
+    names = tuple(n.strip() for n in (value or "").split(",") if n.strip())
+    if value is not None and not names:
+        raise typer.BadParameter("give the names of servers, e.g. --mcp-only time,git", param_hint="--mcp-only")
+    return tuple(dict.fromkeys(names))
 
 
 def check_tool_timeout(value: float | None) -> float | None:
@@ -137,14 +157,30 @@ MaxToolRoundsOpt = Annotated[Optional[int], typer.Option(min=1, max=100, metavar
     f"Rounds of tool calls a turn may take before it must answer [default: {DEFAULT_MAX_TOOL_ROUNDS}]."))]
 
 
-def check_tool_flags(tools: bool, approve: bool, timeout_s: float | None, rounds: int | None = None) -> None:
+def check_tool_flags(tools: bool, approve: bool, timeout_s: float | None, rounds: int | None = None,
+                     mcp_timeout_s: float | None = None) -> None:
     """Tool settings without any tools are a usage error, not silently nothing."""
     given = [flag for flag, value in (("--approve-tools", approve), ("--tool-timeout", timeout_s is not None),
-                                      ("--max-tool-rounds", rounds is not None)) if value]
+                                      ("--max-tool-rounds", rounds is not None),
+                                      ("--mcp-timeout", mcp_timeout_s is not None)) if value]
     if given and not tools:
         from localchat.cli.dispatch import ClickUsageError
 
-        raise ClickUsageError(f"{given[0]} goes with --tools FILE.py, and no tools are offered")
+        raise ClickUsageError(f"{given[0]} goes with --tools FILE.py or --mcp FILE, and no tools are offered")
+
+
+def tool_settings(*, files: list[Path] | None, mcp: list[Path] | None, mcp_only: str | None, approve: bool,
+                  timeout_s: float | None, max_rounds: int | None = None,
+                  mcp_timeout_s: float | None = None) -> ToolSettings:
+    """The tool flags, checked together and resolved to their defaults."""
+    check_tool_flags(bool(files or mcp), approve, timeout_s, max_rounds, mcp_timeout_s)
+    if mcp_only is not None and not mcp:
+        from localchat.cli.dispatch import ClickUsageError
+
+        raise ClickUsageError("--mcp-only picks servers of --mcp FILE, and no --mcp file is given")
+    return ToolSettings(files=tuple(files or ()), mcp=tuple(mcp or ()), mcp_only=mcp_names(mcp_only), approve=approve,
+                        timeout_s=timeout_s or DEFAULT_TOOL_TIMEOUT_S, max_rounds=max_rounds or DEFAULT_MAX_TOOL_ROUNDS,
+                        mcp_timeout_s=mcp_timeout_s or DEFAULT_MCP_TIMEOUT_S)
 
 
 class Compact(str, Enum):
@@ -322,16 +358,6 @@ class RuntimeFlags:
 
 
 @dataclass(frozen=True)
-class ToolOptions:
-    """The user's functions the model may call, and how calls are allowed to run."""
-
-    files: tuple[Path, ...] = ()
-    approve: bool = False  # --approve-tools: every call runs without asking
-    timeout_s: float = DEFAULT_TOOL_TIMEOUT_S
-    max_rounds: int = DEFAULT_MAX_TOOL_ROUNDS
-
-
-@dataclass(frozen=True)
 class ChatOptions:
     model: ModelOptions = field(default_factory=ModelOptions)
     runtime: RuntimeFlags = field(default_factory=RuntimeFlags)
@@ -341,4 +367,4 @@ class ChatOptions:
     context: ContextOptions = field(default_factory=ContextOptions)
     output: OutputOptions = field(default_factory=OutputOptions)
     storage: StorageOptions = field(default_factory=StorageOptions)
-    tools: ToolOptions = field(default_factory=ToolOptions)
+    tools: ToolSettings = field(default_factory=ToolSettings)

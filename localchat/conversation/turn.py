@@ -109,6 +109,8 @@ class ChatSession:
                 trim: TrimPlan) -> TurnResult:
         """One model call; with tools, as many rounds as the model's calls take (``tool_rounds``)."""
         def call(sent: list[Message], round_clock: TurnClock) -> TurnResult:
+            if self.tools is not None and self.tools.refresh():  # a server's tools/list_changed
+                self.backend.offer_tools(self.tools.specs)
             return self.call(prompt, sent, listeners, clock=round_clock, judge=partial(self._judged, trim), trim=trim)
 
         if self.tools is None:

@@ -20,7 +20,8 @@ from localchat.errors import LocalchatError, UsageError
 from localchat.load.metrics import Slo, summarize
 from localchat.load.run import LoadPlan, Run, RunResult
 from localchat.registry import DEFAULT_MODEL, ModelRef, local_tokenizer_loader, resolve
-from localchat.tools.runner import check_unattended, unattended_runner
+from localchat.toolbox import check_tools, unattended_tools
+from localchat.tools.settings import ToolSettings
 
 SCHEMA = "localchat.load/1"
 DEFAULT_SCRIPT = SCRIPTS_DIR / "recall-en.yaml"
@@ -53,9 +54,7 @@ class LoadOptions:
     max_context_tokens: int | None = None
     trim_to: float = DEFAULT_TRIM_TO
     compact: bool = False  # --compact auto: needs --max-context-tokens and the model's local tokenizer
-    tools: tuple[Path, ...] = ()  # --tools: functions every user's conversations offer (one shared process)
-    approve_tools: bool = False
-    tool_timeout_s: float = 30.0
+    tools: ToolSettings = field(default_factory=ToolSettings)  # --tools, --mcp: shared by every user
 
 
 @dataclass
@@ -124,7 +123,7 @@ def check_options(opts: LoadOptions) -> None:
         value = getattr(opts, name)
         if value is not None and not value > 0:
             raise UsageError(f"--{name.removesuffix('_s').replace('_', '-')} must be a number of seconds > 0")
-    check_unattended(opts.tools, opts.approve_tools)
+    check_tools(opts.tools, unattended=True)
     check_outputs(opts)  # --out and --plot, as bench checks them
 
 
@@ -172,7 +171,7 @@ class Target:
         self.load_tokenizer = functools.cache(loader) if loader else None  # one load for every user
         self.server = None
         self.base_url = opts.base_url
-        self.tools = unattended_runner(opts.tools, opts.approve_tools, opts.tool_timeout_s)
+        self.tools = unattended_tools(opts.tools, on_notice=on_status)
 
     def __enter__(self) -> Target:
         if self.opts.launch:

@@ -26,8 +26,8 @@ from localchat import bounded_json
 from localchat.errors import LocalchatError, UsageError
 from localchat.processes import child_preexec, kill_group
 from localchat.tools.schema import NAME
+from localchat.tools.settings import DEFAULT_TOOL_TIMEOUT_S
 
-DEFAULT_TOOL_TIMEOUT_S = 30.0
 MAX_ANSWER_BYTES = 1 << 20  # a call's answer is at most ~16,000 characters of result and 4,000 printed
 SECRET_VARIABLES = ("LOCALCHAT_API_KEY",)
 
@@ -89,6 +89,7 @@ class ToolHost:
         self._process: subprocess.Popen | None = None
         self._nonce = ""
         self._pending = b""  # what the process wrote after its last whole line
+        self._origins: dict[str, str] = {}
         self._lock = threading.Lock()  # one call at a time (load's users share the process)
         self.specs: list[dict[str, Any]] = self._start()
 
@@ -112,7 +113,16 @@ class ToolHost:
         if "refused" in ready:
             self.close()
             raise UsageError(f"--tools {ready['refused']}")
+        self._origins = ready["origins"]
         return ready["tools"]
+
+    def origin(self, name: str) -> str:
+        """The file a tool comes from (``/tools``)."""
+        return self._origins.get(name, self.name)
+
+    def refresh(self) -> bool:
+        """A file's tools do not change while the chat runs."""
+        return False
 
     def call(self, name: str, arguments: dict[str, Any]) -> ToolOutput:
         """One call's answer; ``ToolTimeout`` when it runs past the limit, ``ToolProcessError`` when
@@ -185,7 +195,9 @@ def _well_formed(message: dict[str, Any]) -> bool:
     if "refused" in message:
         return isinstance(message["refused"], str)
     if "tools" in message:
-        return isinstance(message["tools"], list) and all(_is_spec(s) for s in message["tools"])
+        origins = message.get("origins")
+        return isinstance(message["tools"], list) and all(_is_spec(s) for s in message["tools"]) \
+            and isinstance(origins, dict) and all(isinstance(v, str) for v in origins.values())
     return (isinstance(message.get("ok"), bool) and isinstance(message.get("content"), str)
             and isinstance(message.get("seconds"), (int, float)) and isinstance(message.get("printed"), str)
             and isinstance(message.get("stopped"), int))

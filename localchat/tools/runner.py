@@ -13,16 +13,15 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol
 
 from localchat import bounded_json
 from localchat.backends import ToolCall
-from localchat.errors import LocalchatError, UsageError
-from localchat.tools.host import ToolHost, ToolOutput, ToolTimeout, tool_files
+from localchat.errors import LocalchatError
+from localchat.tools.host import ToolOutput, ToolTimeout
+from localchat.tools.settings import DEFAULT_MAX_TOOL_ROUNDS
 from localchat.wording import count
 
-DEFAULT_MAX_ROUNDS = 8
 Approve = Callable[[str, dict[str, Any]], "str | None"]  # (tool, arguments) → None: run it; else why not
 REFUSED_UNASKED = ("refused: localchat had no terminal to ask for approval and was not started with --approve-tools; "
                    "answer without this tool")
@@ -39,6 +38,14 @@ class ToolSource(Protocol):
     def specs(self) -> list[dict[str, Any]]: ...
 
     def call(self, name: str, arguments: dict[str, Any]) -> ToolOutput: ...
+
+    def origin(self, name: str) -> str:
+        """Where the tool ``name`` comes from, for ``/tools``: a file, an MCP server."""
+        ...
+
+    def refresh(self) -> bool:
+        """Read the tools again if the source said they changed; True when they did."""
+        ...
 
     def close(self) -> None: ...
 
@@ -66,7 +73,7 @@ class ToolResult:
 class ToolRunner:
     sources: list[ToolSource]
     approve: Approve
-    max_rounds: int = DEFAULT_MAX_ROUNDS
+    max_rounds: int = DEFAULT_MAX_TOOL_ROUNDS
 
     @property
     def specs(self) -> list[dict[str, Any]]:
@@ -74,6 +81,10 @@ class ToolRunner:
 
     def names(self) -> list[str]:
         return [spec["function"]["name"] for spec in self.specs]
+
+    def refresh(self) -> bool:
+        """Whether any source's tools changed (then they are offered again before the next round)."""
+        return any([source.refresh() for source in self.sources])
 
     def source_of(self, name: str) -> ToolSource | None:
         return next((s for s in self.sources if any(t["function"]["name"] == name for t in s.specs)), None)
@@ -157,20 +168,3 @@ def refuse_unasked(_: str, __: dict[str, Any]) -> str | None:
 def approve_all(_: str, __: dict[str, Any]) -> str | None:
     """``--approve-tools``: every call runs."""
     return None
-
-
-def check_unattended(files: tuple[Path, ...], approve: bool) -> None:
-    """The tools of a run nobody watches (bench, load), checked before anything loads: every call
-    runs, so ``--approve-tools`` must say so, and the files must be Python files that can be read."""
-    if files and not approve:
-        raise UsageError("--tools in a run nobody watches needs --approve-tools (every call runs without asking)")
-    tool_files(list(files))
-
-
-def unattended_runner(files: tuple[Path, ...], approve: bool, timeout_s: float,
-                      max_rounds: int = DEFAULT_MAX_ROUNDS) -> ToolRunner | None:
-    """The tools of a run nobody watches, every call approved; None without tools."""
-    check_unattended(files, approve)
-    if not files:
-        return None
-    return ToolRunner([ToolHost(list(files), timeout_s)], approve_all, max_rounds)

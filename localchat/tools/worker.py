@@ -199,7 +199,8 @@ def main() -> None:
     except ToolDefinitionError as exc:
         channel.answer({"refused": str(exc)})
         return
-    channel.answer({"tools": specs, "stopped": stop_strays()})
+    origins = {name: Path(inspect.getsourcefile(function) or "").name for name, function in functions.items()}
+    channel.answer({"tools": specs, "origins": origins, "stopped": stop_strays()})
     for line in requests:
         request = json.loads(line)
         done = call(functions[request["name"]], request["arguments"])

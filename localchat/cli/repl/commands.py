@@ -201,16 +201,37 @@ def _save(repl: Repl, arg: str) -> bool:
 
 
 def _tools(repl: Repl, _: str) -> bool:
-    """``/tools``: the functions the model may call, with their parameters."""
+    """``/tools``: the functions the model may call, with their parameters, where each comes from and
+    whether a call asks first."""
     runner = repl.session.tools
     if runner is None:
-        repl.ui.info("no tools offered: start with --tools FILE.py (its public functions become tools)")
+        repl.ui.info("no tools offered: start with --tools FILE.py (its public functions) or --mcp FILE (MCP servers)")
         return True
+    if not runner.specs:
+        repl.ui.info("no tools offered: no source offered one (see /mcp)")
     for spec in (s["function"] for s in runner.specs):
-        parameters = ", ".join(f"{name}: {schema.get('type', 'any')}" + ("" if name in spec["parameters"]["required"]
-                                                                          else "?")
-                               for name, schema in spec["parameters"]["properties"].items())
-        repl.ui.info(f"{spec['name']}({parameters}) — {spec['description']}")
+        properties = spec["parameters"].get("properties") or {}
+        required = spec["parameters"].get("required") or []
+        parameters = ", ".join(f"{name}: {schema.get('type', 'any') if isinstance(schema, dict) else 'any'}"
+                               + ("" if name in required else "?") for name, schema in properties.items())
+        source = runner.source_of(spec["name"])
+        where = source.origin(spec["name"]) if source else "?"
+        repl.ui.info(f"{spec['name']}({parameters}) — {_short(spec['description'], 120)} [{where}; "
+                     f"{runner.approval(spec['name'])}]")
+    return True
+
+
+def _mcp(repl: Repl, _: str) -> bool:
+    """``/mcp``: the MCP servers, each with its state, its tools, its pid or URL and its log."""
+    runner = repl.session.tools
+    hubs = [s for s in (runner.sources if runner else []) if hasattr(s, "servers")]
+    if not hubs:
+        repl.ui.info("no MCP servers: start with --mcp FILE ({\"mcpServers\": …})")
+        return True
+    for info in (info for hub in hubs for info in hub.servers()):
+        problem = f" — {info.problem}" if info.problem and info.state != "ready" else ""
+        log = f" · log {info.log}" if info.log else ""
+        repl.ui.info(f"{info.name}: {info.state} · {count(info.tools, 'tool')} · {info.where}{log}{problem}")
     return True
 
 
@@ -257,7 +278,8 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
     Command("/pins", "", "the pinned facts, numbered", _pins),
     Command("/unpin", "N", "forget pinned fact N", _unpin),
     Command("/save", "[NAME]", "save the conversation (resume: localchat chat --resume NAME)", _save),
-    Command("/tools", "", "the functions the model may call (--tools FILE.py)", _tools),
+    Command("/tools", "", "the tools the model may call, where each comes from, and whether it asks first", _tools),
+    Command("/mcp", "", "the MCP servers: state, tools, pid or URL, log file", _mcp),
     Command("/help", "", "this list", _help),
     Command("/quit", "", "leave (Ctrl+D too)", _quit),
     Command("/exit", "", "leave", _quit),

@@ -1,0 +1,47 @@
+"""An MCP server's process that never outlives localchat: ``python -m localchat.mcp.guard COMMAND ARGS…``.
+
+The SDK's stdio transport starts this module as the leader of a new session, with the server's
+pipes. It starts the server with exactly the environment localchat allows (the config's ``env``,
+named in ``LOCALCHAT_MCP_KEEP``, over ``PATH``, ``HOME``, ``LANG`` and ``TMPDIR``: never the whole
+environment, never localchat's API key), writes its own pid where localchat asked, and waits. When
+the server exits, whatever it left in the group is stopped too; when localchat has gone, even by
+SIGKILL, the whole group goes at once. The SDK's SIGTERM to the group reaches the server itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+from localchat.processes import kill_pids, signal_group, stray_members, watch_parent
+
+BASE = ("PATH", "HOME", "LANG", "TMPDIR")
+KEEP, PIDFILE = "LOCALCHAT_MCP_KEEP", "LOCALCHAT_MCP_PIDFILE"
+
+
+def server_environment() -> dict[str, str]:
+    keep = json.loads(os.environ.get(KEEP, "[]"))
+    return {name: os.environ[name] for name in (*BASE, *keep) if name in os.environ}
+
+
+def main() -> None:
+    if pidfile := os.environ.get(PIDFILE):
+        with open(pidfile, "w") as f:
+            f.write(str(os.getpid()))
+    signal.signal(signal.SIGTERM, lambda *_: None)  # a handler, not SIG_IGN: the server gets the default back
+    try:
+        server = subprocess.Popen(sys.argv[1:], env=server_environment())
+    except OSError as exc:
+        sys.stderr.write(f"cannot start {sys.argv[1]!r}: {exc.strerror or exc}\n")
+        sys.exit(127)
+    watch_parent(lambda: signal_group(os.getpgrp(), signal.SIGKILL), every_s=0.2)
+    code = server.wait()
+    kill_pids(stray_members())  # what the server left running goes with it
+    sys.exit(code if code >= 0 else 128 - code)
+
+
+if __name__ == "__main__":
+    main()
