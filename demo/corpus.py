@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Literal
 
 from localchat.conversation.history import system_first
-from localchat.conversation.jsonmode import DEFAULT_INSTRUCTION as JSON_SYSTEM
+from localchat.grammar.formats import DEFAULT_INSTRUCTION as JSON_SYSTEM
 from localchat.demo import (
     NUMBER_MAX,
     REAL_WORDS,

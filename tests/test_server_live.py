@@ -60,7 +60,7 @@ def test_json_mode_through_the_server_sends_response_format(live_server, tmp_pat
     assert result.exit_code == 0, result.stderr
     assert set(json.loads(result.stdout)) == {"answer"}
     request = json.loads(next(tmp_path.glob("*-request.json")).read_text())
-    assert request["params"]["response_format"]["json_schema"]["schema"]["required"] == ["answer"]
+    assert request["params"]["answer"]["schema"]["required"] == ["answer"]
     assert request["messages"][0]["content"].endswith('Answer in JSON: {"answer": "..."}')
 
 

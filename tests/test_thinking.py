@@ -18,7 +18,7 @@ from localchat.backends.reply import ReplySplitter
 from localchat.cli.render import ChatUI
 from localchat.cli.repl import Repl
 from localchat.conversation.history import Conversation, Turn
-from localchat.conversation.jsonmode import default_schema
+from localchat.grammar.formats import default_schema
 from localchat.conversation.turn import ChatSession, TurnStatus
 from localchat.registry import PACKAGE_DIR
 from localchat.store import saved_sessions, session_export

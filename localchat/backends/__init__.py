@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, Union
 
 if TYPE_CHECKING:
+    from localchat.grammar.formats import AnswerFormat
     from localchat.templates.render import ChatTemplate
 
 Message = dict[str, Any]  # role and content; an assistant's tool_calls, a tool result's tool_call_id and name
@@ -30,7 +31,7 @@ class GenerationParams:
     repetition_penalty: float | None = None  # None (or 1.0): off
     max_tokens: int = 256
     seed: int | None = None
-    response_format: dict | None = None  # OpenAI structured output; sent only over HTTP
+    answer: AnswerFormat | None = None  # what the answer must be: masked in-process, asked for and checked over HTTP
     think: bool | None = None  # the template's enable_thinking; None: the model's own default
 
 
@@ -89,6 +90,8 @@ class Finished:
     cache_rebuilt: bool = False  # the KV cache could not be trimmed to the new prompt and started again
     peak_memory_gb: float | None = None
     runtime: dict[str, float] = field(default_factory=dict)  # e.g. mlx_lm prompt_tps
+    mask_s: float = 0.0  # time spent computing the grammar's masks (in-process, with a format or tools)
+    masked_tokens: int = 0  # decoding steps the grammar masked
 
 
 Event = Union[ReasoningChunk, TextChunk, ToolCall, ToolCallText, Progress, Finished]

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from localchat.backends import Event, Finished, GenerationParams, Message, Progress
+from localchat.backends.masking import GrammarSetup
 from localchat.backends.mlx_options import (
     RuntimeOptions,
     check_draft,
@@ -32,6 +33,7 @@ from localchat.backends.mlx_options import (
 from localchat.backends.reply import ReplySplitter
 from localchat.backends.saved_cache import model_fingerprint
 from localchat.errors import LocalchatError
+from localchat.grammar.formats import AnswerFormat
 from localchat.registry import ModelRef, context_length, local_dir, resolve
 from localchat.templates.render import ChatTemplate, check_tool_support
 
@@ -156,6 +158,7 @@ class InProcessBackend:
         self._cache = self._new_cache()
         self._encoded: tuple[str | None, list[int]] = (None, [])
         self.fingerprint = fingerprint  # of the model's files (a saved cache is only used with the same)
+        self.grammar = GrammarSetup(tokenizer, getattr(getattr(model, "args", None), "vocab_size", None))
 
     def _new_cache(self) -> PromptCache:
         return PromptCache(self.model, self.draft_model, self.options.max_kv_size, checkpoints=self.checkpoints)
@@ -198,6 +201,11 @@ class InProcessBackend:
         check_tool_support(self.template, self.model_id)
         self.template.tools = list(tools)
 
+    def prepare_answer(self, fmt: AnswerFormat) -> None:
+        """Check now, before any call, that the format can be enforced for this model (and read the
+        tokenizer the mask needs, outside any turn's clock)."""
+        self.grammar.check(fmt)
+
     def stream(self, messages: list[Message], params: GenerationParams) -> Iterator[Event]:
         import mlx.core as mx
         from mlx_lm import stream_generate
@@ -213,13 +221,16 @@ class InProcessBackend:
         traits = self.template.traits
         splitter = ReplySplitter.for_prompt(traits.reasoning, self.tokenizer, prompt_ids, tool_format=traits.tool_format,
                                             tools=self.template.tools)
+        masking = self.grammar.for_reply(params.answer, self.template.tools, traits, prompt_ids,
+                                         offset=1 if self.draft_model is not None else len(prompt_ids) - cached)
+        processors = [*(logits_processors_for(params, prompt_ids[:cached]) or []), *([masking] if masking else [])]
         generated: list[int] = []
         drafted = 0
         last = None
         try:
             for last in stream_generate(self.model, self.tokenizer, prompt_ids[cached:],
                                         max_tokens=params.max_tokens, sampler=sampler_for(params),
-                                        logits_processors=logits_processors_for(params, prompt_ids[:cached]),
+                                        logits_processors=processors or None,
                                         prompt_cache=self._cache.cache, draft_model=self.draft_model,
                                         prompt_progress_callback=self._cache.on_prefill(prompt_ids, cached),
                                         **self.options.generate_kwargs()):
@@ -246,6 +257,8 @@ class InProcessBackend:
                      "mlx_lm_generation_tps": last.generation_tps},
             draft_tokens=drafted if self.draft_model is not None else None,
             cache_rebuilt=self._cache.rebuilt,
+            mask_s=masking.mask_s if masking else 0.0,
+            masked_tokens=masking.masked if masking else 0,
         )
 
     def close(self) -> None:

@@ -46,6 +46,7 @@ from localchat.backends.http import (
 )
 from localchat.backends.reply import InlineReply, new_call_id
 from localchat.backends.sse import ChatChunk, KeepAlive, StreamError, ToolCallDelta, Usage, iter_stream
+from localchat.grammar.formats import AnswerFormat
 from localchat.registry import ModelRef, context_length_of, local_tokenizer_loader
 from localchat.templates.formats import ReasoningFormat
 from localchat.templates.render import ChatTemplate, TemplateError, check_tool_support, template_of
@@ -144,6 +145,13 @@ class ServerBackend:
         if self.template is not None:
             self.template.tools = self.tools
 
+    def prepare_answer(self, fmt: AnswerFormat) -> None:
+        """A format the grammar library cannot compile is refused before any request (the server may
+        not enforce it; the reply is checked here all the same)."""
+        from localchat.grammar.compile import check
+
+        check(fmt, None)
+
     def request_body(self, messages: list[Message], params: GenerationParams, stream: bool = True) -> dict:
         body: dict[str, Any] = {
             "model": self.model_field, "messages": wire_messages(messages), "stream": stream,
@@ -155,8 +163,8 @@ class ServerBackend:
         body.update(self.extra_fields)
         if params.seed is not None:
             body["seed"] = params.seed
-        if params.response_format is not None:
-            body["response_format"] = params.response_format
+        if params.answer is not None:  # response_format (JSON), or vLLM's guided_regex / guided_choice
+            body.update(params.answer.request_fields())
         if kwargs := self.template_kwargs(params.think):
             body["chat_template_kwargs"] = kwargs
         if self.tools:

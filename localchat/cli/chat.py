@@ -21,15 +21,17 @@ from localchat.cli.render import ChatUI
 from localchat.cli.repl import REPL_COMMANDS, Repl
 from localchat.conversation.compaction import CompactionPolicy
 from localchat.conversation.history import Conversation, Summary, validate_input
-from localchat.conversation.jsonmode import (
-    AnswerSchema,
-    default_schema,
-    load_schema,
-    with_instruction,
-)
 from localchat.conversation.records import TurnRecorder, new_session_id
 from localchat.conversation.turn import ChatSession, TurnStatus
 from localchat.errors import UsageError, raise_on_sigterm
+from localchat.grammar.formats import (
+    AnswerFormat,
+    choice_format,
+    default_schema,
+    load_schema,
+    regex_format,
+    with_instruction,
+)
 from localchat.registry import (
     DEFAULT_MODEL,
     ModelRef,
@@ -115,12 +117,19 @@ def system_message(ref: ModelRef | None, opts: ChatOptions) -> str | None:
     return system or None
 
 
-def answer_schema(opts: ChatOptions) -> AnswerSchema | None:
+def answer_schema(opts: ChatOptions) -> AnswerFormat | None:
     out = opts.output
-    if out.json_answer and out.json_schema:
-        raise UsageError("--json and --json-schema are alternatives: --json means the schema {\"answer\": string}")
+    given = [flag for flag, on in (("--json", out.json_answer), ("--json-schema", out.json_schema is not None),
+                                   ("--regex", out.regex is not None), ("--choice", out.choice is not None)) if on]
+    if len(given) > 1:
+        raise UsageError(f"{given[0]} and {given[1]} are alternatives: an answer has one format "
+                         "(--json means the schema {\"answer\": string})")
     if out.json_schema:
         return load_schema(out.json_schema)
+    if out.regex is not None:
+        return regex_format(out.regex)
+    if out.choice is not None:
+        return choice_format(out.choice)
     return default_schema() if out.json_answer else None
 
 
@@ -133,7 +142,7 @@ def resumed(opts: ChatOptions) -> SavedSession | None:
     return default_store().load(opts.storage.resume)
 
 
-def conversation_for(ref: ModelRef | None, opts: ChatOptions, schema: AnswerSchema | None,
+def conversation_for(ref: ModelRef | None, opts: ChatOptions, schema: AnswerFormat | None,
                      saved: SavedSession | None, backend: Backend) -> Conversation:
     system = saved.system if saved else system_message(ref, opts)
     if schema and schema.instruction not in (system or ""):
@@ -282,7 +291,7 @@ def line_reader(opts: ChatOptions, ui: ChatUI) -> Callable[[str], str]:
 def run_chat(*, opts: ChatOptions, prompt: str | None, err: Console) -> int:
     """Answer ``prompt``, or run the REPL when it is None; the exit code."""
     ui = ChatUI(err=err, show_stats=opts.output.stats, show_thinking=opts.output.show_thinking,
-                json_mode=opts.output.json_answer or opts.output.json_schema is not None,
+                json_mode=opts.output.formatted,
                 markdown=opts.output.markdown and sys.stdout.isatty(),
                 hold_rounds=opts.tools.offered and not sys.stdout.isatty())
     status = chat_with_ui(opts=opts, prompt=prompt, ui=ui)
@@ -310,8 +319,8 @@ def chat_with_ui(*, opts: ChatOptions, prompt: str | None, ui: ChatUI) -> TurnSt
             tools.close()
         raise
     params = generation_params(ref, opts)
-    if schema and opts.model.backend == "server":
-        params = replace(params, response_format=schema.response_format())
+    if schema:
+        params = replace(params, answer=schema)  # masked in-process; asked for, and checked, over HTTP
     session = ChatSession(backend=backend, conversation=conversation_for(ref, opts, schema, saved, backend),
                           params=params, use_history=opts.history, trim=opts.trim, schema=schema,
                           recorder=recorder, compaction=compaction_policy(opts, ui), tools=tools).prepare()

@@ -319,6 +319,13 @@ class OutputOptions:
     stats: bool = True
     json_answer: bool = False
     json_schema: Path | None = None
+    regex: str | None = None  # --regex PATTERN: the whole answer matches it
+    choice: str | None = None  # --choice A,B,C: the answer is one of them
+
+    @property
+    def formatted(self) -> bool:
+        """An answer format is asked for: stdout gets validated answers only."""
+        return self.json_answer or self.json_schema is not None or self.regex is not None or self.choice is not None
     show_thinking: bool = False
     markdown: bool = True  # render answers on a terminal (--plain: raw text)
     input_history: bool = True  # the REPL's line history, kept across sessions

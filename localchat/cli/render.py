@@ -20,9 +20,9 @@ from localchat.backends import Message, Progress, ToolCall
 from localchat.cli.figures import stats_line
 from localchat.cli.markdown import MarkdownStream
 from localchat.cli.terminal import console, for_stream
-from localchat.conversation.jsonmode import pretty
 from localchat.conversation.result import Compaction, Listeners, TurnResult, TurnStatus
 from localchat.conversation.stats import TurnStats
+from localchat.grammar.formats import pretty
 from localchat.wording import count
 
 INDENT = 5  # "  1. ": where a message's text starts in /history and /preview
@@ -201,7 +201,8 @@ class ChatUI:
         elif status is TurnStatus.CUT:
             self.notice(self._cut_line(result, max_tokens))
         elif status is TurnStatus.INVALID:
-            self.error(f"invalid JSON reply, not added to history: {result.invalid}")
+            kind = "JSON reply" if result.invalid.startswith(("not JSON", "schema:")) else "reply"
+            self.error(f"invalid {kind}, not added to history: {result.invalid}")
         elif status is TurnStatus.UNRENDERABLE:
             self.error(f"the reply above was not added to history: {result.error}")
         elif status is TurnStatus.EMPTY:
@@ -213,7 +214,9 @@ class ChatUI:
                         f"{result.trimmed_for}{share}")
         if self.show_stats and not _failed_before_first_token(result):
             tools = [f"rounds {len(result.steps) + 1}", f"tools {result.tool_s:.2f}s"] if result.steps else []
-            self.err.print(stats_line(result.stats, tools), style="dim", markup=False)
+            self.err.print(stats_line(result.stats, [*tools, *result.notes]), style="dim", markup=False)
+        elif result.notes:
+            self.notice("; ".join(result.notes))
 
     def _cut_line(self, result: TurnResult, max_tokens: int) -> str:
         """Why a reply that did not stop was not kept: its length, a filter, or what the runtime said."""
@@ -275,6 +278,9 @@ class ChatUI:
         if s.get("tool_calls"):
             self.err.print(f"tool rounds {s['tool_rounds']} · tool calls {s['tool_calls']} · time inside tools "
                            f"{s['tool_s']:.2f}s (apart from the model's time above)", markup=False)
+        if s.get("mask_us_per_token") is not None:
+            self.err.print(f"grammar mask: {s['mask_us_per_token']:.0f} µs a token over {s['masked_tokens']} masked "
+                           "decoding steps (part of the decode time above)", markup=False)
         if s.get("draft_share") is not None:
             self.err.print(f"speculative decoding: {s['draft_tokens']} of the generated tokens came from the draft "
                            f"model and were kept ({s['draft_share']:.0%})", markup=False)

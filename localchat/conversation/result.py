@@ -51,6 +51,7 @@ class TurnResult:
     steps: tuple[ToolStep, ...] = ()  # the turn's earlier rounds: their calls and results, whole
     rounds: tuple[TurnStats, ...] = ()  # the figures of those rounds (``stats`` are the last one's)
     tool_s: float = 0.0  # time spent inside tools, apart from model time
+    notes: tuple[str, ...] = ()  # what the figures line adds (a server that did not enforce a format)
 
     @property
     def committed(self) -> bool:

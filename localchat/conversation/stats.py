@@ -17,7 +17,8 @@ from typing import Any
 
 from localchat.backends import Finished
 
-STATS_VERSION = 4  # 2: ttfa_s, reasoning_tokens, reasoning_estimated; 3: budget_tokens; 4: draft_tokens, cache_rebuilt
+STATS_VERSION = 5  # 2: ttfa_s, reasoning_tokens, reasoning_estimated; 3: budget_tokens; 4: draft_tokens,
+# cache_rebuilt; 5: mask_s, masked_tokens
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,8 @@ class TurnStats:
     budget_tokens: int | None = None  # the prompt's budget (--max-context-tokens or the model's window)
     draft_tokens: int | None = None  # speculative decoding: completion tokens the draft model proposed
     cache_rebuilt: bool = False  # the KV cache could not be trimmed (rotating, hybrid): rebuilt from a checkpoint
+    mask_s: float = 0.0  # time spent computing the grammar's masks (part of the decode time)
+    masked_tokens: int = 0  # decoding steps under the grammar
 
     @property
     def thought(self) -> bool:
@@ -71,7 +74,7 @@ _STORED_TYPES: dict[str, tuple[type, ...]] = {
     "reasoning_estimated": (bool,), "prefill_tps": _OPTIONAL_NUMBER, "decode_tps": _OPTIONAL_NUMBER,
     "peak_memory_gb": _OPTIONAL_NUMBER, "total_s": (int, float), "finish_reason": (str, type(None)),
     "estimated": (bool,), "runtime": (dict,), "budget_tokens": (int, type(None)),
-    "draft_tokens": (int, type(None)), "cache_rebuilt": (bool,),
+    "draft_tokens": (int, type(None)), "cache_rebuilt": (bool,), "mask_s": (int, float), "masked_tokens": (int,),
 }
 
 
@@ -165,6 +168,8 @@ class TurnClock:
             runtime=dict(done.runtime) if done else {},
             draft_tokens=done.draft_tokens if done else None,
             cache_rebuilt=done.cache_rebuilt if done else False,
+            mask_s=done.mask_s if done else 0.0,
+            masked_tokens=done.masked_tokens if done else 0,
         )
 
 
@@ -227,8 +232,15 @@ class Ledger:
             "tool_rounds": self.kinds.count("tool-round"),
             "tool_calls": self.tool_calls,
             "tool_s": self.tool_s,
+            **_masked(self.turns),
             **_drafted(self.turns),
         }
+
+
+def _masked(turns: list[TurnStats]) -> dict[str, float | int | None]:
+    """The grammar's cost: its mask time per masked decoding step, over the calls that masked."""
+    steps = sum(t.masked_tokens for t in turns)
+    return {"masked_tokens": steps, "mask_us_per_token": sum(t.mask_s for t in turns) / steps * 1e6 if steps else None}
 
 
 def _drafted(turns: list[TurnStats]) -> dict[str, float | int | None]:

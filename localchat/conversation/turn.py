@@ -21,7 +21,6 @@ from localchat.backends import Backend, GenerationParams, Message
 from localchat.conversation.compaction import CompactionPolicy
 from localchat.conversation.fitting import fit_results
 from localchat.conversation.history import NEXT_QUESTION, Conversation, ToolStep, Turn, validate_input
-from localchat.conversation.jsonmode import AnswerSchema
 from localchat.conversation.records import TurnRecorder
 from localchat.conversation.result import (
     Compaction,
@@ -36,6 +35,7 @@ from localchat.conversation.settings import TrimPolicy
 from localchat.conversation.stats import Ledger, TurnClock, stats_to_dict
 from localchat.conversation.tool_rounds import answer_with_tools
 from localchat.errors import OutputError, TerminationRequested, UsageError
+from localchat.grammar.formats import AnswerFormat
 from localchat.templates.render import TemplateError
 from localchat.templates.tool_formats import reads_as_call
 from localchat.tools.runner import ToolRunner
@@ -64,10 +64,11 @@ class ChatSession:
     use_history: bool = True
     trim: TrimPolicy = field(default_factory=TrimPolicy)
     ledger: Ledger = field(default_factory=Ledger)
-    schema: AnswerSchema | None = None
+    schema: AnswerFormat | None = None
     recorder: TurnRecorder | None = None
     compaction: CompactionPolicy | None = None  # automatic summary compaction (see ``compaction``)
     tools: ToolRunner | None = None  # the functions the model may call (see ``tool_rounds``)
+    _said_unenforced: bool = field(default=False, repr=False)
 
     def prepare(self) -> ChatSession:
         """Do now what the first turn would otherwise do inside its clock: load the model's template
@@ -75,6 +76,8 @@ class ChatSession:
         so that the first TTFT is the model's, not a one-time set-up's."""
         _ = self.backend.template
         self.known_budget()
+        if self.schema is not None and hasattr(self.backend, "prepare_answer"):
+            self.backend.prepare_answer(self.schema)  # a format that cannot be enforced: one line, no call
         return self
 
     def preview(self, prompt: str) -> list[Message]:
@@ -205,12 +208,20 @@ class ChatSession:
         if self.schema is not None:
             answer, invalid = self.schema.check(result.text)
             if invalid is not None:
-                return replace(result, status=TurnStatus.INVALID, invalid=invalid)
+                return replace(result, status=TurnStatus.INVALID, invalid=invalid, notes=self._unenforced())
             result = replace(result, answer=answer)
         if not self.use_history:
             return replace(result, status=TurnStatus.NOT_KEPT)
         refusal = self._refused_back(trim, result)
         return replace(result, status=TurnStatus.UNRENDERABLE, error=refusal) if refusal else result
+
+    def _unenforced(self) -> tuple[str, ...]:
+        """A server sent a reply that fails the format it was asked to enforce: said once a session."""
+        if self.backend.name != "server" or self._said_unenforced:
+            return ()
+        self._said_unenforced = True
+        field = "response_format" if self.schema.schema is not None else "guided_regex / guided_choice"
+        return (f"the server did not enforce {self.schema.described()} ({field} was sent)",)
 
     def _is_a_call(self, result: TurnResult) -> bool:
         """A reply that asked for tools: calls read from it, or (JSON mode aside) a whole reply in the

@@ -9,8 +9,8 @@ from typer.testing import CliRunner
 from localchat.backends import GenerationParams
 from localchat.cli.app import app
 from localchat.conversation.history import Conversation
-from localchat.conversation.jsonmode import (
-    AnswerSchema,
+from localchat.grammar.formats import (
+    AnswerFormat,
     default_schema,
     load_schema,
     with_instruction,
@@ -22,7 +22,7 @@ REMEMBER = "Remember the code harbor 17. Reply only OK."
 RECALL = "What was the code? Reply with the code only."
 
 
-def json_session(backend, schema: AnswerSchema) -> ChatSession:
+def json_session(backend, schema: AnswerFormat) -> ChatSession:
     return ChatSession(backend, Conversation(with_instruction("You are a helpful assistant.", schema)),
                        GenerationParams(max_tokens=32), schema=schema)
 
@@ -77,14 +77,35 @@ def test_single_prompt_json_pipes_only_json():
     assert "[TTFT" in result.stderr
 
 
-def test_single_prompt_invalid_json_exits_1_with_nothing_on_stdout(tmp_path):
+def test_a_model_that_would_write_the_wrong_json_writes_valid_json_under_the_mask(tmp_path):
+    """The demo was trained to answer {"answer": ...}; asked for {"n": integer} with that instruction,
+    its unconstrained reply is invalid (see ``--backend server`` below), and under the mask it validates."""
     schema_file = tmp_path / "n.json"
-    schema_file.write_text('{"type": "object", "required": ["n"], "properties": {"n": {"type": "integer"}}}')
+    schema_file.write_text('{"type": "object", "required": ["n"], "properties": {"n": {"type": "integer", "maximum": 99, '
+                           '"minimum": 0}}, "additionalProperties": false}')  # bounded: the answer ends in time
     result = runner.invoke(app, ["chat", "--json-schema", str(schema_file), "--system", 'Answer in JSON: {"answer": "..."}',
                                  REMEMBER])
-    assert result.exit_code == 1
-    assert result.stdout == ""
-    assert "invalid JSON reply, not added to history" in result.stderr
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout) == {"n": 17}  # the demo's copy circuit, inside the grammar
+
+
+def test_a_server_that_ignores_the_format_exits_1_and_the_figures_say_it_once(tmp_path):
+    from fakeserver import FakeServer, Reply, delta, sse
+
+    schema_file = tmp_path / "n.json"
+    schema_file.write_text('{"type": "object", "required": ["n"], "properties": {"n": {"type": "integer"}}}')
+    server = FakeServer()
+    server.chat(Reply(chunks=sse(delta('{"answer": "OK"}', "stop"))))
+    try:
+        result = runner.invoke(app, ["chat", "--backend", "server", "--base-url", server.base_url, "--json-schema",
+                                     str(schema_file)], input=f"{REMEMBER}\n{REMEMBER}\n/quit\n")
+    finally:
+        server.close()
+    assert result.stdout.count("{") == 0
+    assert result.stderr.count("invalid JSON reply, not added to history") == 2
+    assert result.stderr.count("the server did not enforce the JSON Schema n (response_format was sent)") == 1
+    sent = next(json.loads(body) for path, _, body in server.requests if path.endswith("completions"))
+    assert sent["response_format"]["json_schema"]["schema"]["required"] == ["n"]
 
 
 @pytest.mark.parametrize("content, needle", [

@@ -1,0 +1,124 @@
+"""An answer's format, and a family's tool calls, as llguidance grammars for one tokenizer.
+
+llguidance (chosen by measurement: ``scripts/compare_grammar_libraries.py``) reads the model's fast
+tokenizer itself, compiles a JSON Schema, a regular expression or a Lark grammar in milliseconds,
+and bounds the work a hostile grammar can cost (its parser limits). A grammar that cannot be
+compiled, or that admits no text at all, is refused here in one line naming it, before any model
+call. A call's grammar (``{"name": TOOL, "arguments": ARGS}`` between the family's markers, one
+alternative a tool, each with its own schema) is made for the families whose calls are that JSON
+(Qwen's ``<tool_call>``, which demo-tools writes).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from localchat.errors import UsageError
+from localchat.grammar.formats import AnswerFormat
+
+LEADING_SPACE = r"/[ \t\n]{0,4}/"  # a thinking model writes a line break or two after its reasoning
+JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+class GrammarError(UsageError):
+    """The format cannot be made into a grammar for this model (exit 2, before any call)."""
+
+
+@dataclass(frozen=True)
+class CallMarkers:
+    """How a family marks a call whose text is ``{"name", "arguments"}`` JSON."""
+
+    start: str
+    end: str
+
+
+def llg_tokenizer(tokenizer: Any, vocab_size: int | None = None) -> Any:
+    """llguidance's view of mlx_lm's ``TokenizerWrapper`` (about a second for a 49k vocabulary:
+    read once a model), with every token that ends a reply as its end."""
+    import llguidance.hf
+
+    inner = getattr(tokenizer, "_tokenizer", tokenizer)
+    ends = sorted(getattr(tokenizer, "eos_token_ids", None) or [inner.eos_token_id])
+    return llguidance.hf.from_tokenizer(inner, n_vocab=vocab_size, eos_token=ends)
+
+
+def _literal(text: str, llg: Any | None) -> str:
+    """A marker in Lark: its special token when it is one, else its text."""
+    if llg is not None:
+        ids = llg.tokenize_str(text)
+        if len(ids) == 1 and llg.is_special_token(ids[0]):
+            return f"<[{ids[0]}]>"
+    return json.dumps(text)
+
+
+def body_rule(fmt: AnswerFormat) -> str:
+    """The Lark right-hand side of the answer itself."""
+    if fmt.schema is not None:
+        return "%json " + json.dumps({**fmt.schema, "x-guidance": JSON_STYLE})
+    if fmt.pattern is not None:
+        return "/" + fmt.pattern.replace("/", "\\/") + "/"
+    return " | ".join(json.dumps(choice) for choice in fmt.choices)
+
+
+def call_schema(tools: list[dict[str, Any]]) -> dict[str, Any]:
+    """The JSON of one call: one alternative a tool, its name fixed, its arguments its schema."""
+    return {"anyOf": [{"type": "object", "properties": {
+        "name": {"const": tool["function"]["name"]}, "arguments": tool["function"]["parameters"]},
+        "required": ["name", "arguments"], "additionalProperties": False} for tool in tools]}
+
+
+def call_rule(tools: list[dict[str, Any]], markers: CallMarkers, llg: Any | None) -> str:
+    """One call, after its start marker: the JSON, then the end marker."""
+    return f'/\\n?/ %json {json.dumps({**call_schema(tools), "x-guidance": JSON_STYLE})} /\\n?/ ' \
+           f'{_literal(markers.end, llg)}'
+
+
+@dataclass(frozen=True)
+class Grammars:
+    """What the mask works with for one turn: the answer's grammar (or None: free text), the calls'
+    (or None: calls unconstrained), and the markers that open a call."""
+
+    answer: str | None
+    call: str | None
+    markers: CallMarkers | None
+
+
+def grammars(fmt: AnswerFormat | None, tools: list[dict[str, Any]], markers: CallMarkers | None,
+             llg: Any | None) -> Grammars:
+    """The turn's grammars. With both a format and tools, the answer is either the format or calls."""
+    from llguidance import LLMatcher
+
+    call = call_rule(tools, markers, llg) if tools and markers else None
+    answer = None
+    if fmt is not None:
+        lark = f"start: {LEADING_SPACE} body\nbody: {body_rule(fmt)}"
+        if call:
+            lark = (f"start: {LEADING_SPACE} (body | calls)\nbody: {body_rule(fmt)}\ncalls: call+\n"
+                    f"call: {_literal(markers.start, llg)} {call}")
+        answer = LLMatcher.grammar_from_lark(lark)
+    return Grammars(answer=answer, call=LLMatcher.grammar_from_lark(f"start: {call}") if call else None,
+                    markers=markers if call else None)
+
+
+def check(fmt: AnswerFormat, llg: Any | None) -> None:
+    """A ``GrammarError`` naming the format when it cannot be compiled, or (with the model's
+    tokenizer) when it admits no text at all; nothing when it can be enforced."""
+    from llguidance import LLMatcher
+
+    body = LLMatcher.grammar_from_lark(f"start: {body_rule(fmt)}")
+    error = LLMatcher.validate_grammar(body, llg)
+    if error:
+        raise GrammarError(f"{fmt.described()} cannot be enforced: {_first_line(error)}")
+    if llg is None:
+        return
+    matcher = LLMatcher(llg, body)
+    if matcher.is_error():
+        raise GrammarError(f"{fmt.described()} cannot be enforced: {_first_line(matcher.get_error())}")
+    if not matcher.is_accepting() and not any(matcher.compute_bitmask()):
+        raise GrammarError(f"{fmt.described()} matches no text at all: no answer could ever be written")
+
+
+def _first_line(text: str) -> str:
+    return " ".join(text.strip().splitlines()[0].split())[:240] if text.strip() else "(no reason given)"

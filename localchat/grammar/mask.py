@@ -1,0 +1,203 @@
+"""The mask, as an mlx_lm logits processor: ``(tokens so far, logits) → logits`` with every token
+that would not keep the answer a valid prefix set to minus infinity.
+
+The reply is read in regions, from the token ids alone: a thinking model's reasoning is free (the
+mask starts where the answer starts, after the close marker; at the very start, the open marker is
+allowed beside the answer's first tokens), the answer follows the answer's grammar, and a tool call
+after its start marker follows the calls' grammar. mlx_lm calls the processor once a decoding
+step, and with a draft model once a proposed position, so the token list may grow, or shrink back
+after a rejected draft: the matchers are kept in step with it (llguidance rolls back), and the
+target model decides under the mask. A mask that leaves no token allowed ends the turn
+(``DeadEnd``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from localchat.errors import LocalchatError
+from localchat.grammar.compile import Grammars
+
+
+class DeadEnd(LocalchatError):
+    """The grammar allows no next token (or the model's tokens left it): the turn ends here."""
+
+
+@dataclass
+class Reasoning:
+    """A think format's markers as token ids, and whether the prompt opened the block."""
+
+    open_ids: tuple[int, ...]
+    close_ids: tuple[int, ...]
+    opened: bool = False
+
+
+@dataclass
+class _Tracked:
+    """A matcher and the tokens it has consumed (what the next call is compared with)."""
+
+    matcher: Any
+    consumed: list[int] = field(default_factory=list)
+
+    def follow(self, tokens: list[int]) -> None:
+        """Consume ``tokens``, rolling back what no longer matches them."""
+        same = 0
+        for a, b in zip(self.consumed, tokens):
+            if a != b:
+                break
+            same += 1
+        if same < len(self.consumed):
+            self.matcher.rollback(len(self.consumed) - same)
+            del self.consumed[same:]
+        new = tokens[same:]
+        if new:
+            self.matcher.consume_tokens(new)
+            self.consumed.extend(new)
+
+
+class MaskedDecoding:
+    """One reply's processor; ``offset`` is how many leading ids of the list mlx_lm passes are not
+    the reply's (the prompt it fed; 1 with a draft model); ``decode`` reads ids as text."""
+
+    def __init__(self, llg: Any, grammars: Grammars, *, offset: int, decode: Any, reasoning: Reasoning | None = None):
+        from llguidance import LLMatcher
+
+        self.llg, self.grammars, self.offset, self.decode, self.reasoning = llg, grammars, offset, decode, reasoning
+        self._answer = _Tracked(LLMatcher(llg, grammars.answer)) if grammars.answer else None
+        self._calls: dict[int, _Tracked] = {}  # a call's matcher, by where its tokens start
+        self._marker_at: dict[tuple[int, ...], bool] = {}  # whether a window of tokens ends with a start marker
+        self.mask_s, self.masked = 0.0, 0
+
+    def __call__(self, tokens: Any, logits: Any) -> Any:
+        reply = tokens.tolist()[self.offset:] if tokens.size > self.offset else []
+        started = time.perf_counter()
+        allowed = self._allowed(reply)
+        if allowed is None:
+            return logits
+        out = self._apply(allowed, logits)
+        self.mask_s += time.perf_counter() - started
+        self.masked += 1
+        return out
+
+    def _allowed(self, reply: list[int]) -> Any:
+        """The next token's bitmask (numpy), or None when the next token is free."""
+        start, forced = self._answer_start(reply)
+        if forced is not None:
+            return self._only(forced)
+        if start is None:
+            return None
+        answer = reply[start:]
+        if self._answer is not None:
+            return self._mask_of(self._answer, answer, also=self._open_marker(start, answer))
+        call = self._open_call(answer)
+        return self._mask_of(call[0], answer[call[1]:]) if call else None
+
+    def _answer_start(self, reply: list[int]) -> tuple[int | None, int | None]:
+        """Where the answer starts in ``reply`` (None: still reasoning), or the marker token that
+        must come next (an open marker begun)."""
+        r = self.reasoning
+        if r is None:
+            return 0, None
+        inside = r.opened
+        if not inside and reply[:len(r.open_ids)] == list(r.open_ids):
+            inside, after = True, len(r.open_ids)
+        elif not inside and 0 < len(reply) < len(r.open_ids) and reply == list(r.open_ids[:len(reply)]):
+            return None, r.open_ids[len(reply)]
+        else:
+            after = 0
+        if not inside:
+            return 0, None
+        close = _find(reply, r.close_ids, after)
+        return (close + len(r.close_ids), None) if close is not None else (None, None)
+
+    def _open_marker(self, start: int, answer: list[int]) -> int | None:
+        """At the very start of a reply that could think, the open marker's first token too."""
+        r = self.reasoning
+        return r.open_ids[0] if r is not None and not r.opened and start == 0 and not answer else None
+
+    def _open_call(self, answer: list[int]) -> tuple[_Tracked, int] | None:
+        """The call being written (its matcher, where its tokens start), if a start marker came last
+        and its call has not ended yet."""
+        markers = self.grammars.markers
+        if markers is None or self.grammars.call is None:
+            return None
+        starts = [position + 1 for position in range(len(answer)) if self._ends_marker(answer, position, markers.start)]
+        if not starts:
+            return None
+        begin = starts[-1]
+        tracked = self._calls.setdefault(begin, self._new_call())
+        tracked.follow(answer[begin:])
+        return None if tracked.matcher.is_accepting() else (tracked, begin)
+
+    def _ends_marker(self, answer: list[int], position: int, marker: str) -> bool:
+        """Whether the token at ``position`` completes the start marker (remembered by the tokens
+        themselves: a rejected draft may put others at the same place)."""
+        window = tuple(answer[max(0, position - len(marker)):position + 1])
+        if window not in self._marker_at:
+            self._marker_at[window] = self.decode(list(window)).endswith(marker)
+        return self._marker_at[window]
+
+    def _new_call(self) -> _Tracked:
+        from llguidance import LLMatcher
+
+        return _Tracked(LLMatcher(self.llg, self.grammars.call))
+
+    def _mask_of(self, tracked: _Tracked, tokens: list[int], also: int | None = None) -> Any:
+        import llguidance.numpy as llg_numpy
+
+        if tokens and tokens[-1] in self.llg.eos_tokens:
+            return None  # the reply has ended: this step's token is never used
+        tracked.follow(tokens)
+        matcher = tracked.matcher
+        if matcher.is_stopped():  # the answer is whole: only its end may follow
+            return self._only(*self.llg.eos_tokens)
+        if matcher.is_error():
+            raise DeadEnd(f"the reply left the format it must follow ({_first_line(matcher.get_error())})")
+        mask = llg_numpy.allocate_token_bitmask(1, self.llg.vocab_size)
+        llg_numpy.fill_next_token_bitmask(matcher, mask)
+        if also is not None:
+            _set_bit(mask, also)
+        if not mask.any():
+            raise DeadEnd("the format allows no next token here: the answer cannot go on")
+        return mask
+
+    def _only(self, *tokens: int) -> Any:
+        import llguidance.numpy as llg_numpy
+
+        mask = llg_numpy.allocate_token_bitmask(1, self.llg.vocab_size)
+        mask[:] = 0
+        for token in tokens:
+            _set_bit(mask, token)
+        return mask
+
+    @staticmethod
+    def _apply(bitmask: Any, logits: Any) -> Any:
+        import mlx.core as mx
+        import numpy as np
+
+        width = logits.shape[-1]
+        bits = np.unpackbits(bitmask.view(np.uint8), bitorder="little")[:width]
+        if bits.size < width:  # a model whose vocabulary has padding rows: they are never allowed
+            bits = np.pad(bits, (0, width - bits.size))
+        return mx.where(mx.array(bits.astype(bool)), logits, mx.array(-float("inf"), dtype=logits.dtype))
+
+
+def _set_bit(mask: Any, token: int) -> None:
+    """Allow ``token`` in a bitmask of int32 words (bit 31 set through an unsigned view)."""
+    import numpy as np
+
+    mask.view(np.uint32)[0, token // 32] |= np.uint32(1 << (token % 32))
+
+
+def _find(ids: list[int], marker: tuple[int, ...], start: int) -> int | None:
+    n = len(marker)
+    for i in range(start, len(ids) - n + 1):
+        if tuple(ids[i:i + n]) == marker:
+            return i
+    return None
+
+
+def _first_line(text: str) -> str:
+    return " ".join(text.strip().splitlines()[0].split())[:200] if text.strip() else "no reason given"
