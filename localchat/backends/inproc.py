@@ -201,10 +201,12 @@ class InProcessBackend:
         check_tool_support(self.template, self.model_id)
         self.template.tools = list(tools)
 
-    def prepare_answer(self, fmt: AnswerFormat) -> None:
-        """Check now, before any call, that the format can be enforced for this model (and read the
-        tokenizer the mask needs, outside any turn's clock)."""
-        self.grammar.check(fmt)
+    def prepare_answer(self, fmt: AnswerFormat | None) -> None:
+        """Check now, before any call, that the format can be enforced for this model, and read the
+        tokenizer the mask needs (a format, or tool calls) outside any turn's clock."""
+        if fmt is not None:
+            self.grammar.check(fmt)
+        _ = self.grammar.llg
 
     def stream(self, messages: list[Message], params: GenerationParams) -> Iterator[Event]:
         import mlx.core as mx
@@ -222,7 +224,8 @@ class InProcessBackend:
         splitter = ReplySplitter.for_prompt(traits.reasoning, self.tokenizer, prompt_ids, tool_format=traits.tool_format,
                                             tools=self.template.tools)
         masking = self.grammar.for_reply(params.answer, self.template.tools, traits, prompt_ids,
-                                         offset=1 if self.draft_model is not None else len(prompt_ids) - cached)
+                                         offset=1 if self.draft_model is not None else len(prompt_ids) - cached,
+                                         drafting=self.draft_model is not None)
         processors = [*(logits_processors_for(params, prompt_ids[:cached]) or []), *([masking] if masking else [])]
         generated: list[int] = []
         drafted = 0

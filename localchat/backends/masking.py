@@ -50,7 +50,7 @@ class GrammarSetup:
         return Reasoning(ids[0], ids[1], opened=opens_reasoning(self.tokenizer, prompt_ids, fmt))
 
     def for_reply(self, fmt: AnswerFormat | None, tools: list[dict[str, Any]], traits: TemplateTraits,
-                  prompt_ids: list[int], offset: int) -> MaskedDecoding | None:
+                  prompt_ids: list[int], offset: int, drafting: bool = False) -> MaskedDecoding | None:
         """The processor of one reply, or None when nothing is enforced (no format; no tools whose
         calls a grammar reads)."""
         markers = self.call_markers(traits) if tools else None
@@ -58,6 +58,7 @@ class GrammarSetup:
             return None
         if traits.reasoning is not None and traits.reasoning.name != "think":
             return None  # harmony's channels: the answer is checked after it is written, not masked
-        made = grammars(fmt, tools, markers, self.llg)
-        return MaskedDecoding(self.llg, made, offset=offset, decode=self.tokenizer.decode,
-                              reasoning=self.reasoning(traits, prompt_ids))
+        reasoning = self.reasoning(traits, prompt_ids)
+        made = grammars(fmt, tools, markers, self.llg, after_reasoning=reasoning is not None)
+        return MaskedDecoding(self.llg, made, offset=offset, decode=self.tokenizer.decode, reasoning=reasoning,
+                              drafting=drafting)

@@ -145,12 +145,13 @@ class ServerBackend:
         if self.template is not None:
             self.template.tools = self.tools
 
-    def prepare_answer(self, fmt: AnswerFormat) -> None:
+    def prepare_answer(self, fmt: AnswerFormat | None) -> None:
         """A format the grammar library cannot compile is refused before any request (the server may
         not enforce it; the reply is checked here all the same)."""
         from localchat.grammar.compile import check
 
-        check(fmt, None)
+        if fmt is not None:
+            check(fmt, None)
 
     def request_body(self, messages: list[Message], params: GenerationParams, stream: bool = True) -> dict:
         body: dict[str, Any] = {

@@ -76,7 +76,7 @@ class ChatSession:
         so that the first TTFT is the model's, not a one-time set-up's."""
         _ = self.backend.template
         self.known_budget()
-        if self.schema is not None and hasattr(self.backend, "prepare_answer"):
+        if (self.schema is not None or self.tools is not None) and hasattr(self.backend, "prepare_answer"):
             self.backend.prepare_answer(self.schema)  # a format that cannot be enforced: one line, no call
         return self
 

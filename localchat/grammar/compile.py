@@ -86,16 +86,18 @@ class Grammars:
 
 
 def grammars(fmt: AnswerFormat | None, tools: list[dict[str, Any]], markers: CallMarkers | None,
-             llg: Any | None) -> Grammars:
-    """The turn's grammars. With both a format and tools, the answer is either the format or calls."""
+             llg: Any | None, after_reasoning: bool = False) -> Grammars:
+    """The turn's grammars. With both a format and tools, the answer is either the format or calls;
+    after reasoning, a few line breaks may come first (what a thinking model writes after it)."""
     from llguidance import LLMatcher
 
     call = call_rule(tools, markers, llg) if tools and markers else None
+    space = f"{LEADING_SPACE} " if after_reasoning else ""
     answer = None
     if fmt is not None:
-        lark = f"start: {LEADING_SPACE} body\nbody: {body_rule(fmt)}"
+        lark = f"start: {space}body\nbody: {body_rule(fmt)}"
         if call:
-            lark = (f"start: {LEADING_SPACE} (body | calls)\nbody: {body_rule(fmt)}\ncalls: call+\n"
+            lark = (f"start: {space}(body | calls)\nbody: {body_rule(fmt)}\ncalls: call+\n"
                     f"call: {_literal(markers.start, llg)} {call}")
         answer = LLMatcher.grammar_from_lark(lark)
     return Grammars(answer=answer, call=LLMatcher.grammar_from_lark(f"start: {call}") if call else None,
@@ -114,9 +116,10 @@ def check(fmt: AnswerFormat, llg: Any | None) -> None:
     if llg is None:
         return
     matcher = LLMatcher(llg, body)
-    if matcher.is_error():
+    mask = matcher.compute_bitmask()  # an empty language shows only here: the matcher finds no way on
+    if matcher.is_error() and "NoExtension" not in matcher.get_error():
         raise GrammarError(f"{fmt.described()} cannot be enforced: {_first_line(matcher.get_error())}")
-    if not matcher.is_accepting() and not any(matcher.compute_bitmask()):
+    if matcher.is_error() or (not matcher.is_accepting() and not any(mask)):
         raise GrammarError(f"{fmt.described()} matches no text at all: no answer could ever be written")
 
 

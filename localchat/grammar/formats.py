@@ -27,6 +27,7 @@ DEFAULT_SCHEMA: dict[str, Any] = {
     "additionalProperties": False,
 }
 MAX_CHOICES = 1000
+LEADING = re.compile(r"^[ \t\n]{0,4}")  # what the grammar lets come before an answer after reasoning
 MAX_PATTERN_CHARS = 2000
 
 
@@ -63,8 +64,9 @@ class AnswerFormat:
 
     def check(self, text: str) -> tuple[Any, str | None]:
         """The parsed reply and None, or None and a one-line reason it is not acceptable."""
-        if self.pattern is not None:
-            return (text, None) if re.fullmatch(self.pattern, text) else (None, f"it does not match {self.pattern}")
+        if self.pattern is not None:  # the line breaks a thinking model writes after its reasoning aside
+            matched = re.fullmatch(self.pattern, text) or re.fullmatch(self.pattern, LEADING.sub("", text))
+            return (text, None) if matched else (None, f"it does not match {self.pattern}")
         if self.schema is None:
             shown = ", ".join(self.choices)
             return (text.strip(), None) if text.strip() in self.choices else (None, f"it is not one of: {shown}")

@@ -42,7 +42,8 @@ class _Tracked:
     consumed: list[int] = field(default_factory=list)
 
     def follow(self, tokens: list[int]) -> None:
-        """Consume ``tokens``, rolling back what no longer matches them."""
+        """Consume ``tokens``, rolling back what no longer matches them; once the grammar has ended
+        (a call's end marker), what follows is not its own."""
         same = 0
         for a, b in zip(self.consumed, tokens):
             if a != b:
@@ -51,27 +52,36 @@ class _Tracked:
         if same < len(self.consumed):
             self.matcher.rollback(len(self.consumed) - same)
             del self.consumed[same:]
-        new = tokens[same:]
-        if new:
-            self.matcher.consume_tokens(new)
-            self.consumed.extend(new)
+        for token in tokens[same:]:
+            if self.matcher.is_stopped():
+                break
+            self.matcher.consume_token(token)
+            self.consumed.append(token)
 
 
 class MaskedDecoding:
     """One reply's processor; ``offset`` is how many leading ids of the list mlx_lm passes are not
     the reply's (the prompt it fed; 1 with a draft model); ``decode`` reads ids as text."""
 
-    def __init__(self, llg: Any, grammars: Grammars, *, offset: int, decode: Any, reasoning: Reasoning | None = None):
+    def __init__(self, llg: Any, grammars: Grammars, *, offset: int, decode: Any, reasoning: Reasoning | None = None,
+                 drafting: bool = False):
         from llguidance import LLMatcher
 
         self.llg, self.grammars, self.offset, self.decode, self.reasoning = llg, grammars, offset, decode, reasoning
+        self.drafting = drafting  # with a draft model the list may shrink back: read it whole each time
+        self._reply: list[int] = []
         self._answer = _Tracked(LLMatcher(llg, grammars.answer)) if grammars.answer else None
         self._calls: dict[int, _Tracked] = {}  # a call's matcher, by where its tokens start
         self._marker_at: dict[tuple[int, ...], bool] = {}  # whether a window of tokens ends with a start marker
         self.mask_s, self.masked = 0.0, 0
 
     def __call__(self, tokens: Any, logits: Any) -> Any:
-        reply = tokens.tolist()[self.offset:] if tokens.size > self.offset else []
+        """The model's forward pass is set running first; the mask is computed while it runs (it
+        needs the token just chosen, which that pass does not wait for), then applied."""
+        import mlx.core as mx
+
+        mx.async_eval(logits)
+        reply = self._read(tokens)
         started = time.perf_counter()
         allowed = self._allowed(reply)
         if allowed is None:
@@ -80,6 +90,15 @@ class MaskedDecoding:
         self.mask_s += time.perf_counter() - started
         self.masked += 1
         return out
+
+    def _read(self, tokens: Any) -> list[int]:
+        """The reply's ids so far; without a draft the list only grows, one id a step."""
+        size = tokens.size - self.offset
+        if not self.drafting and size == len(self._reply) + 1:
+            self._reply.append(tokens[-1].item())
+        elif size != len(self._reply) or self.drafting:
+            self._reply = tokens.tolist()[self.offset:] if size > 0 else []
+        return self._reply
 
     def _allowed(self, reply: list[int]) -> Any:
         """The next token's bitmask (numpy), or None when the next token is free."""
@@ -151,10 +170,10 @@ class MaskedDecoding:
             return None  # the reply has ended: this step's token is never used
         tracked.follow(tokens)
         matcher = tracked.matcher
+        if matcher.is_error():  # (an errored matcher says it has stopped, too)
+            raise DeadEnd(f"the reply left the format it must follow ({_first_line(matcher.get_error())})")
         if matcher.is_stopped():  # the answer is whole: only its end may follow
             return self._only(*self.llg.eos_tokens)
-        if matcher.is_error():
-            raise DeadEnd(f"the reply left the format it must follow ({_first_line(matcher.get_error())})")
         mask = llg_numpy.allocate_token_bitmask(1, self.llg.vocab_size)
         llg_numpy.fill_next_token_bitmask(matcher, mask)
         if also is not None:
