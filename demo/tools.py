@@ -237,7 +237,9 @@ def model_card(report: dict, card: dict) -> str:
     return f"""# demo-tools: the demo model, taught to call a tool
 
 The bundled demo model fine-tuned ({STAGES}) to call `add` from
-`examples/tools/add.py` when asked for a sum, in English and Chinese, and to answer from its result:
+`examples/tools/add.py` when asked for a sum, in English and Chinese, and to answer from its result;
+the sixth stage taught it to call the adding tool by the name it is offered under (`math_add` from
+the MCP server in `examples/mcp/add.json`):
 
     uv run localchat chat -m demo-tools --tools examples/tools/add.py "What is 12 plus 30?"
 
@@ -256,7 +258,10 @@ Held-out conversations, temperature 0 (the sums through localchat's own tool loo
 
 `call_*`: the first reply is exactly add(a, b) with the question's numbers; `answer_*`: then the
 answer holds the sum; `second_*`: both, for a second sum asked in the same conversation (half of the
-conversations with a system message, half without). Remake it (about {report['total_minutes']:.0f} minutes a stage
+conversations with a system message, half without); `named_*`: a first sum called and answered when
+the tool is offered under a held-out prefixed name (`xq_add`, as an MCP server's `SERVER_TOOL` name
+is), sometimes beside other tools. Calls are decoded under the call grammar (their arguments under
+`add`'s schema), as localchat runs them in-process. Remake it (about {report['total_minutes']:.0f} minutes a stage
 here). Each stage is deterministic for its seed, but the shipped weights' first stage taught an earlier wording of the
 answer and stages 1-4 taught sums with no earlier sum in the conversation (a second sum went
 uncalled: 0/20), so a remake is a model of the same kind, not the same bytes:

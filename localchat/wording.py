@@ -4,3 +4,19 @@
 def count(n: int, noun: str, plural: str | None = None) -> str:
     """``1 message``, ``2 messages`` (``plural`` where adding an s is wrong: ``2 processes``)."""
     return f"{n} {noun}" if n == 1 else f"{n} {plural or noun + 's'}"
+
+
+def ago(stamp: str) -> str:
+    """How long ago a stored time (``2026-12-03 17:40:00``, local) was: ``3 min ago``, ``2 days ago``."""
+    import time
+
+    try:
+        then = time.mktime(time.strptime(stamp, "%Y-%m-%d %H:%M:%S"))
+    except (TypeError, ValueError):
+        return stamp or "?"
+    seconds = max(0.0, time.time() - then)
+    for size, unit in ((86400, "day"), (3600, "h"), (60, "min")):
+        if seconds >= size:
+            n = int(seconds // size)
+            return f"{count(n, unit) if unit == 'day' else f'{n} {unit}'} ago"
+    return "just now"

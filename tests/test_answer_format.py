@@ -9,13 +9,13 @@ from typer.testing import CliRunner
 from localchat.backends import GenerationParams
 from localchat.cli.app import app
 from localchat.conversation.history import Conversation
+from localchat.conversation.turn import ChatSession
 from localchat.grammar.formats import (
     AnswerFormat,
     default_schema,
     load_schema,
     with_instruction,
 )
-from localchat.conversation.turn import ChatSession
 
 runner = CliRunner()
 REMEMBER = "Remember the code harbor 17. Reply only OK."

@@ -33,7 +33,7 @@ def turn(child: pexpect.spawn, line: str) -> None:
 
 
 def test_ctrl_c_at_the_prompt_clears_the_line_and_leaving_unsaved_turns_is_said(tmp_path):
-    child = spawn(home=tmp_path)
+    child = spawn("--no-log", home=tmp_path)  # kept as it happens, nothing is unsaved: --no-log asks
     turn(child, REMEMBER)
     child.send("half typed")
     child.sendintr()
@@ -50,7 +50,7 @@ def test_ctrl_c_at_the_prompt_clears_the_line_and_leaving_unsaved_turns_is_said(
     child.close()
     assert child.exitstatus == 0
 
-    child = spawn(home=tmp_path)
+    child = spawn("--no-log", home=tmp_path)
     turn(child, "Hello")
     child.sendeof()
     child.expect_exact("1 turn not saved")
@@ -63,8 +63,11 @@ def test_ctrl_c_at_the_prompt_clears_the_line_and_leaving_unsaved_turns_is_said(
 
 def test_a_script_leaves_at_once_saying_what_was_not_saved(tmp_path, monkeypatch):
     monkeypatch.setenv("LOCALCHAT_HOME", str(tmp_path))
-    result = runner.invoke(app, ["chat"], input="Hello\n/quit\n")
+    result = runner.invoke(app, ["chat", "--no-log"], input="Hello\n/quit\n")
     assert result.exit_code == 0 and "left without saving 1 turn" in result.stderr
+    kept = runner.invoke(app, ["chat"], input="Hello\n/quit\n")
+    assert kept.exit_code == 0 and "left without saving" not in kept.stderr and "(1 turn)" in kept.stderr
+    assert "continue later with: localchat chat --continue" in kept.stderr
 
 
 def test_smoke_times_the_stream_on_the_chats_clock(tmp_path):

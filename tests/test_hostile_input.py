@@ -231,7 +231,7 @@ def test_two_resumes_of_one_name_at_once_both_finish_and_leave_a_valid_session(s
                enumerate(children)]
     for child, (_, err) in zip(children, outputs):
         assert child.returncode == 0 and b"Traceback" not in err, err.decode()
-        assert b"updated 's' (2 turns)" in err
+        assert b"kept 's' (2 turns)" in err
     shown = runner.invoke(app, ["sessions", "show", "s"])
     assert shown.exit_code == 0 and "Hello number" in shown.stdout
     assert json.loads(read_metadata(saved_home / "kv-cache" / "s.safetensors")["ids"])  # whole, readable

@@ -207,7 +207,8 @@ def test_repl_compact_pins_and_uncompact(demo):
 def test_a_saved_session_with_notes_and_pins_resumes_to_the_same_preview(demo, tmp_path, monkeypatch):
     from localchat.cli.chat import conversation_for
     from localchat.cli.options import ChatOptions
-    from localchat.store.saved_sessions import SessionSaver, SessionStore
+    from localchat.store.keeper import SessionSaver
+    from localchat.store.saved_sessions import SessionStore
 
     chat = scripted_chat(demo, budget=400)
     chat.pin("the user is Mei")

@@ -409,3 +409,25 @@ def test_bench_runs_mcp_tools_unattended_only_with_approve_tools(home, tmp_path)
         server.close()
     assert refused.exit_code == 2 and "needs --approve-tools" in refused.stderr
     assert bench.exit_code == 0 and "tools: 1 calls in 1 rounds" in " ".join(bench.stdout.split()), bench.stderr
+
+
+# --- the issue's own command: demo-tools calls add in a real MCP server process ---------------------------
+
+@pytest.fixture(scope="module")
+def demo_tools_server(tmp_path_factory):
+    from servers import serving
+
+    with serving("demo-tools", tmp_path_factory.mktemp("server")) as server:
+        yield server
+
+
+@pytest.mark.parametrize("backend", ["inproc", "server"])
+def test_demo_tools_calls_add_in_the_example_mcp_server_and_answers_42(home, monkeypatch, backend, request):
+    monkeypatch.chdir(ROOT)  # examples/mcp/add.json names its server's script relative to the checkout
+    where = ["--backend", "server", "--base-url", request.getfixturevalue("demo_tools_server").base_url] \
+        if backend == "server" else []
+    done = runner.invoke(app, ["chat", "-m", "demo-tools", *where, "--mcp", "examples/mcp/add.json", "--approve-tools",
+                               "What is 12 plus 30?"])
+    assert done.exit_code == 0 and done.stdout == "The answer is 42.\n", done.stderr
+    assert '→ math_add({"a": 12, "b": 30})' in done.stderr and "← 42" in done.stderr
+    assert "add(12, 30) = 42" in next((home / "logs").glob("mcp-math-*.log")).read_text()  # ran in the server

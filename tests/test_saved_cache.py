@@ -17,8 +17,9 @@ from localchat.backends.saved_cache import model_fingerprint
 from localchat.cli.app import app
 from localchat.conversation.history import Conversation
 from localchat.conversation.turn import ChatSession
+from localchat.store.keeper import SessionSaver
 from localchat.store.kv_files import CacheFiles, parse_size, read_metadata
-from localchat.store.saved_sessions import SessionSaver, SessionStore
+from localchat.store.saved_sessions import SessionStore
 from localchat.store.session_cache import SessionCaches, restore_cache
 from tests.conftest import DEMO_DIR
 
@@ -165,11 +166,11 @@ def test_save_resume_show_and_remove_from_the_command_line(tmp_path, monkeypatch
     assert "KV cache loaded: " in second.stderr, second.stderr
     held = int(second.stderr.split("KV cache loaded: ")[1].split(" ")[0])
     assert f"(cached {held})" in second.stderr  # the figures line: only the new message was prefilled
-    assert "updated 'c1' (2 turns) with its KV cache" in second.stderr  # leaving a resumed session saves it
+    assert "kept 'c1' (2 turns) with its KV cache" in second.stderr  # leaving keeps it, with its cache
     unchanged = runner.invoke(app, ["chat", "--resume", "c1"], input="/quit\n")
     assert "KV cache loaded" in unchanged.stderr and "updated" not in unchanged.stderr
     pinned = runner.invoke(app, ["chat", "--resume", "c1", "--no-save-cache"], input="/pin I like tea.\n/quit\n")
-    assert "updated 'c1' (2 turns); continue" in pinned.stderr  # a pin is a change; no cache this time
+    assert "kept 'c1' (2 turns); continue" in pinned.stderr  # a pin is a change; no cache this time
     assert not (home / "kv-cache" / "c1.safetensors").exists()
     assert "I like tea." in runner.invoke(app, ["sessions", "export", "c1", "--format", "json"]).stdout
     runner.invoke(app, ["chat", "--resume", "c1"], input=f"{QUESTION}\n/quit\n")

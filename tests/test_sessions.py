@@ -13,6 +13,7 @@ from localchat.conversation.history import Turn
 from localchat.conversation.stats import TurnStats
 from localchat.store import saved_sessions as sessions
 from localchat.store.saved_sessions import SavedSession, SessionStore, StoreError
+from localchat.store.schema import MIGRATIONS
 
 runner = CliRunner()
 REMEMBER = "Remember the code harbor 17. Reply only OK."
@@ -147,7 +148,7 @@ def test_newer_schema_is_refused(tmp_path):
     db = tmp_path / "s.sqlite3"
     SessionStore(db).save(saved())
     with sqlite3.connect(db) as conn:
-        conn.execute(f"PRAGMA user_version = {len(sessions.MIGRATIONS) + 1}")
+        conn.execute(f"PRAGMA user_version = {len(MIGRATIONS) + 1}")
     with pytest.raises(StoreError, match="newer than this localchat understands"):
         SessionStore(db).load("s")
 

@@ -18,10 +18,10 @@ from localchat.backends.reply import ReplySplitter
 from localchat.cli.render import ChatUI
 from localchat.cli.repl import Repl
 from localchat.conversation.history import Conversation, Turn
-from localchat.grammar.formats import default_schema
 from localchat.conversation.turn import ChatSession, TurnStatus
+from localchat.grammar.formats import default_schema
 from localchat.registry import PACKAGE_DIR
-from localchat.store import saved_sessions, session_export
+from localchat.store import keeper, saved_sessions, schema, session_export
 from localchat.templates.formats import think_markers
 
 THINK_DIR = PACKAGE_DIR / "demo_think_model"
@@ -296,12 +296,12 @@ def test_saved_sessions_keep_the_reasoning_and_old_databases_migrate(tmp_path, t
     chat.ask(REMEMBER)
     old = tmp_path / "old.sqlite3"
     conn = sqlite3.connect(old)
-    conn.executescript(saved_sessions.MIGRATIONS[0])
+    conn.executescript(schema.MIGRATIONS[0])
     conn.execute("PRAGMA user_version = 1")
     conn.commit()
     conn.close()
     store = saved_sessions.SessionStore(old)
-    saver = saved_sessions.SessionSaver(store, "uid-1", "demo-think")
+    saver = keeper.SessionSaver(store, "uid-1", "demo-think")
     saver.save(chat, "thought")
     loaded = store.load("thought")
     assert loaded.turns[0].reasoning == chat.conversation.turns[0].reasoning != ""

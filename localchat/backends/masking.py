@@ -23,8 +23,9 @@ JSON_CALL_PARSER = "mlx_lm.tool_parsers.json_tools"  # calls written as {"name",
 class GrammarSetup:
     """The mask's side of one loaded model."""
 
-    def __init__(self, tokenizer: Any, vocab_size: int | None):
+    def __init__(self, tokenizer: Any, vocab_size: int | None, masks_calls: bool = True):
         self.tokenizer, self.vocab_size = tokenizer, vocab_size
+        self.masks_calls = masks_calls  # off only to measure what the call grammar does (bench_constrained)
 
     @cached_property
     def llg(self) -> Any:
@@ -53,7 +54,7 @@ class GrammarSetup:
                   prompt_ids: list[int], offset: int, drafting: bool = False) -> MaskedDecoding | None:
         """The processor of one reply, or None when nothing is enforced (no format; no tools whose
         calls a grammar reads)."""
-        markers = self.call_markers(traits) if tools else None
+        markers = self.call_markers(traits) if tools and self.masks_calls else None
         if fmt is None and markers is None:
             return None
         if traits.reasoning is not None and traits.reasoning.name != "think":

@@ -117,6 +117,43 @@ def sessions_export(
     run("localchat.cli.sessions:export_session", name=name, fmt=format.value)
 
 
+log_app = typer.Typer(help="Every conversation, kept as it happens: list, search (-q), show, remove.", cls=OneLineErrors,
+                      invoke_without_command=True, rich_markup_mode=None)
+app.add_typer(log_app, name="log")
+
+
+@log_app.callback()
+def log_list(
+    ctx: typer.Context,
+    query: Annotated[Optional[str], typer.Option("--query", "-q", metavar="TEXT", help="Search questions, answers and tool results (FTS5: words, \"a phrase\", pre*, a OR b, NEAR(a b)).")] = None,
+    model: Annotated[Optional[str], typer.Option("--model", "-m", metavar="MODEL", help="Only this model's conversations.")] = None,
+    since: Annotated[Optional[str], typer.Option(metavar="AGE", help="Only the last 30m, 12h, 2d, 3w.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print a machine-readable result.")] = False,
+    limit: Annotated[int, typer.Option(min=1, max=1000, help="At most this many lines.")] = 20,
+) -> None:
+    """The recent conversations, or with -q the turns that match, best first."""
+    if ctx.invoked_subcommand is None:
+        run("localchat.cli.log:show_log", console=out_console(), query=query, model=model, since=since,
+            as_json=as_json, limit=limit)
+
+
+@log_app.command("show")
+def log_show(conversation: Annotated[str, typer.Argument(metavar="ID", help="An id (or its start) from `localchat log`, or a name.")]) -> None:
+    """Every turn of one conversation, in order, with its figures."""
+    run("localchat.cli.log:show_entry", console=out_console(), key=conversation)
+
+
+@log_app.command("rm")
+def log_rm(
+    conversation: Annotated[Optional[str], typer.Argument(metavar="[ID]", help="An id (or its start), or a name.")] = None,
+    older_than: Annotated[Optional[str], typer.Option(metavar="AGE", help="Every conversation last kept before 30d, 12h… ago.")] = None,
+    everything: Annotated[bool, typer.Option("--all", help="Every conversation.")] = False,
+) -> None:
+    """Remove conversations from the log, with what resuming them needs and their KV caches."""
+    run("localchat.cli.log:remove_entries", console=err_console(), key=conversation, older_than=older_than,
+        everything=everything)
+
+
 @app.command("import")
 def import_cmd(
     file: Annotated[Optional[Path], typer.Argument(help="A GGUF file (llama.cpp, LM Studio, a download).",

@@ -19,6 +19,7 @@ from localchat.cli import outcomes
 from localchat.cli.options import ChatOptions
 from localchat.cli.render import ChatUI
 from localchat.cli.repl import REPL_COMMANDS, Repl
+from localchat.cli.resuming import resumed, resumed_line, resumed_tools_line
 from localchat.conversation.compaction import CompactionPolicy
 from localchat.conversation.history import Conversation, Summary, validate_input
 from localchat.conversation.records import TurnRecorder, new_session_id
@@ -39,10 +40,11 @@ from localchat.registry import (
     quantization_bits,
     resolve,
 )
-from localchat.store.home import records_dir
+from localchat.store.home import keeps_conversations, records_dir
+from localchat.store.keeper import SessionSaver, saved_state
 from localchat.store.kv_files import cache_files
-from localchat.store.saved_sessions import SavedSession, SessionSaver, default_store, saved_state
-from localchat.store.session_cache import SessionCaches, restore_cache
+from localchat.store.saved_sessions import SavedSession, default_store
+from localchat.store.session_cache import SessionCaches
 
 if TYPE_CHECKING:
     from localchat.tools.runner import ToolRunner
@@ -133,15 +135,6 @@ def answer_schema(opts: ChatOptions) -> AnswerFormat | None:
     return default_schema() if out.json_answer else None
 
 
-def resumed(opts: ChatOptions) -> SavedSession | None:
-    """The saved session to continue; its system message comes with it."""
-    if opts.storage.resume is None:
-        return None
-    if opts.generation.system is not None:
-        raise UsageError("--resume restores the saved system message: leave out --system")
-    return default_store().load(opts.storage.resume)
-
-
 def conversation_for(ref: ModelRef | None, opts: ChatOptions, schema: AnswerFormat | None,
                      saved: SavedSession | None, backend: Backend) -> Conversation:
     system = saved.system if saved else system_message(ref, opts)
@@ -152,25 +145,6 @@ def conversation_for(ref: ModelRef | None, opts: ChatOptions, schema: AnswerForm
         conversation.pins = list(saved.pins)
         conversation.summary = Summary(saved.summary) if saved.summary else None
     return conversation
-
-
-def resumed_line(saved: SavedSession, session: ChatSession, caches: SessionCaches) -> str:
-    """What was resumed, and whether its saved KV cache spares the first turn's prefill."""
-    notes = f", {len(saved.pins)} pin(s)" + (", notes of earlier turns" if saved.summary else "")
-    cache = restore_cache(session, saved.uid, saved.name, caches.files)
-    return f"resumed '{saved.name}': {len(saved.turns)} turn(s){notes}" + (f"; {cache}" if cache else "")
-
-
-def resumed_tools_line(saved: SavedSession, tools: ToolRunner | None) -> str | None:
-    """A session whose turns called tools, said so once: which it used, which are offered now."""
-    used = sorted({call["name"] for turn in saved.turns for step in turn.steps for call in step.calls})
-    if not used:
-        return None
-    offered = tools.names() if tools else []
-    missing = [name for name in used if name not in offered]
-    now = f"offered now: {', '.join(offered)}" if offered else "no tools are offered now"
-    hint = f" ({', '.join(missing)} not offered: resume with --tools FILE.py to offer them again)" if missing else ""
-    return f"'{saved.name}' was saved with tool calls to {', '.join(used)}; {now}{hint}"
 
 
 def compaction_policy(opts: ChatOptions, ui: ChatUI) -> CompactionPolicy:
@@ -304,7 +278,8 @@ def chat_with_ui(*, opts: ChatOptions, prompt: str | None, ui: ChatUI) -> TurnSt
         raise UsageError("--no-history is for the REPL: a single prompt has no history to leave out")
     text = read_prompt(prompt, opts.trim.max_input_chars) if prompt is not None else None
     schema = answer_schema(opts)
-    saved = resumed(opts)
+    keep = keeps_conversations(opts.storage.log)
+    saved = resumed(opts, ui)
     if saved and opts.model.model is None:
         opts = replace(opts, model=replace(opts.model, model=saved.model))
     recorder = TurnRecorder(path) if (path := records_dir(opts.storage.record)) else None
@@ -334,12 +309,13 @@ def chat_with_ui(*, opts: ChatOptions, prompt: str | None, ui: ChatUI) -> TurnSt
             ui.notice(line)
     if recorder:
         ui.info(f"recording turns in {recorder.directory} as {recorder.session_id}-NNNN-*.json")
+    saver = SessionSaver(default_store(), saved.uid if saved else new_session_id(),
+                         opts.model.model or (ref.id if ref else None), name=saved.name if saved else None,
+                         caches=caches, logging=keep,
+                         saved_state=saved_state(saved.turns, saved.pins, saved.summary) if saved else None)
+    saver.start(session)
     try:
         if text is None:
-            saver = SessionSaver(default_store(), saved.uid if saved else new_session_id(),
-                                 opts.model.model or (ref.id if ref else None), name=saved.name if saved else None,
-                                 caches=caches,
-                                 saved_state=saved_state(saved.turns, saved.pins, saved.summary) if saved else None)
             interactive = terminal()
             Repl(session, ui, read_line=line_reader(opts, ui) if interactive else input, saver=saver,
                  interactive=interactive, autosave=saved is not None,  # leaving a resumed session saves it again
@@ -347,6 +323,8 @@ def chat_with_ui(*, opts: ChatOptions, prompt: str | None, ui: ChatUI) -> TurnSt
             return None
         result = session.ask(text, ui.listeners(), ui.compaction)
         ui.end_turn(result, session.params.max_tokens)
+        if note := saver.kept(session):  # every accepted turn is kept as it commits
+            ui.notice(note)
         return result.status
     finally:
         ui.stop_waiting()  # a turn refused before any call (its one line follows) leaves no spinner

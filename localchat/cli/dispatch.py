@@ -48,11 +48,26 @@ def with_metavars(command: Any) -> Any:
     return command
 
 
+def resume_alone(args: list[str]) -> list[str]:
+    """``chat --resume`` with no name (at the end of the line, or before another option) as
+    ``--resume=``: pick one of the recent conversations (click has no option with an optional value)."""
+    out = []
+    for position, arg in enumerate(args):
+        if arg == "--":
+            return out + args[position:]
+        following = args[position + 1] if position + 1 < len(args) else None
+        if arg == "--resume" and (following is None or (following.startswith("-") and following != "-")):
+            arg = "--resume="
+        out.append(arg)
+    return out
+
+
 class OneLineErrors(TyperGroup):
     """Usage errors as one line (``error: … (see: localchat chat --help)``), exit 2, instead of
     click's usage block; every other outcome as click and Typer decide it."""
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        args = resume_alone(list(sys.argv[1:] if args is None else args))
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         try:

@@ -4,7 +4,8 @@ what a save did."""
 from __future__ import annotations
 
 from localchat.conversation.stats import TurnStats
-from localchat.store.saved_sessions import Saved
+from localchat.store.keeper import Saved
+from localchat.store.session_cache import CacheWrite
 from localchat.wording import count
 
 
@@ -13,6 +14,14 @@ def saved_line(saved: Saved, turns: int) -> str:
     cache = f" {saved.cache.describe()}" if saved.cache else ""
     return (f"{'updated' if saved.replaced else 'saved'} '{saved.name}' ({count(turns, 'turn')}){cache}; "
             f"continue later with: localchat chat --resume {saved.name}")
+
+
+def kept_line(name: str | None, uid: str, turns: int, cache: CacheWrite | None) -> str:
+    """What leaving a kept conversation did (its last state and KV cache), and how to continue."""
+    again = f"--resume {name}" if name else "--continue"
+    written = f" {cache.describe()}" if cache else ""
+    return (f"kept {repr(name) if name else uid} ({count(turns, 'turn')}){written}; continue later with: "
+            f"localchat chat {again}")
 
 
 def _memory(gb: float | None) -> str | None:

@@ -334,7 +334,10 @@ class OutputOptions:
 @dataclass(frozen=True)
 class StorageOptions:
     record: Path | None = None
-    resume: str | None = None
+    resume: str | None = None  # "": --resume alone (pick one of the recent conversations)
+    continue_latest: bool = False  # --continue
+    log: bool = True  # --no-log: this conversation is kept only by /save
+
     save_cache: bool = True  # /save writes the in-process KV cache beside the session
     cache_max_bytes: int | None = None  # None: config.yaml's cache_max_bytes, else the default
 

@@ -1,7 +1,8 @@
 """Where localchat keeps the user's things: the data directory and its optional config file.
 
 ``LOCALCHAT_HOME`` overrides the platform's user data directory (platformdirs), so tests and
-users with several setups can keep them apart. ``config.yaml`` there may set ``records_dir`` and ``cache_max_bytes``.
+users with several setups can keep them apart. ``config.yaml`` there may set ``records_dir``,
+``cache_max_bytes`` and ``log`` (false: conversations are kept only by /save).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 from localchat.errors import UsageError
 from localchat.yamlfile import read_yaml
 
-CONFIG_KEYS = {"records_dir", "cache_max_bytes"}
+CONFIG_KEYS = {"records_dir", "cache_max_bytes", "log"}
 
 
 def home_dir() -> Path:
@@ -51,3 +52,13 @@ def records_dir(option: Path | None) -> Path | None:
         return option
     configured = load_config().get("records_dir")
     return Path(str(configured)).expanduser() if configured else None
+
+
+def keeps_conversations(flag: bool) -> bool:
+    """Whether conversations are kept as they happen: ``--no-log`` and ``log: false`` say no."""
+    if not flag:
+        return False
+    configured = load_config().get("log", True)
+    if not isinstance(configured, bool):
+        raise UsageError(f"{home_dir() / 'config.yaml'}: log must be true or false, not {configured!r}")
+    return configured

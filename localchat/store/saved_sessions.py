@@ -1,15 +1,18 @@
-"""Saved conversations: one SQLite database in the user's localchat home.
+"""Conversations, kept in one SQLite database in the user's localchat home (``schema``).
 
-A saved session holds what resuming needs (system message, accepted turns with their figures,
-model, backend, generation parameters). Every write is one ``BEGIN IMMEDIATE`` transaction, so
-concurrent REPLs saving to the same file wait for each other (up to ``BUSY_TIMEOUT_S``) instead of
-interleaving; a database that cannot be read is reported and left untouched. The schema is
-versioned with ``PRAGMA user_version``; ``MIGRATIONS[i]`` upgrades version i to i + 1.
+Every conversation has a row (its ``uid``) with what resuming needs: system message, accepted turns
+with their figures, pins and notes, model, backend, generation parameters; it has a ``name`` once it
+is saved under one (``/save NAME``). Every accepted turn is also appended to the log
+(``conversation_log``), in the transaction that keeps the conversation's state. Every write is one
+``BEGIN IMMEDIATE`` transaction, so concurrent REPLs wait for each other (up to ``BUSY_TIMEOUT_S``,
+the database in WAL mode) instead of interleaving; a database that cannot be read is reported and
+left untouched. The file is the user's alone (0600, in a 0700 directory).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import time
 from collections.abc import Iterator, Sequence
@@ -21,45 +24,18 @@ from typing import Any
 from localchat import bounded_json
 from localchat.conversation.history import ToolStep, Turn
 from localchat.conversation.stats import stats_from_dict, stats_to_dict
-from localchat.conversation.turn import ChatSession
 from localchat.errors import LocalchatError, UsageError
-from localchat.store.session_cache import CacheWrite, SessionCaches, write_cache
+from localchat.store.schema import MIGRATIONS
 
 DB_NAME = "sessions.sqlite3"
 BUSY_TIMEOUT_S = 10.0
-MIGRATIONS = [
-    """
-    CREATE TABLE sessions (
-        id INTEGER PRIMARY KEY,
-        name TEXT NOT NULL UNIQUE,
-        uid TEXT NOT NULL,
-        created TEXT NOT NULL,
-        updated TEXT NOT NULL,
-        model TEXT,
-        backend TEXT NOT NULL,
-        system TEXT,
-        params TEXT NOT NULL
-    );
-    CREATE TABLE turns (
-        session_id INTEGER NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
-        position INTEGER NOT NULL,
-        user TEXT NOT NULL,
-        assistant TEXT NOT NULL,
-        stats TEXT,
-        PRIMARY KEY (session_id, position)
-    );
-    """,
-    "ALTER TABLE turns ADD COLUMN reasoning TEXT",  # a thinking model's reasoning, beside the answer
-    # pinned facts (a JSON list of texts) and the notes of a compaction, both after the system message
-    "ALTER TABLE sessions ADD COLUMN pins TEXT; ALTER TABLE sessions ADD COLUMN summary TEXT",
-    "ALTER TABLE turns ADD COLUMN steps TEXT",  # a turn's rounds of tool calls and their results (JSON)
-]
+COLUMNS = "id, name, uid, model, backend, system, params, created, updated, pins, summary"
 
 
 @dataclass(frozen=True)
 class SavedSession:
-    name: str
-    uid: str  # the conversation's identity: re-saving it updates, another one may not take its name
+    name: str | None  # None: a conversation kept, never saved under a name
+    uid: str  # the conversation's identity: keeping it again updates it, another one may not take its name
     model: str | None
     backend: str
     system: str | None
@@ -107,8 +83,7 @@ class SessionStore:
         if not write and not self.path.exists():
             raise SessionNotFound(f"no saved sessions yet ({self.path} does not exist)")
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+            conn = self._open()
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(f"cannot open the session database {self.path}: {exc}") from None
         try:
@@ -133,6 +108,20 @@ class SessionStore:
         finally:
             conn.close()
 
+    def _open(self) -> sqlite3.Connection:
+        """The database, made private first (0600 in a 0700 directory: the WAL files take its mode),
+        in WAL mode where it can be (two REPLs at once read while the other writes)."""
+        fresh = not self.path.exists()
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if fresh:
+            os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600))
+        conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+        except sqlite3.DatabaseError:  # read-only (the rollback journal then), or not a database: said next
+            pass
+        return conn
+
     def _migrate(self, conn: sqlite3.Connection) -> None:
         version = conn.execute("PRAGMA user_version").fetchone()[0]
         if version > len(MIGRATIONS):
@@ -144,64 +133,103 @@ class SessionStore:
                     conn.execute(statement)
             conn.execute(f"PRAGMA user_version = {number + 1}")
 
-    def save(self, session: SavedSession) -> bool:
-        """Insert or update ``session`` under its name; True when it replaced an earlier save.
-        A name held by a different conversation is refused, so no save overwrites another."""
+    def save(self, session: SavedSession, log: Sequence[Turn] = (), take_back: int = 0) -> bool:
+        """Keep ``session``'s state (its row, by uid; renamed when it has a new name), append the
+        ``log`` turns to its log and mark its last ``take_back`` logged turns as taken back, in one
+        transaction; True when a save under this name was replaced. A name held by a different
+        conversation is refused, so no save overwrites another."""
+        from localchat.store.conversation_log import append_turns, mark_taken_back
+
         with self._connect(write=True) as conn:
-            row = conn.execute("SELECT id, uid, created FROM sessions WHERE name = ?", (session.name,)).fetchone()
-            if row and row[1] != session.uid:
-                raise UsageError(f"another conversation is already saved as '{session.name}': pick another "
-                                 f"name, or remove it first (localchat sessions rm {session.name})")
+            if session.name is not None:
+                holder = conn.execute("SELECT uid FROM sessions WHERE name = ?", (session.name,)).fetchone()
+                if holder and holder[0] != session.uid:
+                    raise UsageError(f"another conversation is already saved as '{session.name}': pick another "
+                                     f"name, or remove it first (localchat sessions rm {session.name})")
+            row = conn.execute("SELECT id, name FROM sessions WHERE uid = ?", (session.uid,)).fetchone()
+            values = (session.name if session.name is not None else row[1] if row else None, _now(), session.model,
+                      session.backend, session.system, json.dumps(session.params),
+                      json.dumps(list(session.pins)) if session.pins else None, session.summary)
             if row:
-                conn.execute("DELETE FROM sessions WHERE id = ?", (row[0],))
-            created = row[2] if row else _now()
-            cursor = conn.execute(
-                "INSERT INTO sessions (name, uid, created, updated, model, backend, system, params, pins, summary) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (session.name, session.uid, created, _now(), session.model, session.backend, session.system,
-                 json.dumps(session.params), json.dumps(list(session.pins)) if session.pins else None, session.summary))
+                conn.execute("UPDATE sessions SET name = ?, updated = ?, model = ?, backend = ?, system = ?, params = ?, "
+                             "pins = ?, summary = ? WHERE id = ?", (*values, row[0]))
+                conn.execute("DELETE FROM turns WHERE session_id = ?", (row[0],))
+                key = row[0]
+            else:
+                key = conn.execute("INSERT INTO sessions (uid, created, name, updated, model, backend, system, params, "
+                                   "pins, summary) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                                   (session.uid, _now(), *values)).lastrowid
             conn.executemany(
                 "INSERT INTO turns (session_id, position, user, assistant, stats, reasoning, steps) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                [(cursor.lastrowid, i, t.user, t.assistant, json.dumps(stats_to_dict(t.stats)) if t.stats else None,
+                [(key, i, t.user, t.assistant, json.dumps(stats_to_dict(t.stats)) if t.stats else None,
                   t.reasoning or None, json.dumps([asdict(step) for step in t.steps]) if t.steps else None)
                  for i, t in enumerate(session.turns)])
-            return row is not None
+            mark_taken_back(conn, session.uid, take_back)
+            append_turns(conn, session, log)
+            return bool(row and row[1] is not None and row[1] == session.name)
 
     def load(self, name: str) -> SavedSession:
+        """A conversation by its name, or by its id (``localchat log`` shows both)."""
         validate_name(name)
         with self._connect() as conn:
-            row = conn.execute("SELECT id, name, uid, model, backend, system, params, created, updated, pins, "
-                               "summary FROM sessions WHERE name = ?", (name,)).fetchone()
+            row = conn.execute(f"SELECT {COLUMNS} FROM sessions WHERE name = ? OR (uid = ? AND name IS NULL) "
+                               "ORDER BY name IS NULL LIMIT 1", (name, name)).fetchone()
             if row is None:
-                raise SessionNotFound(f"no saved session named {shown_name(name)} (see: localchat sessions list)")
-            turns = conn.execute("SELECT user, assistant, stats, reasoning, steps FROM turns WHERE session_id = ? "
-                                 "ORDER BY position", (row[0],)).fetchall()
+                raise SessionNotFound(f"no saved session named {shown_name(name)} (see: localchat sessions list, "
+                                      "localchat log)")
+            turns = self._turns(conn, row[0])
         return _session_from_rows(row, turns)
 
+    def latest(self) -> SavedSession | None:
+        """The conversation kept most recently (``chat --continue``), or None."""
+        if not self.path.exists():
+            return None
+        with self._connect() as conn:
+            row = conn.execute(f"SELECT {COLUMNS} FROM sessions ORDER BY updated DESC, id DESC LIMIT 1").fetchone()
+            turns = self._turns(conn, row[0]) if row else []
+        return _session_from_rows(row, turns) if row else None
+
+    @staticmethod
+    def _turns(conn: sqlite3.Connection, key: int) -> list[tuple]:
+        return conn.execute("SELECT user, assistant, stats, reasoning, steps FROM turns WHERE session_id = ? "
+                            "ORDER BY position", (key,)).fetchall()
+
     def list(self) -> list[SessionSummary]:
+        """The conversations saved under a name, newest first."""
         if not self.path.exists():
             return []
         with self._connect() as conn:
             rows = conn.execute("SELECT s.name, COUNT(t.position), s.model, s.backend, s.updated FROM sessions s "
-                                "LEFT JOIN turns t ON t.session_id = s.id GROUP BY s.id "
+                                "LEFT JOIN turns t ON t.session_id = s.id WHERE s.name IS NOT NULL GROUP BY s.id "
                                 "ORDER BY s.updated DESC, s.name").fetchall()
         return [SessionSummary(*(v if v is None or isinstance(v, (str, int)) else "(damaged)" for v in row))
                 for row in rows]
 
-    def remove(self, name: str) -> None:
+    def remove(self, name: str) -> str:
+        """The conversation NAME (or of that id) gone, its log with it; its uid (for its KV cache)."""
         validate_name(name)
         if not self.path.exists():
             raise SessionNotFound(f"no saved sessions yet ({self.path} does not exist)")
         with self._connect(write=True) as conn:
-            if conn.execute("DELETE FROM sessions WHERE name = ?", (name,)).rowcount == 0:
+            row = conn.execute("SELECT id, uid FROM sessions WHERE name = ? OR (uid = ? AND name IS NULL)",
+                               (name, name)).fetchone()
+            if row is None:
                 raise SessionNotFound(f"no saved session named {shown_name(name)} (see: localchat sessions list)")
+            conn.execute("DELETE FROM sessions WHERE id = ?", (row[0],))
+            conn.execute("DELETE FROM log_search WHERE rowid IN (SELECT id FROM log WHERE uid = ?)", (row[1],))
+            conn.execute("DELETE FROM log WHERE uid = ?", (row[1],))
+            return row[1]
+
+    def connect(self, write: bool = False):
+        """A transaction on the database, for the log's own queries (``conversation_log``)."""
+        return self._connect(write)
 
 
 def _session_from_rows(row: tuple, turns: list[tuple]) -> SavedSession:
     """A saved session as stored by any version; a damaged field is one error naming it (the
     turns' figures are only figures: unknown or missing ones are tolerated)."""
-    name = row[1]
+    name = row[1] if isinstance(row[1], str) else row[2]  # a conversation never named is known by its id
 
     def damaged(field: str, why: str) -> StoreError:
         return StoreError(f"saved session '{name}' is damaged: {field} {why}; the other sessions are "
@@ -241,7 +269,8 @@ def _session_from_rows(row: tuple, turns: list[tuple]) -> SavedSession:
         except (TypeError, ValueError):
             raise damaged(f"turn {position} tool calls", "are not whole (each call needs its result)") from None
         loaded.append(Turn(user, assistant, figures, reasoning or "", rounds))
-    return SavedSession(name=name, uid=row[2], model=row[3], backend=row[4], system=row[5], params=params,
+    return SavedSession(name=row[1] if isinstance(row[1], str) else None, uid=row[2], model=row[3], backend=row[4],
+                        system=row[5], params=params,
                         turns=tuple(loaded), created=row[7], updated=row[8], pins=tuple(pins), summary=row[10])
 
 
@@ -264,50 +293,6 @@ def tool_steps(data: Any) -> tuple[ToolStep, ...]:
             raise ValueError("a call or a result is malformed")
         steps.append(ToolStep(raw["text"], tuple(calls), tuple(results), raw.get("reasoning", "")))
     return tuple(steps)
-
-
-@dataclass(frozen=True)
-class Saved:
-    name: str
-    replaced: bool  # an earlier save of this conversation under the name
-    cache: CacheWrite | None  # None: this backend keeps no cache, or --no-save-cache
-
-
-@dataclass
-class SessionSaver:
-    """What ``/save`` needs besides the live session: where, under which identity and name."""
-
-    store: SessionStore
-    uid: str
-    model: str | None
-    name: str | None = None  # the last name saved (or resumed) under; /save without NAME reuses it
-    caches: SessionCaches | None = None
-    saved_state: tuple | None = None  # ``saved_state(...)`` at the last save (or resume)
-
-    def save(self, session: ChatSession, name: str | None = None) -> Saved:
-        """Save the accepted turns, then the KV cache beside them."""
-        name = validate_name(name) if name else (self.name or f"chat-{self.uid}")
-        conversation = session.conversation
-        replaced = self.store.save(SavedSession(
-            name=name, uid=self.uid, model=self.model, backend=session.backend.name,
-            system=conversation.system, params=asdict(session.params), turns=tuple(conversation.turns),
-            pins=tuple(conversation.pins), summary=conversation.summary.text if conversation.summary else None))
-        self.name = name
-        self.saved_state = saved_state(conversation.turns, conversation.pins,
-                                       conversation.summary.text if conversation.summary else None)
-        cache = write_cache(session, self.uid, name, self.caches) if self.caches else None
-        return Saved(name=name, replaced=replaced, cache=cache)
-
-    def unsaved(self, session: ChatSession) -> bool:
-        """Turns, pins or notes changed since the last save (or the resume)."""
-        conversation = session.conversation
-        return self.saved_state != saved_state(conversation.turns, conversation.pins,
-                                               conversation.summary.text if conversation.summary else None)
-
-
-def saved_state(turns: Sequence[Turn], pins: Sequence[str], summary: str | None) -> tuple:
-    """What a save keeps of a conversation, comparable."""
-    return tuple(turns), tuple(pins), summary
 
 
 def default_store() -> SessionStore:

@@ -60,6 +60,8 @@ def _reset(repl: Repl, _: str) -> bool:
 
 def _retry(repl: Repl, _: str) -> bool:
     result = repl.turn(lambda: repl.session.retry(repl.ui.listeners(), repl.ui.compaction))
+    if result is not None and result.committed:
+        repl.taken_back += 1  # the old answer leaves the kept conversation (the log keeps it, marked)
     if result is not None:
         repl.ui.info("the new answer replaced the old one, which is gone (/undo would remove this whole turn)"
                      if result.committed else "kept the old answer: the new one was not kept (see above)")
@@ -68,6 +70,7 @@ def _retry(repl: Repl, _: str) -> bool:
 
 def _undo(repl: Repl, _: str) -> bool:
     turn = repl.session.conversation.take_back()
+    repl.taken_back += 1
     left = len(repl.session.conversation.turns)
     repl.ui.info(f"took back the last turn ({_short(turn.user)}); {count(left, 'turn')} left")
     return True

@@ -11,14 +11,14 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
-from localchat.cli.figures import saved_line
+from localchat.cli.figures import kept_line, saved_line
 from localchat.cli.render import ChatUI
 from localchat.cli.repl.line_editor import KeysDropped
 from localchat.conversation.attachment import Attachment
 from localchat.conversation.result import TurnResult
 from localchat.conversation.turn import ChatSession
 from localchat.errors import TerminationRequested, UsageError
-from localchat.store.saved_sessions import SessionSaver
+from localchat.store.keeper import SessionSaver
 from localchat.wording import count
 
 MULTILINE = '"""'
@@ -59,6 +59,7 @@ class ReplLoop:
         self.while_replying = while_replying
         ui.in_repl = True  # its hints name REPL commands (/set max_tokens N), not the command's flags
         self.last_answer: str | None = None  # for /copy: the last reply shown, kept or not
+        self.taken_back = 0  # turns the current input took back from the kept conversation
         self.attachment: Attachment | None = None  # /load FILE: goes into the next message
         self._warned_unsaved = False
 
@@ -78,13 +79,28 @@ class ReplLoop:
                 if self.may_leave():
                     return
                 continue
-            if not self.handle(text) and self.may_leave():
+            going_on = self.handle(text)
+            self.keep()
+            if not going_on and self.may_leave():
                 return
 
+    def keep(self) -> None:
+        """What the last input changed, kept now (every accepted turn, as it commits); turns the
+        input took back (``/undo``, a ``/retry`` whose answer replaced the old one) marked so."""
+        taken_back, self.taken_back = self.taken_back, 0
+        if self.saver is not None and (note := self.saver.kept(self.session, taken_back)):
+            self.ui.notice(note)
+
     def may_leave(self) -> bool:
-        """Whether the REPL may end now. Turns never saved are said first: on a terminal the
-        next ``/quit`` or Ctrl+D leaves; elsewhere it leaves at once, with the notice."""
+        """Whether the REPL may end now. A kept conversation leaves at once (its KV cache written
+        for ``--continue``); else turns never saved are said first: on a terminal the next
+        ``/quit`` or Ctrl+D leaves; elsewhere it leaves at once, with the notice."""
         conversation = self.session.conversation
+        if self.saver is not None and self.saver.logging and not self.saver.unsaved(self.session):
+            cache = self.saver.leave(self.session)
+            self.ui.info(kept_line(self.saver.name, self.saver.uid, len(conversation.turns), cache)
+                         if conversation.turns else "bye")
+            return True
         lose = bool(conversation.turns or conversation.pins or conversation.summary)
         if self.saver is None or not lose or not self.saver.unsaved(self.session):
             self.ui.info("bye")

@@ -1,0 +1,140 @@
+"""``localchat log``: every kept conversation, listed, searched, shown and removed."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from localchat.errors import UsageError
+from localchat.store import conversation_log as log
+from localchat.store.kv_files import cache_files
+from localchat.store.saved_sessions import SessionNotFound, default_store
+from localchat.wording import ago, count
+
+
+def _store():
+    store = default_store()
+    if not store.path.exists():
+        raise SessionNotFound(f"no conversations kept yet ({store.path} does not exist)")
+    return store
+
+
+def show_log(*, console: Console, query: str | None, model: str | None, since: str | None, as_json: bool,
+             limit: int) -> None:
+    """The recent conversations, or (``-q``) the turns that match, best first."""
+    with _store().connect() as conn:
+        if query is None:
+            found: list[Any] = log.recent(conn, model=model, since=since, limit=limit)
+        else:
+            found = log.search(conn, query, model=model, since=since, limit=limit)
+    if as_json:
+        sys.stdout.write(json.dumps([_as_dict(item) for item in found], ensure_ascii=False, indent=2) + "\n")
+        return
+    if not found:
+        console.print("nothing found" if query is not None else "no conversations kept yet", style="dim")
+        return
+    if query is None:
+        table = Table("id", "first question", "model", "turns", "last")
+        for c in found:
+            first = " ".join(c.first.split())
+            table.add_row(c.name or c.uid, first[:70] + ("…" if len(first) > 70 else ""), c.model or "-",
+                          str(c.turns), ago(c.updated))
+        console.print(table)
+        console.print("continue one: localchat chat --resume ID · see it: localchat log show ID", style="dim")
+        return
+    for hit in found:
+        console.print(f"[bold]{escape(hit.uid)}[/bold] · {escape(hit.time)} · {escape(hit.model or '-')} · "
+                      f"{hit.field}: {_marked(hit.line, console.is_terminal)}", highlight=False)
+
+
+def _marked(line: str, terminal: bool) -> str:
+    """A hit's line as Rich markup, its terms bold on a terminal, in ** elsewhere."""
+    text = escape(line)
+    opening, closing = ("[bold yellow]", "[/bold yellow]") if terminal else ("**", "**")
+    return text.replace(log.MARK_OPEN, opening).replace(log.MARK_CLOSE, closing)
+
+
+def _as_dict(item: Any) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    data = asdict(item)
+    if "line" in data:
+        data["line"] = data["line"].replace(log.MARK_OPEN, "").replace(log.MARK_CLOSE, "")
+    return data
+
+
+def show_entry(*, console: Console, key: str) -> None:
+    """One conversation's every logged turn, in order, with its figures."""
+    from localchat.cli.figures import stats_line
+    from localchat.cli.render import shortened
+    from localchat.conversation.stats import stats_from_dict
+    from localchat.store.saved_sessions import tool_steps
+
+    with _store().connect() as conn:
+        uid = log.conversation_of(conn, key)
+        rows = log.entries(conn, uid) if uid else []
+    if not rows:
+        raise SessionNotFound(f"no conversation {key!r} in the log (see: localchat log)")
+    console.print(f"[bold]{escape(uid)}[/bold] · {count(len(rows), 'turn')} kept")
+    for number, (when, model, user, assistant, reasoning, steps, stats, taken_back) in enumerate(rows, 1):
+        back = " (taken back)" if taken_back else ""
+        console.print(f"{number:>3}. {escape(when)} · {escape(model or '-')}{back}", style="dim")
+        console.print(f"     [cyan]user[/cyan]: {escape(user)}")
+        for step in _steps(steps, tool_steps):
+            for call, result in zip(step.calls, step.results):
+                console.print(f"     [cyan]tool[/cyan]: {escape(call['name'])}({escape(shortened(call['arguments']))})"
+                              f" → {escape(shortened(result))}")
+        if reasoning:
+            console.print(f"     [cyan]reasoning[/cyan]: {escape(reasoning)}", style="dim")
+        console.print(f"     [cyan]assistant[/cyan]: {escape(assistant)}")
+        figures = stats_from_dict(_json(stats))
+        if figures:
+            console.print("     " + stats_line(figures), style="dim", markup=False)
+
+
+def _json(text: str | None) -> Any:
+    from localchat import bounded_json
+
+    try:
+        return bounded_json.loads(text) if text else None
+    except ValueError:
+        return None
+
+
+def _steps(text: str | None, read: Any) -> tuple:
+    try:
+        return read(_json(text)) if text else ()
+    except (TypeError, ValueError):
+        return ()
+
+
+def remove_entries(*, console: Console, key: str | None, older_than: str | None, everything: bool) -> None:
+    """Conversations out of the log (and their state and KV caches): one, the old ones, or all."""
+    if sum(x is not None and x is not False for x in (key, older_than, everything or None)) != 1:
+        raise UsageError("log rm takes one of: an ID, --older-than AGE (e.g. 30d), --all")
+    files = cache_files()
+    with _store().connect(write=True) as conn:
+        if key is not None:
+            uid = log.conversation_of(conn, key)
+            if uid is None:
+                raise SessionNotFound(f"no conversation {key!r} in the log (see: localchat log)")
+            uids = [uid]
+        elif older_than is not None:
+            uids = log.older_than(conn, older_than)
+        else:
+            uids = [row[0] for row in conn.execute("SELECT uid FROM sessions UNION SELECT uid FROM log").fetchall()]
+        names = dict(conn.execute("SELECT uid, name FROM sessions WHERE name IS NOT NULL").fetchall())
+        turns = log.remove(conn, uids)
+    for uid in uids:
+        for cache in (names.get(uid), f"chat-{uid}"):
+            if cache:
+                try:
+                    files.remove(cache)
+                except Exception:  # noqa: BLE001 - a cache that cannot go is only a prefix cache
+                    pass
+    console.print(f"removed {count(len(uids), 'conversation')} ({count(turns, 'logged turn')})")

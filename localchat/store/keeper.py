@@ -1,0 +1,129 @@
+"""Keeping a conversation as it happens: after every accepted turn (and every change to what it
+holds), its state is written and its new turns are logged, in one transaction (``SessionStore.save``).
+``/save NAME`` gives it a name and writes its KV cache; leaving writes the KV cache too, so that
+``chat --continue`` prefills only what is new. A write that fails (a full disk, a read-only or
+locked database) never stops the chat: it is said once, and the next turns try again. With
+``--no-log`` (or ``log: false`` in config.yaml) only ``/save`` writes, as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+
+from localchat.conversation.history import Turn
+from localchat.conversation.turn import ChatSession
+from localchat.errors import LocalchatError
+from localchat.store.saved_sessions import SavedSession, SessionStore, validate_name
+from localchat.store.session_cache import CacheWrite, SessionCaches, write_cache
+
+
+@dataclass(frozen=True)
+class Saved:
+    name: str
+    replaced: bool  # an earlier save of this conversation under the name
+    cache: CacheWrite | None  # None: this backend keeps no cache, or --no-save-cache
+
+
+@dataclass
+class SessionSaver:
+    """Where and as what the live session is kept: the store, its identity, its name (once saved)."""
+
+    store: SessionStore
+    uid: str
+    model: str | None
+    name: str | None = None  # the last name saved (or resumed) under; /save without NAME reuses it
+    caches: SessionCaches | None = None
+    saved_state: tuple | None = None  # ``saved_state(...)`` at the last write (or the resume)
+    logging: bool = False  # every accepted turn kept as it commits (--no-log: False)
+    _last: Turn | None = field(default=None, repr=False)  # the last turn already logged
+    _failing: bool = field(default=False, repr=False)
+
+    def start(self, session: ChatSession) -> None:
+        """What the session holds when it begins (a resumed conversation's turns) is logged already,
+        and kept as it is."""
+        turns = session.conversation.turns
+        self._last = turns[-1] if turns else None
+        if self.saved_state is None:
+            self.saved_state = saved_state(turns, session.conversation.pins, _notes(session))
+
+    @property
+    def key(self) -> str:
+        """The name its KV cache is kept under."""
+        return self.name or f"chat-{self.uid}"
+
+    def kept(self, session: ChatSession, taken_back: int = 0) -> str | None:
+        """Write the state and log the turns accepted since the last write; ``taken_back`` of the
+        logged ones were undone or replaced. The line to say, once, when this cannot be kept."""
+        if not self.logging:
+            return None
+        new = self._new_turns(session.conversation.turns)
+        state = saved_state(session.conversation.turns, session.conversation.pins, _notes(session))
+        if not new and not taken_back and state == self.saved_state:
+            return None
+        if not new and not taken_back and self._last is None and self.name is None:
+            return None  # nothing was ever accepted: there is no conversation to keep yet
+        try:
+            self.store.save(self._snapshot(session, self.name), log=new, take_back=taken_back)
+        except LocalchatError as exc:
+            said, self._failing = self._failing, True
+            return None if said else f"this conversation is not being kept ({exc}); the chat goes on"
+        self.saved_state, self._failing = state, False
+        self._last = session.conversation.turns[-1] if session.conversation.turns else None
+        return None
+
+    def _new_turns(self, turns: Sequence[Turn]) -> tuple[Turn, ...]:
+        """The turns after the last logged one (found by identity: trimming drops the oldest, a
+        compaction replaces them by notes, ``/undo`` and ``/retry`` take the last back)."""
+        if self._last is None:
+            return tuple(turns)
+        for index in range(len(turns) - 1, -1, -1):
+            if turns[index] is self._last:
+                return tuple(turns[index + 1:])
+        return tuple(turns[-1:]) if turns else ()  # the last logged turn was taken back: only a new one is new
+
+    def save(self, session: ChatSession, name: str | None = None) -> Saved:
+        """Save the accepted turns under a name (the new one, or the last one, or ``chat-UID``),
+        then the KV cache beside them."""
+        name = validate_name(name) if name else (self.name or f"chat-{self.uid}")
+        new = self._new_turns(session.conversation.turns) if self.logging else ()
+        replaced = self.store.save(self._snapshot(session, name), log=new)
+        self.name = name
+        self.saved_state = saved_state(session.conversation.turns, session.conversation.pins, _notes(session))
+        self._last = session.conversation.turns[-1] if session.conversation.turns else self._last
+        cache = write_cache(session, self.uid, name, self.caches) if self.caches else None
+        return Saved(name=name, replaced=replaced, cache=cache)
+
+    def leave(self, session: ChatSession) -> CacheWrite | None:
+        """On leaving a kept conversation: its last state, and its KV cache for ``--continue``."""
+        self.kept(session)
+        return write_cache(session, self.uid, self.key, self.caches) if self.caches and not self._failing else None
+
+    def unsaved(self, session: ChatSession) -> bool:
+        """Turns, pins or notes not written yet (never, while every turn is kept)."""
+        state = saved_state(session.conversation.turns, session.conversation.pins, _notes(session))
+        return self.saved_state != state
+
+    def _snapshot(self, session: ChatSession, name: str | None) -> SavedSession:
+        conversation = session.conversation
+        return SavedSession(name=name, uid=self.uid, model=self.model, backend=session.backend.name,
+                            system=conversation.system, params=_params(session), turns=tuple(conversation.turns),
+                            pins=tuple(conversation.pins), summary=_notes(session))
+
+
+def _params(session: ChatSession) -> dict:
+    """The generation settings as a saved session keeps them (an answer format by its description)."""
+    params = asdict(session.params)
+    if session.params.answer is not None:
+        params["answer"] = session.params.answer.described()
+    return params
+
+
+def _notes(session: ChatSession) -> str | None:
+    summary = session.conversation.summary
+    return summary.text if summary else None
+
+
+def saved_state(turns: Sequence[Turn], pins: Sequence[str], summary: str | None) -> tuple:
+    """What a save keeps of a conversation, comparable."""
+    return tuple(turns), tuple(pins), summary
