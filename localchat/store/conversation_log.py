@@ -138,7 +138,7 @@ def search(conn: sqlite3.Connection, query: str, *, model: str | None = None, si
             "ORDER BY bm25(log_search) LIMIT ?",
             (*(MARK_OPEN, MARK_CLOSE) * 3, query, *args, limit)).fetchall()
     except sqlite3.OperationalError as exc:
-        if "fts5" in str(exc) or "syntax" in str(exc) or "no such column" in str(exc):
+        if getattr(exc, "sqlite_errorcode", sqlite3.SQLITE_ERROR) == sqlite3.SQLITE_ERROR:  # the query, not the disk
             raise UsageError(f"-q {_short(query)!r} is not a query FTS5 can read ({exc}); put words in double "
                              'quotes to search for them as they are, e.g. -q \'"harbor 17"\'') from None
         raise

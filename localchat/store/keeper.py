@@ -36,14 +36,14 @@ class SessionSaver:
     caches: SessionCaches | None = None
     saved_state: tuple | None = None  # ``saved_state(...)`` at the last write (or the resume)
     logging: bool = False  # every accepted turn kept as it commits (--no-log: False)
-    _last: Turn | None = field(default=None, repr=False)  # the last turn already logged
+    _logged: dict[int, Turn] = field(default_factory=dict, repr=False)  # the turns already logged, by identity
     _failing: bool = field(default=False, repr=False)
 
     def start(self, session: ChatSession) -> None:
         """What the session holds when it begins (a resumed conversation's turns) is logged already,
         and kept as it is."""
         turns = session.conversation.turns
-        self._last = turns[-1] if turns else None
+        self._remember_logged(turns)
         if self.saved_state is None:
             self.saved_state = saved_state(turns, session.conversation.pins, _notes(session))
 
@@ -61,7 +61,7 @@ class SessionSaver:
         state = saved_state(session.conversation.turns, session.conversation.pins, _notes(session))
         if not new and not taken_back and state == self.saved_state:
             return None
-        if not new and not taken_back and self._last is None and self.name is None:
+        if not new and not taken_back and not self._logged and self.name is None:
             return None  # nothing was ever accepted: there is no conversation to keep yet
         try:
             self.store.save(self._snapshot(session, self.name), log=new, take_back=taken_back)
@@ -69,18 +69,18 @@ class SessionSaver:
             said, self._failing = self._failing, True
             return None if said else f"this conversation is not being kept ({exc}); the chat goes on"
         self.saved_state, self._failing = state, False
-        self._last = session.conversation.turns[-1] if session.conversation.turns else None
+        self._remember_logged(session.conversation.turns)
         return None
 
     def _new_turns(self, turns: Sequence[Turn]) -> tuple[Turn, ...]:
-        """The turns after the last logged one (found by identity: trimming drops the oldest, a
-        compaction replaces them by notes, ``/undo`` and ``/retry`` take the last back)."""
-        if self._last is None:
-            return tuple(turns)
-        for index in range(len(turns) - 1, -1, -1):
-            if turns[index] is self._last:
-                return tuple(turns[index + 1:])
-        return tuple(turns[-1:]) if turns else ()  # the last logged turn was taken back: only a new one is new
+        """The turns not logged yet, found by identity: trimming drops the oldest, a compaction
+        replaces them by notes, ``/undo`` takes the last back and ``/retry`` puts a new one there."""
+        return tuple(turn for turn in turns if id(turn) not in self._logged)
+
+    def _remember_logged(self, turns: Sequence[Turn]) -> None:
+        """Every turn the history holds now is logged (held here, so no id is reused while it counts)."""
+        if turns:
+            self._logged = {id(turn): turn for turn in turns}
 
     def save(self, session: ChatSession, name: str | None = None) -> Saved:
         """Save the accepted turns under a name (the new one, or the last one, or ``chat-UID``),
@@ -90,7 +90,7 @@ class SessionSaver:
         replaced = self.store.save(self._snapshot(session, name), log=new)
         self.name = name
         self.saved_state = saved_state(session.conversation.turns, session.conversation.pins, _notes(session))
-        self._last = session.conversation.turns[-1] if session.conversation.turns else self._last
+        self._remember_logged(session.conversation.turns)
         cache = write_cache(session, self.uid, name, self.caches) if self.caches else None
         return Saved(name=name, replaced=replaced, cache=cache)
 
