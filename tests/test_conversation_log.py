@@ -20,6 +20,7 @@ from pty_chat import PROMPT, send, spawn
 from typer.testing import CliRunner
 
 from localchat.cli.app import app
+from localchat.store.kv_files import DIR_NAME
 
 runner = CliRunner()
 REMEMBER = "Remember the code harbor 17. Reply only OK."
@@ -314,5 +315,38 @@ def test_a_full_or_read_only_disk_during_a_chat_is_said_once_and_the_chat_goes_o
         subprocess.run(["mount", "-o", "remount,rw", str(tiny_home)], check=True)
     else:
         (tiny_home / "filler").unlink()
-    assert keeper.kept(session) is None or True
+    assert keeper.kept(session) is None  # the disk is back: the next write keeps all it missed
     assert [t.user for t in store.load("u1").turns] == [REMEMBER, "Hello", RECALL, "Hello again"]
+    assert [row[1] for row in logged(tiny_home)] == [REMEMBER, "Hello", RECALL, "Hello again"]
+
+
+def test_a_locked_database_during_a_repl_is_said_once_and_the_turns_are_kept_once_it_is_free(home):
+    child = spawn(home=home)
+    turn(child, REMEMBER)
+    blocker = sqlite3.connect(home / "sessions.sqlite3", isolation_level=None)
+    blocker.execute("BEGIN EXCLUSIVE")  # another program holds the database
+    try:
+        send(child, "Hello")
+        child.expect_exact("this conversation is not being kept")
+        child.expect_exact(PROMPT)
+        turn(child, RECALL)  # the chat goes on, and the line is not said again
+        assert "not being kept" not in child.before
+    finally:
+        blocker.execute("ROLLBACK")
+        blocker.close()
+    turn(child, "Hello again")
+    send(child, "/quit")
+    child.expect(pexpect.EOF)
+    assert [row[1] for row in logged(home)] == [REMEMBER, "Hello", RECALL, "Hello again"]
+
+
+def test_leaving_kept_conversations_writes_their_kv_caches_under_the_cap(home):
+    sizes = []
+    for index in range(3):
+        done = runner.invoke(app, ["chat", "--cache-max-bytes", "300K"], input=f"{REMEMBER} {index}\n/quit\n")
+        assert done.exit_code == 0, done.stderr
+        sizes.append(sum(f.stat().st_size for f in (home / DIR_NAME).rglob("*") if f.is_file()))
+    assert all(size <= 300 * 1024 for size in sizes) and sizes[0] > 0
+    assert "evicted the oldest" in done.stderr  # three would not fit: the oldest went
+    again = runner.invoke(app, ["chat", "--continue"], input="/quit\n")
+    assert "KV cache loaded" in again.stderr  # the latest one is there to continue

@@ -43,7 +43,7 @@ from localchat.registry import (
 from localchat.store.home import keeps_conversations, records_dir
 from localchat.store.keeper import SessionSaver, saved_state
 from localchat.store.kv_files import cache_files
-from localchat.store.saved_sessions import SavedSession, default_store
+from localchat.store.saved_sessions import KEEPING_BUSY_TIMEOUT_S, SavedSession, default_store
 from localchat.store.session_cache import SessionCaches
 
 if TYPE_CHECKING:
@@ -309,7 +309,8 @@ def chat_with_ui(*, opts: ChatOptions, prompt: str | None, ui: ChatUI) -> TurnSt
             ui.notice(line)
     if recorder:
         ui.info(f"recording turns in {recorder.directory} as {recorder.session_id}-NNNN-*.json")
-    saver = SessionSaver(default_store(), saved.uid if saved else new_session_id(),
+    store = default_store(KEEPING_BUSY_TIMEOUT_S) if keep else default_store()
+    saver = SessionSaver(store, saved.uid if saved else new_session_id(),
                          opts.model.model or (ref.id if ref else None), name=saved.name if saved else None,
                          caches=caches, logging=keep,
                          saved_state=saved_state(saved.turns, saved.pins, saved.summary) if saved else None)

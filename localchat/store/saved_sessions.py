@@ -29,6 +29,7 @@ from localchat.store.schema import MIGRATIONS
 
 DB_NAME = "sessions.sqlite3"
 BUSY_TIMEOUT_S = 10.0
+KEEPING_BUSY_TIMEOUT_S = 1.0  # a chat keeping its turns waits this long for another writer, not a whole turn
 COLUMNS = "id, name, uid, model, backend, system, params, created, updated, pins, summary"
 
 
@@ -76,6 +77,7 @@ def _now() -> str:
 @dataclass
 class SessionStore:
     path: Path
+    busy_timeout_s: float = BUSY_TIMEOUT_S  # how long a write waits for another writer's lock
 
     @contextmanager
     def _connect(self, write: bool = False) -> Iterator[sqlite3.Connection]:
@@ -95,7 +97,7 @@ class SessionStore:
         except sqlite3.OperationalError as exc:
             conn.rollback()
             if "locked" in str(exc) or "busy" in str(exc):
-                raise StoreError(f"the session database {self.path} stayed locked for {BUSY_TIMEOUT_S:.0f}s "
+                raise StoreError(f"the session database {self.path} stayed locked for {self.busy_timeout_s:g}s "
                                  "(another localchat is writing?); nothing was changed") from None
             raise StoreError(f"session database {self.path}: {exc}; nothing was changed") from None
         except sqlite3.DatabaseError as exc:
@@ -115,7 +117,7 @@ class SessionStore:
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         if fresh:
             os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600))
-        conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+        conn = sqlite3.connect(self.path, timeout=self.busy_timeout_s, isolation_level=None)
         try:
             conn.execute("PRAGMA journal_mode = WAL")
         except sqlite3.DatabaseError:  # read-only (the rollback journal then), or not a database: said next
@@ -295,10 +297,10 @@ def tool_steps(data: Any) -> tuple[ToolStep, ...]:
     return tuple(steps)
 
 
-def default_store() -> SessionStore:
+def default_store(busy_timeout_s: float = BUSY_TIMEOUT_S) -> SessionStore:
     from localchat.store.home import home_dir
 
-    return SessionStore(home_dir() / DB_NAME)
+    return SessionStore(home_dir() / DB_NAME, busy_timeout_s=busy_timeout_s)
 
 
 def validate_name(name: str) -> str:
