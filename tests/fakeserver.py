@@ -54,6 +54,7 @@ class FakeServer:
         self.served: dict[str, int] = {}
         self._lock = threading.Lock()
         self.requests: list[tuple[str, dict[str, str], bytes]] = []
+        self.cut_short = threading.Event()  # a client went away before its reply was all sent
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -82,7 +83,7 @@ class FakeServer:
                         self.wfile.write(chunk)
                         self.wfile.flush()
                 except (BrokenPipeError, ConnectionResetError):
-                    pass
+                    server.cut_short.set()
 
             do_GET = do_POST = _answer
 

@@ -15,13 +15,13 @@ from rich.console import Console
 from localchat.backends import GenerationParams
 from localchat.backends.inproc import InProcessBackend
 from localchat.backends.openai_http import ServerBackend
-from localchat.cli.figures import stats_line
 from localchat.cli.render import ChatUI
 from localchat.cli.repl import Repl
 from localchat.conversation.compaction import SUMMARY_PROMPT, CompactionPolicy, compact
 from localchat.conversation.history import Conversation, Turn
 from localchat.conversation.records import TurnRecorder
 from localchat.conversation.settings import TrimPolicy
+from localchat.conversation.stats import stats_line
 from localchat.conversation.turn import ChatSession, TurnStatus
 
 SYSTEM = "You are a helpful assistant."

@@ -3,13 +3,13 @@
 import pytest
 
 from localchat.backends import Finished
-from localchat.cli.figures import stats_line
 from localchat.conversation.stats import (
     STATS_VERSION,
     Ledger,
     TurnClock,
     TurnStats,
     stats_from_dict,
+    stats_line,
     stats_to_dict,
 )
 

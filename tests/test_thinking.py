@@ -272,7 +272,7 @@ def test_reasoning_goes_to_stderr_only(show_thinking, terminal):
 
 
 def test_the_figures_line_shows_both_times_and_the_reasoning_tokens(toy):
-    from localchat.cli.figures import stats_line
+    from localchat.conversation.stats import stats_line
 
     thought = stats_line(session(toy, think=True).ask(REMEMBER).stats)
     direct = stats_line(session(toy, think=False).ask(REMEMBER).stats)

@@ -24,8 +24,8 @@ DEFAULT_TIMEOUT_S = 120.0  # a server that makes no progress for this long ends 
 
 @dataclass(frozen=True)
 class GenerationParams:
-    temperature: float = 0.0
-    top_p: float = 1.0
+    temperature: float | None = 0.0  # None (and top_p None): the server's own default (a gateway client sent none)
+    top_p: float | None = 1.0
     top_k: int = 0  # 0: off
     min_p: float = 0.0  # 0: off
     repetition_penalty: float | None = None  # None (or 1.0): off

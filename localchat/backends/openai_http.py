@@ -56,12 +56,13 @@ SERVER_DEFAULT_MODEL = "default_model"  # mlx_lm.server's name for the model it 
 
 
 def backend_for(base_url: str, ref: ModelRef | None, *, name: str | None = None, api_key: str | None = None,
-                load_tokenizer: Callable[[], Any] | None = None,
-                timeout_s: float = DEFAULT_TIMEOUT_S) -> ServerBackend:
+                load_tokenizer: Callable[[], Any] | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
+                kind: type[ServerBackend] | None = None) -> ServerBackend:
     """A backend for a registry model (sent as the location the server loads, its tokenizer lent
     for estimates when the model is on this machine), or for a bare ``name`` only the server
-    knows, or for the server's own model when both are None."""
-    return ServerBackend(
+    knows, or for the server's own model when both are None; ``kind`` speaks another API
+    (``AnthropicBackend``, ``ResponsesBackend``)."""
+    return (kind or ServerBackend)(
         make_client(base_url, api_key, timeout_s),
         ref.location if ref else (name or SERVER_DEFAULT_MODEL),
         model_id=ref.id if ref else (name or "the server's model"),
@@ -91,14 +92,15 @@ class ServerBackend:
     def __init__(self, client: httpx.Client, model_field: str, *, model_id: str | None = None,
                  load_tokenizer: Callable[[], Any] | None = None,
                  chat_template_kwargs: dict[str, Any] | None = None, known_context: int | None = None,
-                 timeout_s: float = DEFAULT_TIMEOUT_S, extra_fields: dict[str, Any] | None = None):
+                 timeout_s: float = DEFAULT_TIMEOUT_S, extra_fields: dict[str, Any] | None = None,
+                 template: ChatTemplate | None = None):
         self.client = client
         self.extra_fields = dict(extra_fields or {})  # mlx_lm.server's per-request adapter and draft model
         self.model_field = model_field
         self.model_id = model_id or model_field
         self._load_tokenizer = load_tokenizer
         self._tokenizer: Any = None
-        self._template: ChatTemplate | bool | None = None
+        self._template: ChatTemplate | bool | None = template  # None: made from the tokenizer on first need
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self._context = known_context
         self.timeout_s = timeout_s
@@ -154,10 +156,9 @@ class ServerBackend:
             check(fmt, None)
 
     def request_body(self, messages: list[Message], params: GenerationParams, stream: bool = True) -> dict:
-        body: dict[str, Any] = {
-            "model": self.model_field, "messages": wire_messages(messages), "stream": stream,
-            "temperature": params.temperature, "top_p": params.top_p, "max_tokens": params.max_tokens,
-        }
+        body: dict[str, Any] = {"model": self.model_field, "messages": wire_messages(messages), "stream": stream,
+                                "max_tokens": params.max_tokens}
+        body.update({k: v for k, v in (("temperature", params.temperature), ("top_p", params.top_p)) if v is not None})
         if stream:
             body["stream_options"] = {"include_usage": True}
         body.update(sampling_fields(params))

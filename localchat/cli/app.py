@@ -15,14 +15,21 @@ from localchat.cli.measure_commands import SERVER_ARGS, bench, load
 from localchat.cli.options import (
     ApiKeyOpt,
     BaseUrlOpt,
-    DistributedBackend,
-    DistributedBackendOpt,
     ExportFormat,
-    HostfileOpt,
     LaunchedModelOpt,
-    RanksOpt,
     ServedModelOpt,
     TimeoutOpt,
+    check_base_url,
+)
+from localchat.cli.serve_options import (
+    ApiOpt,
+    DistributedBackend,
+    DistributedBackendOpt,
+    GatewayApiOpt,
+    GatewayKeyOpt,
+    HostfileOpt,
+    RanksOpt,
+    SmokeApiOpt,
     ranks_of,
 )
 
@@ -49,12 +56,38 @@ def serve(
     distributed_backend: DistributedBackendOpt = DistributedBackend.ring,
     pipeline: Annotated[bool, typer.Option("--pipeline", help="Split the layers across the ranks instead of the heads.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the command that would run, and start nothing.")] = False,
+    api: ApiOpt = None,
+    api_key: GatewayKeyOpt = None,
 ) -> None:
     """Launch mlx_lm.server (extra server args after --), ready when a completion succeeds; on
-    several ranks with --ranks N (this machine) or --hostfile FILE (mlx.launch's)."""
+    several ranks with --ranks N (this machine) or --hostfile FILE (mlx.launch's); with --api, behind
+    a gateway that also speaks the Anthropic Messages and OpenAI Responses APIs."""
+    spread = ranks_of(ranks, hostfile, distributed_backend, pipeline)
+    if api is not None and not dry_run:
+        run("localchat.cli.gateway:run_serve_api", model=model, host=host, port=port, log=log, smoke=smoke,
+            extra=tuple(ctx.args), console=out_console(), err=err_console(), apis=api, api_key=api_key, ranks=spread)
+        return
     run("localchat.cli.serve:run_serve", model=model, host=host, port=port, log=log, smoke=smoke,
-        extra=tuple(ctx.args), console=out_console(), dry_run=dry_run,
-        ranks=ranks_of(ranks, hostfile, distributed_backend, pipeline))
+        extra=tuple(ctx.args), console=out_console(), dry_run=dry_run, ranks=spread)
+
+
+@app.command()
+def gateway(
+    upstream: Annotated[str, typer.Option(callback=check_base_url, metavar="URL",
+                                          help="The OpenAI-compatible server to put the gateway in front of, e.g. http://127.0.0.1:8080/v1.")],
+    model: ServedModelOpt = None,
+    host: Annotated[str, typer.Option(metavar="HOST", help="Interface to bind (loopback unless you mean it).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=1, max=65535, metavar="PORT", help="Port to listen on.")] = 8081,
+    api: GatewayApiOpt = "anthropic,responses",
+    api_key: GatewayKeyOpt = None,
+    upstream_api_key: ApiKeyOpt = None,
+    timeout: TimeoutOpt = DEFAULT_TIMEOUT_S,
+) -> None:
+    """The Anthropic Messages and OpenAI Responses APIs in front of a running server (chat
+    completions, models and health passed through)."""
+    run("localchat.cli.gateway:run_gateway", upstream_url=upstream, model=model, host=host, port=port,
+        console=out_console(), err=err_console(), apis=api, api_key=api_key, upstream_key=upstream_api_key,
+        timeout_s=timeout)
 
 
 @app.command("smoke")
@@ -64,10 +97,12 @@ def smoke_cmd(
     api_key: ApiKeyOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print a machine-readable result.")] = False,
     timeout: TimeoutOpt = DEFAULT_TIMEOUT_S,
+    api: SmokeApiOpt = None,
 ) -> None:
-    """Check a running server: health, models, completions, streaming usage, recall, prompt cache."""
+    """Check a running server: health, models, completions, streaming usage, recall, prompt cache
+    (with --api, through a gateway's Anthropic or Responses API, and a tool call round trip)."""
     run("localchat.cli.serve:run_smoke_cmd", base_url=base_url, model=model, api_key=api_key, timeout_s=timeout,
-        as_json=as_json, console=out_console())
+        as_json=as_json, console=out_console(), api=api)
 
 
 @app.command()

@@ -12,7 +12,6 @@ from localchat.backends.mlx_options import KV_BITS, KV_GROUP_SIZES, MAX_DRAFT_TO
 from localchat.cli.dispatch import err_console, run
 from localchat.cli.options import (
     ApiKeyOpt,
-    ApproveToolsOpt,
     Backend,
     BaseUrlOpt,
     ChatOptions,
@@ -22,10 +21,6 @@ from localchat.cli.options import (
     CompactOpt,
     ContextOptions,
     GenerationOptions,
-    MaxToolRoundsOpt,
-    McpOnlyOpt,
-    McpOpt,
-    McpTimeoutOpt,
     ModelOpt,
     ModelOptions,
     OutputOptions,
@@ -33,12 +28,19 @@ from localchat.cli.options import (
     StorageOptions,
     ThinkOpt,
     TimeoutOpt,
-    ToolsOpt,
-    ToolTimeoutOpt,
     TrimToOpt,
     check_seed,
     check_size,
     setting_callback,
+)
+from localchat.cli.tool_options import (
+    ApproveToolsOpt,
+    MaxToolRoundsOpt,
+    McpOnlyOpt,
+    McpOpt,
+    McpTimeoutOpt,
+    ToolsOpt,
+    ToolTimeoutOpt,
     tool_settings,
 )
 from localchat.conversation.settings import DEFAULT_KEEP, DEFAULT_TRIGGER, DEFAULT_TRIM_TO, TrimPolicy

@@ -70,9 +70,8 @@ def _as_dict(item: Any) -> dict[str, Any]:
 
 def show_entry(*, console: Console, key: str) -> None:
     """One conversation's every logged turn, in order, with its figures."""
-    from localchat.cli.figures import stats_line
     from localchat.cli.render import shortened
-    from localchat.conversation.stats import stats_from_dict
+    from localchat.conversation.stats import stats_from_dict, stats_line
     from localchat.store.saved_sessions import tool_steps
 
     with _store().connect() as conn:

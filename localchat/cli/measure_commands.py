@@ -17,20 +17,23 @@ from localchat.cli.options import (
     Compact,
     CompactOpt,
     LoadModelOpt,
-    McpOnlyOpt,
-    McpOpt,
     OnOffBoth,
     OutputFormat,
     TimeoutOpt,
-    ToolsOpt,
-    ToolTimeoutOpt,
     TrimToOpt,
-    UnattendedApproveOpt,
     check_base_url,
     check_seconds,
     check_seed,
     check_temperature,
     check_wait,
+)
+from localchat.cli.serve_options import LoadApiOpt
+from localchat.cli.tool_options import (
+    McpOnlyOpt,
+    McpOpt,
+    ToolsOpt,
+    ToolTimeoutOpt,
+    UnattendedApproveOpt,
     tool_settings,
 )
 from localchat.conversation.settings import DEFAULT_TRIM_TO
@@ -103,8 +106,10 @@ def load(
     mcp_only: McpOnlyOpt = None,
     approve_tools: UnattendedApproveOpt = False,
     tool_timeout: ToolTimeoutOpt = None,
+    api: LoadApiOpt = None,
 ) -> None:
-    """Many simulated users with multi-turn history against an OpenAI-compatible server."""
+    """Many simulated users with multi-turn history against an OpenAI-compatible server (or, with
+    --api anthropic, a gateway's Messages API)."""
     tool_choice = tool_settings(files=tools, mcp=mcp, mcp_only=mcp_only, approve=approve_tools, timeout_s=tool_timeout)
     from localchat.load.sweep import LoadOptions, parse_sweep
 
@@ -115,5 +120,6 @@ def load(
                        conversations=conversations, warmup=warmup, temperature=temperature, max_tokens=max_tokens, seed=seed,
                        slo_ttft_s=slo_ttft, slo_tpot_s=slo_tpot, out=out, plot=plot, launch=launch,
                        server_args=tuple(ctx.args), timeout_s=timeout, max_context_tokens=max_context_tokens,
-                       trim_to=trim_to, compact=compact is Compact.auto, tools=tool_choice)
+                       trim_to=trim_to, compact=compact is Compact.auto, tools=tool_choice,
+                       api=api)
     run("localchat.cli.load:run_load_cmd", opts=opts, console=out_console(), err=err_console())

@@ -17,11 +17,10 @@ from rich.markup import escape
 from rich.status import Status
 
 from localchat.backends import Message, Progress, ToolCall
-from localchat.cli.figures import stats_line
 from localchat.cli.markdown import MarkdownStream
 from localchat.cli.terminal import console, for_stream
 from localchat.conversation.result import Compaction, Listeners, TurnResult, TurnStatus
-from localchat.conversation.stats import TurnStats
+from localchat.conversation.stats import TurnStats, stats_line
 from localchat.grammar.formats import pretty
 from localchat.wording import count
 

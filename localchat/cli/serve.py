@@ -13,10 +13,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Column, Table
 
+from localchat.backends import DEFAULT_TIMEOUT_S
 from localchat.backends.openai_http import backend_for
 from localchat.cli import outcomes
 from localchat.errors import LocalchatError, raise_on_sigterm
-from localchat.registry import DEFAULT_MODEL, DEMO_MODEL, resolve
+from localchat.registry import DEFAULT_MODEL, DEMO_MODEL, ModelRef, resolve
 from localchat.server.distributed import Ranks, check_ranks, exit_words, failed_rank
 from localchat.server.launch import (
     LOOPBACK,
@@ -118,15 +119,26 @@ def shown_log_on_failure(console: Console):
 
 
 def run_smoke_cmd(*, base_url: str, model: str | None, api_key: str | None, timeout_s: float, as_json: bool,
-                  console: Console) -> int:
+                  console: Console, api: str | None = None) -> int:
     ref = resolve(model) if model else None
-    backend = backend_for(base_url, ref, api_key=api_key, timeout_s=timeout_s)
-    try:
-        report = run_smoke(backend, judge_recall=ref is not None and ref.id == DEMO_MODEL)
-    finally:
-        backend.close()
+    report = smoke_api(base_url, ref, api, api_key=api_key, timeout_s=timeout_s)
     show_smoke(console, report, as_json)
     return outcomes.report_exit(report.ok)
+
+
+def smoke_api(base_url: str, ref: ModelRef | None, api: str | None, *, api_key: str | None = None,
+              timeout_s: float = DEFAULT_TIMEOUT_S) -> SmokeReport:
+    """``smoke`` through chat completions, or through one of the gateway's APIs."""
+    from localchat.backends.anthropic_http import AnthropicBackend
+    from localchat.backends.responses_http import ResponsesBackend
+
+    kind = {None: None, "anthropic": AnthropicBackend, "responses": ResponsesBackend}[api]
+    backend = backend_for(base_url, ref, api_key=api_key, timeout_s=timeout_s, kind=kind)
+    try:
+        return run_smoke(backend, judge_recall=ref is not None and ref.id == DEMO_MODEL, api=api,
+                         judge_tools=ref is not None and ref.id == "demo-tools")
+    finally:
+        backend.close()
 
 
 def run_parity_cmd(*, model: str | None, as_json: bool, console: Console, ranks: Ranks | None = None) -> int:

@@ -51,8 +51,8 @@ def cache_description(name: str) -> str:
 
 
 def show_session(console: Console, name: str) -> None:
-    from localchat.cli.figures import stats_line
     from localchat.cli.render import shortened
+    from localchat.conversation.stats import stats_line
 
     saved = default_store().load(name)
     console.print(f"[bold]{escape(saved.name)}[/bold] · model {escape(saved.model or '(server default)')} · "

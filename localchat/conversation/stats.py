@@ -250,3 +250,35 @@ def _drafted(turns: list[TurnStats]) -> dict[str, float | int | None]:
     generated = sum(t.completion_tokens for t in drafting)
     kept = sum(t.draft_tokens or 0 for t in drafting)
     return {"draft_tokens": kept, "draft_share": kept / generated if generated else None}
+
+
+def _memory(gb: float | None) -> str | None:
+    if gb is None:
+        return None
+    return f"peak {gb:.1f} GB" if gb >= 1 else f"peak {gb * 1024:.0f} MB"
+
+
+def stats_line(stats: TurnStats, extra: list[str] | None = None) -> str:
+    """One line of figures: ``[TTFT 0.42s · 41.2 tok/s · in 274 (cached 256) · out 52 · …]``; a
+    turn that thought adds its time to the first answer token and its reasoning tokens after TTFT;
+    ``extra`` (a turn's tool rounds and tool time) goes last."""
+    est = "~" if stats.estimated else ""
+    cached = f" (cached {stats.cached_tokens})" if stats.cached_tokens else ""
+    thought = [f"answer {stats.ttfa_s:.2f}s" if stats.ttfa_s is not None else "no answer",
+               f"think {'~' if stats.reasoning_estimated else ''}{stats.reasoning_tokens}"] if stats.thought else []
+    parts = [
+        f"TTFT {stats.ttft_s:.2f}s" if stats.ttft_s is not None else "TTFT –",
+        *thought,
+        f"{stats.decode_tps:.1f} tok/s" if stats.decode_tps is not None else None,
+        f"in {est}{stats.prompt_tokens}{cached}" if stats.prompt_tokens else None,
+        f"out {est}{stats.completion_tokens}" if stats.completion_tokens else None,
+        f"{stats.total_s:.2f}s",
+        f"ctx {round(100 * stats.context_share)} %" if stats.context_share is not None else None,
+        f"drafted {stats.draft_tokens}/{stats.completion_tokens}" if stats.draft_tokens is not None else None,
+        "KV cache rebuilt" if stats.cache_rebuilt else None,
+        _memory(stats.peak_memory_gb),
+        f"dropped {stats.cache_miss_tokens} cached" if stats.cache_miss_tokens else None,
+        "estimated counts" if stats.estimated else None,
+        *(extra or []),
+    ]
+    return "[" + " · ".join(p for p in parts if p) + "]"

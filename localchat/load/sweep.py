@@ -55,6 +55,7 @@ class LoadOptions:
     trim_to: float = DEFAULT_TRIM_TO
     compact: bool = False  # --compact auto: needs --max-context-tokens and the model's local tokenizer
     tools: ToolSettings = field(default_factory=ToolSettings)  # --tools, --mcp: shared by every user
+    api: str | None = None  # "anthropic": the users speak the Messages API (to a gateway) instead of chat completions
 
 
 @dataclass
@@ -170,6 +171,7 @@ class Target:
                              "that is on this machine")
         self.load_tokenizer = functools.cache(loader) if loader else None  # one load for every user
         self.server = None
+        self.gateway = None  # --launch --api anthropic: the gateway in front of the launched server
         self.base_url = opts.base_url
         self.tools = unattended_tools(opts.tools, on_notice=on_status)
 
@@ -179,20 +181,36 @@ class Target:
 
             self.server = start_ready(self.ref, port=free_port(), extra=self.opts.server_args, on_poll=self.on_status)
             self.base_url = self.server.base_url
+            if self.opts.api is not None:
+                self._launch_gateway()
         self._check_reachable()
         return self
 
+    def _launch_gateway(self) -> None:
+        from localchat.gateway.serving import serve_gateway
+        from localchat.gateway.upstream import reach_upstream
+        from localchat.server.launch import free_port
+
+        upstream = reach_upstream(self.base_url, self.ref, timeout_s=self.opts.timeout_s)
+        self.gateway = serve_gateway(upstream, "127.0.0.1", free_port(), (self.opts.api,), None, log=lambda _: None,
+                                     on_poll=self.on_status)
+        self.base_url = self.gateway.url + "/v1"
+
     def __exit__(self, *exc: Any) -> None:
+        if self.gateway is not None:
+            self.gateway.stop()
         if self.server is not None:
             self.server.stop()
         if self.tools is not None:
             self.tools.close()
 
     def backend(self):
+        from localchat.backends.anthropic_http import AnthropicBackend
         from localchat.backends.openai_http import backend_for
 
         backend = backend_for(self.base_url, self.ref, name=self.opts.model, api_key=self.opts.api_key,
-                              load_tokenizer=self.load_tokenizer, timeout_s=self.opts.timeout_s)
+                              load_tokenizer=self.load_tokenizer, timeout_s=self.opts.timeout_s,
+                              kind=AnthropicBackend if self.opts.api == "anthropic" else None)
         if self.tools is not None:
             backend.offer_tools(self.tools.specs)
         return backend

@@ -6,6 +6,7 @@ Each check is timed; the recall check goes through the same history builder and 
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -75,8 +76,11 @@ def _json_object(response: httpx.Response) -> dict:
     return body if isinstance(body, dict) else {}
 
 
-def run_smoke(backend: ServerBackend, judge_recall: bool) -> SmokeReport:
-    """All checks against the server behind ``backend`` (its client and model field)."""
+def run_smoke(backend: ServerBackend, judge_recall: bool, api: str | None = None,
+              judge_tools: bool = False) -> SmokeReport:
+    """All checks against the server behind ``backend`` (its client and model field); with
+    ``api``, the backend speaks that API and its completion and a tool round trip are checked
+    through its SDK (``api_smoke``)."""
     client, root = backend.client, backend.url.removesuffix("/v1")
     report = SmokeReport(backend.url, backend.model_id)
     params = GenerationParams(temperature=0.0, max_tokens=32)
@@ -141,15 +145,25 @@ def run_smoke(backend: ServerBackend, judge_recall: bool) -> SmokeReport:
             return False, "no second turn to look at (the recall check failed first)"
         return stats.cached_tokens > 0, f"turn 2 cached_tokens = {stats.cached_tokens} of {stats.prompt_tokens}"
 
+    endpoint = f"{backend.url}/" + {None: "chat/completions", "anthropic": "messages", "responses": "responses"}[api]
+    api_checks = []
+    if api is not None:
+        from localchat.server import api_smoke
+
+        completion = functools.partial(api_smoke.completion, backend)
+        api_checks = [("tool call round trip", endpoint, lambda: api_smoke.tool_round_trip(backend, judge_tools),
+                       False)]
     checks = [
         ("/health", f"{root}/health", health),
         ("/v1/models", f"{backend.url}/models", models),
-        ("completion", f"{backend.url}/chat/completions", completion),
-        ("streaming + usage", f"{backend.url}/chat/completions", streaming),
-        ("two-turn recall" + ("" if judge_recall else " (not judged)"), f"{backend.url}/chat/completions", recall),
-        ("prompt cache hit on turn 2", f"{backend.url}/chat/completions", cache_hit),
+        ("completion", endpoint, completion),
+        ("streaming + usage", endpoint, streaming),
+        ("two-turn recall" + ("" if judge_recall else " (not judged)"), endpoint, recall),
+        ("prompt cache hit on turn 2", endpoint, cache_hit),
     ]
-    report.checks = [_redacted(_timed(name, url, run), backend) for name, url, run in checks]
+    rows = [_timed(name, url, run) for name, url, run in checks]
+    rows += [_timed(name, url, run, required) for name, url, run, required in api_checks]
+    report.checks = [_redacted(row, backend) for row in rows]
     return report
 
 

@@ -1,0 +1,77 @@
+"""The options of serve, gateway and smoke: the APIs, the gateway's key, the ranks."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from localchat.cli.options import check_api_key
+
+
+def check_apis(value: str | None) -> tuple[str, ...] | None:
+    from localchat.errors import UsageError
+    from localchat.gateway.names import parse_apis
+
+    try:
+        return parse_apis(value)
+    except UsageError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
+ApiOpt = Annotated[Optional[str], typer.Option(callback=check_apis, metavar="API[,API]", show_default=False,
+                                               help="Serve these APIs too, through a gateway: anthropic, responses.")]
+GatewayApiOpt = Annotated[str, typer.Option("--api", callback=check_apis, metavar="API[,API]",
+                                            help="The APIs to serve: anthropic, responses (comma-separated).")]
+class OneApi(str, Enum):
+    anthropic = "anthropic"
+    responses = "responses"
+
+
+def one_api(value: Enum | None) -> str | None:
+    return value.value if value is not None else None
+
+
+SmokeApiOpt = Annotated[Optional[OneApi], typer.Option("--api", callback=one_api, show_default=False,
+                                                       help="Check this API of a gateway instead of chat completions.")]
+class MessagesApi(str, Enum):
+    anthropic = "anthropic"
+
+
+LoadApiOpt = Annotated[Optional[MessagesApi], typer.Option("--api", callback=one_api, show_default=False,
+                                                           help="Drive a gateway's Anthropic Messages API (with "
+                                                                "--launch, one is started in front of the server).")]
+GatewayKeyOpt = Annotated[Optional[str], typer.Option(envvar="LOCALCHAT_GATEWAY_KEY", show_default=False,
+                                                      callback=check_api_key, metavar="KEY",
+                                                      help="The key clients must send (x-api-key or Bearer) [default: none: loopback use].")]
+
+
+class DistributedBackend(str, Enum):
+    """mlx.launch's backends: TCP ring, Thunderbolt 5 RDMA, MPI, NCCL (CUDA)."""
+
+    ring = "ring"
+    jaccl = "jaccl"
+    mpi = "mpi"
+    nccl = "nccl"
+
+
+RanksOpt = Annotated[Optional[int], typer.Option(min=1, max=64, help="Serve from N ranks on this machine (loopback, "
+                                                                     "ring): mlx.launch, tensor parallel.")]
+HostfileOpt = Annotated[Optional[Path], typer.Option(help="mlx.launch's host file: one rank a host (the model "
+                                                          "directory must exist on every host).")]
+DistributedBackendOpt = Annotated[DistributedBackend, typer.Option(help="mlx.launch's backend with --ranks or "
+                                                                         "--hostfile.")]
+
+
+def ranks_of(count: int | None, hostfile: Path | None, backend: DistributedBackend, pipeline: bool) -> Any:
+    """``server.distributed.Ranks`` when the server runs on several ranks, else None."""
+    if count is None and hostfile is None:
+        if pipeline or backend is not DistributedBackend.ring:
+            raise typer.BadParameter("needs --ranks N or --hostfile FILE",
+                                     param_hint="--pipeline" if pipeline else "--distributed-backend")
+        return None
+    from localchat.server.distributed import Ranks
+
+    return Ranks(count=count, hostfile=hostfile, backend=backend.value, pipeline=pipeline)

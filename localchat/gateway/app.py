@@ -1,0 +1,281 @@
+"""The gateway's ASGI app (Starlette): ``/v1/messages`` and ``/v1/messages/count_tokens``
+(Anthropic), ``/v1/responses`` (OpenAI), and ``/v1/chat/completions``, ``/v1/models`` and
+``/health`` passed through to the server as they are.
+
+Every request is checked before anything reaches the server: its key (``x-api-key`` or a Bearer
+header, when the gateway has one), its size (``MAX_BODY_BYTES``, refused as it arrives), its JSON.
+Every failure is an error in the API's own shape; a stream that fails after it began ends with the
+API's error event. One line a request goes to ``log``: what was asked, its status, and its figures
+on the one clock (``[TTFT 0.21s · 38.5 tok/s · in 274 (cached 256) · out 52 · 1.62s]``).
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from localchat import bounded_json
+from localchat.backends import Event
+from localchat.conversation.stats import TurnClock, stats_line
+from localchat.gateway import anthropic_api, responses_api
+from localchat.gateway.names import APIS
+from localchat.gateway.shapes import MAX_BODY_BYTES, ApiError, Ended, GatewayRequest, Idle, invalid
+from localchat.gateway.upstream import Upstream
+
+PASSED = {"/v1/chat/completions": "POST", "/v1/models": "GET", "/health": "GET"}
+
+
+@dataclass
+class Gateway:
+    upstream: Upstream
+    apis: tuple[str, ...] = APIS
+    api_key: str | None = None  # what clients must present; None: loopback use without a key
+    log: Callable[[str], None] = lambda _: None
+    store: responses_api.ResponseStore = field(default_factory=responses_api.ResponseStore)
+    _said: set[str] = field(default_factory=set)
+
+    def app(self) -> Starlette:
+        routes = [Route(path, self.passthrough, methods=[method]) for path, method in PASSED.items()]
+        if "anthropic" in self.apis:
+            routes += [Route("/v1/messages", self.messages, methods=["POST"]),
+                       Route("/v1/messages/count_tokens", self.count_tokens, methods=["POST"])]
+        if "responses" in self.apis:
+            routes.append(Route("/v1/responses", self.responses, methods=["POST"]))
+        return Starlette(routes=routes, exception_handlers={HTTPException: self._http_error, Exception: self._bug})
+
+    # --- the two APIs ----------------------------------------------------------------------------------
+
+    async def messages(self, request: Request) -> Response:
+        clock = TurnClock()  # from the request's arrival: reading and templating count in its TTFT
+        try:
+            self._authorized(request)
+            wanted = anthropic_api.read_request(await _body(request))
+            reply = anthropic_api.MessagesReply(model=wanted.model, input_estimate=await self._estimate(wanted))
+            return await self._reply(request, wanted, reply, reply.message, clock)
+        except ApiError as exc:
+            return self._error(request, exc, anthropic_api.error_body, clock.submitted)
+
+    async def count_tokens(self, request: Request) -> Response:
+        started = time.perf_counter()
+        try:
+            self._authorized(request)
+            wanted = anthropic_api.read_request(await _body(request), counting=True)
+            tokens = await run_in_threadpool(self.upstream.count_tokens, wanted)
+        except ApiError as exc:
+            return self._error(request, exc, anthropic_api.error_body, started)
+        self.log(f"POST {request.url.path} 200 · {tokens} input tokens · {time.perf_counter() - started:.2f}s")
+        return JSONResponse({"input_tokens": tokens})
+
+    async def responses(self, request: Request) -> Response:
+        clock = TurnClock()
+        try:
+            self._authorized(request)
+            body = await _body(request)
+            wanted = responses_api.read_request(body, self.store)
+            reply = responses_api.ResponsesReply(request=wanted, body=body)
+
+            def final(ended: Ended) -> dict[str, Any]:
+                response = reply.final(ended)
+                self._keep(body, reply, ended)
+                return response
+
+            return await self._reply(request, wanted, reply, final, clock,
+                                     on_end=lambda ended: self._keep(body, reply, ended))
+        except ApiError as exc:
+            return self._error(request, exc, responses_api.error_body, clock.submitted)
+
+    def _keep(self, body: dict[str, Any], reply: responses_api.ResponsesReply, ended: Ended) -> None:
+        if body.get("store", True) is not False and ended.error is None:
+            self.store.keep(reply.id, reply.conversation())
+
+    async def _estimate(self, wanted: GatewayRequest) -> int:
+        """The prompt's tokens counted here for ``message_start`` (the server's count comes last)."""
+        if self.upstream.template is None:
+            return 0
+        try:
+            return await run_in_threadpool(self.upstream.count_tokens, wanted)
+        except ApiError:
+            return 0  # the request itself says what is wrong, in a moment
+
+    async def _reply(self, request: Request, wanted: GatewayRequest, reply: Any, final: Callable[[Ended], dict],
+                     clock: TurnClock, on_end: Callable[[Ended], None] = lambda _: None) -> Response:
+        """The reply, streamed or whole. A stream's first item is awaited before the answer begins,
+        so that a server that is down is an error status, not a stream that fails at once."""
+        self._say_dropped(wanted)
+        started = clock.submitted
+        backend = self.upstream.backend(wanted)
+        items = self.upstream.replies(wanted, backend, clock)
+        first = await anext(items)
+        if isinstance(first, Ended) and first.error is not None:
+            await items.aclose()
+            raise ApiError(502, "api_error", first.error)
+        if not wanted.stream:
+            ended = first if isinstance(first, Ended) else None
+            if ended is None:
+                reply.events(first)
+                async for item in items:
+                    if isinstance(item, Ended):
+                        ended = item
+                    elif not isinstance(item, Idle):
+                        reply.events(item)
+            self._figures(request, 200, ended, started)
+            return JSONResponse(final(ended))
+        return StreamingResponse(self._stream(request, reply, first, items, on_end, clock),
+                                 media_type="text/event-stream", headers={"cache-control": "no-cache"})
+
+    async def _stream(self, request: Request, reply: Any, first: Event | Idle | Ended,
+                      items: AsyncIterator[Event | Idle | Ended], on_end: Callable[[Ended], None],
+                      clock: TurnClock) -> AsyncIterator[str]:
+        started, ended = clock.submitted, None
+        try:
+            for event in reply.start():
+                yield _sse(event)
+            item: Any = first
+            while True:
+                if isinstance(item, Idle):
+                    yield _sse({"type": "ping"}) if isinstance(reply, anthropic_api.MessagesReply) else ": ping\n\n"
+                elif isinstance(item, Ended):
+                    ended = item
+                    on_end(item)
+                    for event in reply.end(item):
+                        yield _sse(event)
+                    return
+                else:
+                    for event in reply.events(item):
+                        yield _sse(event)
+                item = await anext(items)
+        except Exception as exc:  # a bug must not leave a traceback or a stream without its end
+            line = f"unexpected {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            ended = Ended(stats=clock.finish(None), finish_reason=None, error=line)
+            for event in reply.end(ended):
+                yield _sse(event)
+        finally:
+            await items.aclose()  # also when the client went away: the upstream request is closed
+            if ended is None:
+                self.log(f"POST {request.url.path} · the client went away after {time.perf_counter() - started:.2f}s;"
+                         " the request to the server was closed")
+            else:
+                self._figures(request, 200, ended, started)
+
+    # --- passed through --------------------------------------------------------------------------------
+
+    async def passthrough(self, request: Request) -> Response:
+        """The server's own endpoints, as they are (a stream relayed as it comes)."""
+        started = time.perf_counter()
+        try:
+            if request.url.path != "/health":
+                self._authorized(request)
+            content = await _raw_body(request) if request.method == "POST" else None
+        except ApiError as exc:
+            return self._error(request, exc, responses_api.error_body, started)
+        root = self.upstream.base_url.removesuffix("/v1")
+        headers = {"content-type": request.headers.get("content-type", "application/json")}
+        if self.upstream.api_key:
+            headers["authorization"] = f"Bearer {self.upstream.api_key}"
+        client = httpx.AsyncClient(timeout=httpx.Timeout(self.upstream.timeout_s, connect=5.0))
+        try:
+            sent = client.build_request(request.method, root + request.url.path, content=content, headers=headers,
+                                        params=request.query_params)
+            response = await client.send(sent, stream=True)
+        except httpx.HTTPError as exc:
+            await client.aclose()
+            return self._error(request, ApiError(502, "api_error", f"the server behind the gateway: "
+                                                 f"{type(exc).__name__} ({exc})"), responses_api.error_body, started)
+
+        async def relay() -> AsyncIterator[bytes]:
+            try:
+                async for chunk in response.aiter_raw():
+                    yield chunk
+            except httpx.HTTPError:
+                pass  # the server went away mid-stream: the client sees the stream end
+            finally:
+                await response.aclose()
+                await client.aclose()
+                self.log(f"{request.method} {request.url.path} {response.status_code} (passed through) · "
+                         f"{time.perf_counter() - started:.2f}s")
+
+        kind = response.headers.get("content-type", "application/json")
+        return StreamingResponse(relay(), status_code=response.status_code, media_type=kind)
+
+    # --- checks, errors and the log ----------------------------------------------------------------------
+
+    def _authorized(self, request: Request) -> None:
+        if self.api_key is None:
+            return
+        given = request.headers.get("x-api-key") or request.headers.get("authorization", "").removeprefix("Bearer ")
+        if not hmac.compare_digest(given.strip().encode(), self.api_key.encode()):
+            raise ApiError(401, "authentication_error", "invalid or missing API key (x-api-key or "
+                                                        "Authorization: Bearer)")
+
+    def _say_dropped(self, wanted: GatewayRequest) -> None:
+        new = [name for name in wanted.dropped_tools if name not in self._said]
+        if new:
+            self._said.update(new)
+            self.log(f"tools left out (no local model runs them; said once): {', '.join(new)}")
+
+    def _figures(self, request: Request, status: int, ended: Ended | None, started: float) -> None:
+        figures = stats_line(ended.stats) if ended is not None else f"{time.perf_counter() - started:.2f}s"
+        how = f" · stop sequence {ended.stop_sequence!r}" if ended and ended.stop_sequence else ""
+        self.log(f"POST {request.url.path} {status} · {self.upstream.model_id} · {figures}{how}")
+
+    def _error(self, request: Request, error: ApiError, shape: Callable[[ApiError], dict], started: float) -> Response:
+        self.log(f"{request.method} {request.url.path} {error.status} · {error.message} · "
+                 f"{time.perf_counter() - started:.2f}s")
+        return JSONResponse(shape(error), status_code=error.status)
+
+    def _shape_for(self, request: Request) -> Callable[[ApiError], dict]:
+        return anthropic_api.error_body if request.url.path.startswith("/v1/messages") else responses_api.error_body
+
+    async def _http_error(self, request: Request, exc: Exception) -> Response:
+        status = getattr(exc, "status_code", 500)
+        kind = {404: "not_found_error", 405: "invalid_request_error"}.get(status, "api_error")
+        message = {404: f"no such endpoint: {request.url.path}",
+                   405: f"{request.method} is not allowed on {request.url.path}"}.get(status, str(exc))
+        return self._error(request, ApiError(status, kind, message), self._shape_for(request), time.perf_counter())
+
+    async def _bug(self, request: Request, exc: Exception) -> Response:
+        line = f"unexpected {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        return self._error(request, ApiError(500, "api_error", line), self._shape_for(request), time.perf_counter())
+
+
+def _sse(event: dict[str, Any]) -> str:
+    return f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"
+
+
+async def _raw_body(request: Request) -> bytes:
+    """The body, refused (413) past ``MAX_BODY_BYTES`` as it arrives, whatever Content-Length says."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise ApiError(413, "request_too_large", f"the request is {int(declared):,} bytes, over the "
+                                                 f"gateway's limit of {MAX_BODY_BYTES:,}")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise ApiError(413, "request_too_large", f"the request is over the gateway's limit of {MAX_BODY_BYTES:,} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _body(request: Request) -> Any:
+    raw = await _raw_body(request)
+    try:
+        body = bounded_json.loads(raw)
+        json.dumps(body, ensure_ascii=False).encode("utf-8")  # a lone surrogate cannot travel on
+    except UnicodeError:
+        raise invalid("the body holds text that is not valid Unicode (UTF-8, no lone surrogates)") from None
+    except ValueError as exc:
+        raise invalid(f"the body is not valid JSON: {exc}") from None
+    return body

@@ -1,0 +1,110 @@
+"""The gateway served (uvicorn, in a thread of this process) and known to be ready: a 1-token
+request through it succeeds, as ``serve`` knows mlx_lm.server is ready.
+
+uvicorn because it is the ASGI server Starlette is made for, already here with the MCP SDK, and it
+streams server-sent events and notices a client that goes away; it runs in a thread so that the
+command keeps its own signal handling (Ctrl+C and SIGTERM stop the gateway and the server together).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import httpx
+
+from localchat.errors import LocalchatError
+from localchat.gateway.app import Gateway
+from localchat.gateway.upstream import Upstream
+from localchat.server.launch import port_is_free
+
+READY_TIMEOUT_S = 60.0
+
+
+class GatewayStartError(LocalchatError):
+    pass
+
+
+@dataclass
+class RunningGateway:
+    server: object  # uvicorn.Server
+    thread: threading.Thread
+    url: str  # the public root, e.g. http://127.0.0.1:8080
+
+    @property
+    def alive(self) -> bool:
+        return self.thread.is_alive()
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        """Stop taking requests; open streams get ``grace_s`` to end, then are cut."""
+        self.server.should_exit = True
+        self.thread.join(grace_s + 1.0)
+        if self.thread.is_alive():
+            self.server.force_exit = True
+            self.thread.join(2.0)
+
+
+def start_gateway(gateway: Gateway, host: str, port: int) -> RunningGateway:
+    import uvicorn
+
+    if not port_is_free(host, port):
+        raise GatewayStartError(f"port {port} on {host} is already in use: pick another with --port N")
+    config = uvicorn.Config(gateway.app(), host=host, port=port, log_level="critical", access_log=False,
+                            lifespan="off", timeout_graceful_shutdown=5, server_header=False)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="gateway", daemon=True)
+    thread.start()
+    shown_host = f"[{host}]" if ":" in host else host
+    running = RunningGateway(server=server, thread=thread, url=f"http://{shown_host}:{port}")
+    deadline = time.monotonic() + 10.0
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            running.stop()
+            raise GatewayStartError(f"the gateway could not listen on {host}:{port}")
+        time.sleep(0.02)
+    return running
+
+
+def wait_ready(running: RunningGateway, apis: tuple[str, ...], api_key: str | None, model: str,
+               on_poll: Callable[[str], None] = lambda _: None, timeout_s: float = READY_TIMEOUT_S) -> float:
+    """Seconds until a 1-token request through the gateway succeeds (in each API it serves)."""
+    started = time.perf_counter()
+    headers = {"x-api-key": api_key} if api_key else {}
+    probes = {"anthropic": ("/v1/messages", {"model": model, "max_tokens": 1,
+                                             "messages": [{"role": "user", "content": "Hi"}]}),
+              "responses": ("/v1/responses", {"model": model, "max_output_tokens": 1, "input": "Hi", "store": False})}
+    last = "no answer yet"
+    with httpx.Client(timeout=httpx.Timeout(60.0, connect=2.0), headers=headers) as client:
+        for api in apis:
+            path, body = probes[api]
+            while True:
+                if not running.alive:
+                    raise GatewayStartError("the gateway stopped during start-up")
+                try:
+                    response = client.post(running.url + path, json=body)
+                    if response.status_code == 200:
+                        break
+                    last = f"HTTP {response.status_code}: {response.text[:200]}"
+                except httpx.HTTPError as exc:
+                    last = f"{type(exc).__name__}"
+                if time.perf_counter() - started > timeout_s:
+                    raise GatewayStartError(f"a 1-token request through the gateway ({path}) did not succeed in "
+                                            f"{timeout_s:.0f}s: {last}")
+                on_poll(f"checking {path} through the gateway … ({last})")
+                time.sleep(0.3)
+    return time.perf_counter() - started
+
+
+def serve_gateway(upstream: Upstream, host: str, port: int, apis: tuple[str, ...], api_key: str | None,
+                  log: Callable[[str], None], on_poll: Callable[[str], None] = lambda _: None) -> RunningGateway:
+    """The gateway in front of ``upstream``, started and ready (or stopped, and the error raised)."""
+    gateway = Gateway(upstream, apis=apis, api_key=api_key, log=log)
+    running = start_gateway(gateway, host, port)
+    try:
+        wait_ready(running, apis, api_key, upstream.model_field, on_poll=on_poll)
+    except BaseException:
+        running.stop()
+        raise
+    return running

@@ -1,0 +1,50 @@
+"""A gateway for a test: in front of a real mlx_lm.server (or a fake one), on a free loopback port,
+its log lines kept, stopped after."""
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import httpx
+
+from localchat.gateway.serving import RunningGateway, serve_gateway, start_gateway
+from localchat.gateway.upstream import Upstream, reach_upstream
+from localchat.registry import resolve
+from localchat.server.launch import free_port
+
+
+@dataclass
+class TestGateway:
+    running: RunningGateway
+    upstream: Upstream
+    logs: list[str] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return self.running.url
+
+    def post(self, path: str, **kwargs) -> httpx.Response:
+        return httpx.post(self.url + path, timeout=60.0, **kwargs)
+
+
+@contextmanager
+def gateway_for(base_url: str, model: str | None = None, *, api_key: str | None = None, ready: bool = True,
+                **upstream_fields) -> Iterator[TestGateway]:
+    """The gateway in front of ``base_url``; ``ready`` waits for a 1-token request through it (a
+    real server), otherwise it only listens (a fake server scripted by the test)."""
+    logs: list[str] = []
+    ref = resolve(model) if model else None
+    if ready:
+        upstream = reach_upstream(base_url, ref)
+        for name, value in upstream_fields.items():
+            setattr(upstream, name, value)
+        running = serve_gateway(upstream, "127.0.0.1", free_port(), ("anthropic", "responses"), api_key, logs.append)
+    else:
+        from localchat.gateway.app import Gateway
+
+        upstream = Upstream(base_url=base_url, model_field="default_model", model_id="fake", **upstream_fields)
+        running = start_gateway(Gateway(upstream, api_key=api_key, log=logs.append), "127.0.0.1", free_port())
+    try:
+        yield TestGateway(running, upstream, logs)
+    finally:
+        running.stop()
