@@ -10,7 +10,7 @@ import typer
 
 from localchat.backends import DEFAULT_BASE_URL, DEFAULT_TIMEOUT_S
 from localchat.cli.chat_command import chat
-from localchat.cli.dispatch import OneLineErrors, err_console, out_console, run
+from localchat.cli.dispatch import ListsByDefault, OneLineErrors, err_console, out_console, run
 from localchat.cli.measure_commands import SERVER_ARGS, bench, load
 from localchat.cli.options import (
     ApiKeyOpt,
@@ -152,24 +152,22 @@ def sessions_export(
     run("localchat.cli.sessions:export_session", name=name, fmt=format.value)
 
 
-log_app = typer.Typer(help="Every conversation, kept as it happens: list, search (-q), show, remove.", cls=OneLineErrors,
-                      invoke_without_command=True, rich_markup_mode=None)
+log_app = typer.Typer(help="Every conversation, kept as it happens: list (the default), search (-q), show, remove.",
+                      cls=ListsByDefault, rich_markup_mode=None)
 app.add_typer(log_app, name="log")
 
 
-@log_app.callback()
+@log_app.command("list")
 def log_list(
-    ctx: typer.Context,
     query: Annotated[Optional[str], typer.Option("--query", "-q", metavar="TEXT", help="Search questions, answers and tool results (FTS5: words, \"a phrase\", pre*, a OR b, NEAR(a b)).")] = None,
     model: Annotated[Optional[str], typer.Option("--model", "-m", metavar="MODEL", help="Only this model's conversations.")] = None,
     since: Annotated[Optional[str], typer.Option(metavar="AGE", help="Only the last 30m, 12h, 2d, 3w.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print a machine-readable result.")] = False,
     limit: Annotated[int, typer.Option(min=1, max=1000, help="At most this many lines.")] = 20,
 ) -> None:
-    """The recent conversations, or with -q the turns that match, best first."""
-    if ctx.invoked_subcommand is None:
-        run("localchat.cli.log:show_log", console=out_console(), query=query, model=model, since=since,
-            as_json=as_json, limit=limit)
+    """The recent conversations, or with -q the turns that match, best first (`localchat log -q …`)."""
+    run("localchat.cli.log:show_log", console=out_console(), query=query, model=model, since=since,
+        as_json=as_json, limit=limit)
 
 
 @log_app.command("show")

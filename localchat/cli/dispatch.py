@@ -106,6 +106,17 @@ class OneLineErrors(TyperGroup):
             return super().invoke(ctx)
 
 
+class ListsByDefault(OneLineErrors):
+    """A group whose ``list`` subcommand is the default: ``localchat log -q harbor`` is ``localchat
+    log list -q harbor``. The group itself then takes no options, so ``log show --help`` coerces none
+    (Typer would load pydantic for them)."""
+
+    def parse_args(self, ctx, args):
+        if not args or (args[0] not in self.commands and args[0] not in ("--help", "-h")):
+            args = ["list", *args]
+        return super().parse_args(ctx, args)
+
+
 def err_console() -> TerminalConsole:
     """stderr, for errors, notices and progress (Rich is loaded only when something is printed)."""
     from localchat.cli.terminal import console
