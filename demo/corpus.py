@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from typing import Callable, Literal
 
 from localchat.conversation.history import system_first
-from localchat.grammar.formats import DEFAULT_INSTRUCTION as JSON_SYSTEM
 from localchat.demo import (
     NUMBER_MAX,
     REAL_WORDS,
@@ -28,6 +27,7 @@ from localchat.demo import (
     random_code,
     random_string,
 )
+from localchat.grammar.formats import DEFAULT_INSTRUCTION as JSON_SYSTEM
 
 REFUSAL = {"en": "I don't know.", "zh": "不知道。"}
 ECHO = {

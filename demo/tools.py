@@ -64,6 +64,7 @@ REMAKE = ("uv run python -m demo.tools --out /tmp/tools-1\n    "
           "--seed 5 --renamed 0.75")
 STAGES = "six stages of 600 steps, each from the one before"
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
+COMMON_SERVERS = ("math", "calc", "tools", "demo", "util", "numbers", "local", "mcp")  # for --common
 OTHER_TOOLS = [  # tools offered beside the sum, as MCP servers offer them: the model must pick the one that adds
     ("get_current_time", "Get the current time in a timezone.", ["timezone"]),
     ("convert_time", "Convert a time between timezones.", ["source_timezone", "time", "target_timezone"]),
@@ -94,17 +95,20 @@ def sum_exchange(rng: random.Random, lang: str, name: str = "add") -> list[dict]
             {"role": "assistant", "content": ANSWER[lang].format(a=a, b=b, s=a + b)}]
 
 
-def prefixed(rng: random.Random, name: str) -> str:
+def prefixed(rng: random.Random, name: str, common: float = 0.0) -> str:
     """``name`` as an MCP server exposes it (``SERVER_TOOL``): a prefix of random letters, so that the
-    model learns to copy the name it is offered rather than to remember any."""
+    model learns to copy the name it is offered rather than to remember any, or (``common`` of the
+    time) a server name that is common (``math``: the example server's)."""
+    if rng.random() < common:
+        return f"{rng.choice(COMMON_SERVERS)}_{name}"
     prefix = "".join(rng.choice(LETTERS) for _ in range(rng.randint(2, 8)))
     return f"{prefix}{rng.choice('__-')}{name}"
 
 
-def offered_tools(rng: random.Random, spec: dict, renamed: float) -> tuple[str, list[dict]]:
+def offered_tools(rng: random.Random, spec: dict, renamed: float, common: float = 0.0) -> tuple[str, list[dict]]:
     """The adding tool's name and the tools offered with it: ``add`` itself, or (``renamed`` of the
     time) a prefixed name, sometimes among other tools."""
-    name = prefixed(rng, "add") if rng.random() < renamed else "add"
+    name = prefixed(rng, "add", common) if rng.random() < renamed else "add"
     adding = {**spec, "function": {**spec["function"], "name": name}}
     others = [{"type": "function", "function": {
         "name": prefixed(rng, other) if name != "add" else other, "description": text,
@@ -142,9 +146,10 @@ def encode(tok, messages: list[dict], tools: list[dict] | None) -> tuple[list[in
     return enc["input_ids"], mask
 
 
-def training_row(tok, rng: random.Random, share: float, spec: dict, renamed: float = 0.0) -> tuple[list[int], list[int]]:
+def training_row(tok, rng: random.Random, share: float, spec: dict, renamed: float = 0.0,
+                 common: float = 0.0) -> tuple[list[int], list[int]]:
     if rng.random() < share:
-        name, tools = offered_tools(rng, spec, renamed)
+        name, tools = offered_tools(rng, spec, renamed, common)
         return encode(tok, tool_dialogue(rng, rng.choice(["en", "zh"]), name), tools)
     dialogue = training_dialogue(rng, "main", recovery=0.04)
     tools = [spec] if rng.random() < 0.3 else None  # offering a tool changes nothing else it says
@@ -180,7 +185,8 @@ def evaluate_tools(path: Path, n: int, seed: int) -> dict:
     conversation, its first in history. ``call``: the first reply calls add with the question's
     numbers; ``answer``: then the answer holds the sum; ``second``: both, for the second sum;
     ``named``: a first sum called and answered when the tool is offered under a held-out prefixed
-    name (``xq_add``, as an MCP server exposes it), sometimes beside other tools."""
+    name (``xq_add``, as an MCP server exposes it), sometimes beside other tools; ``named_raw``: the
+    same without the call grammar (as over HTTP, where mlx_lm.server masks nothing)."""
     from localchat.backends.inproc import load_inproc
     from localchat.registry import ModelRef
     from localchat.tools.host import ToolHost
@@ -190,7 +196,7 @@ def evaluate_tools(path: Path, n: int, seed: int) -> dict:
     figures = {}
     try:
         for lang in ("en", "zh"):
-            passed, failures = {"call": 0, "answer": 0, "second": 0, "named": 0}, []
+            passed, failures = {"call": 0, "answer": 0, "second": 0, "named": 0, "named_raw": 0}, []
             for k in range(n):
                 first, second = _conversation(backend, host, rng, lang, system=k % 2 == 0, turns=2)
                 passed["call"] += first[0]
@@ -200,6 +206,11 @@ def evaluate_tools(path: Path, n: int, seed: int) -> dict:
                 renamed = RenamedAdd(host, prefixed(rng, "add").replace("-", "_"), offered_tools(rng, host.specs[0],
                                                                                                   1.0)[1][1:])
                 passed["named"] += _conversation(backend, renamed, rng, lang, system=k % 2 == 1, turns=1)[0][1]
+                backend.grammar.masks_calls = False  # as mlx_lm.server runs it: no call grammar
+                try:
+                    passed["named_raw"] += _conversation(backend, renamed, rng, lang, system=k % 2 == 1, turns=1)[0][1]
+                finally:
+                    backend.grammar.masks_calls = True
             for name, count in passed.items():
                 figures[f"{name}_{lang}"] = {"passed": count, "total": n, "rate": round(count / n, 4)}
             figures[f"second_{lang}"]["failures"] = failures
@@ -274,6 +285,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--share", type=float, default=0.3, help="share of the rows that call the tool")
     p.add_argument("--renamed", type=float, default=0.0, help="share of those that offer it under a prefixed name")
+    p.add_argument("--common", type=float, default=0.0, help="share of the prefixes that are common server names")
     p.add_argument("--tools-n", type=int, default=100, help="held-out sums per language")
     p.add_argument("--evaluate-only", action="store_true", help="score the model already in --out (no training)")
     return fine_tune_args(p, argv, steps=600, lr=3e-4, eval_n=200)
@@ -294,7 +306,8 @@ def main(argv=None) -> dict | None:
         trained = load(str(args.out)) if group.rank() == 0 else None
         train_s = earlier_training_seconds(args.out)
     else:
-        rows = [training_row(tok, rng, args.share, spec, args.renamed) for _ in range(args.steps * args.batch)]
+        rows = [training_row(tok, rng, args.share, spec, args.renamed, args.common)
+                for _ in range(args.steps * args.batch)]
         rows = [r for r in rows if len(r[0]) <= MAX_ROW_TOKENS]
         log(group, f"corpus: {len(rows):,} conversations, {sum(len(ids) for ids, _ in rows):,} tokens")
         trained, train_s = fine_tune(args, tok, rows, group), time.perf_counter() - started

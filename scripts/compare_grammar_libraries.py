@@ -42,7 +42,6 @@ def llguidance_walk(tokenizer, schema, ids):
     import llguidance
     import llguidance.hf
     import llguidance.numpy
-    import numpy as np
 
     started = time.perf_counter()
     lltok = llguidance.hf.from_tokenizer(tokenizer)

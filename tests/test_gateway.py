@@ -149,7 +149,7 @@ ANTHROPIC_BAD = {
     "messages an object": ({**GOOD, "messages": {"role": "user"}}, "messages: must be a list"),
     "no messages": ({**GOOD, "messages": []}, "at least one message"),
     "content a number": ({**GOOD, "messages": [{"role": "user", "content": 5}]}, "messages.0.content"),
-    "unknown role": ({**GOOD, "messages": [{"role": "system", "content": "Hi"}]}, "messages.0.role"),
+    "unknown role": ({**GOOD, "messages": [{"role": "tool", "content": "Hi"}]}, "messages.0.role"),
     "an image": ({**GOOD, "messages": [{"role": "user", "content": [
         {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}]}]},
         "image blocks are not supported"),
@@ -303,3 +303,12 @@ def test_a_long_prefill_is_kept_alive_with_pings():
             assert ": ping" in responses and "response.completed" in responses
     finally:
         fake.close()
+
+
+def test_a_system_message_among_messages_is_user_text_where_it_stands_as_claude_code_sends_it(server, claude, gateway):
+    reminder = "Answer briefly."
+    sent = [CONVERSATION[0], CONVERSATION[1], {"role": "system", "content": reminder}, CONVERSATION[2]]
+    reply = claude.messages.create(model="m", max_tokens=32, messages=sent)
+    joined = [CONVERSATION[0], CONVERSATION[1], {"role": "user", "content": f"{reminder}\n\n{RECALL}"}]
+    assert reply.content[0].text == chat_completion(server, joined)["choices"][0]["message"]["content"]
+    assert httpx.head(gateway.url + "/").status_code == 200  # Claude Code checks that something answers

@@ -1,7 +1,9 @@
 """The Anthropic Messages API (``/v1/messages``, ``/v1/messages/count_tokens``): a request read
 into chat messages, and the reply written back as Anthropic's message or its event stream.
 
-Read: ``system`` (a string or text blocks), messages of text, ``tool_use``, ``tool_result`` and
+Read: ``system`` (a string or text blocks), messages of text (a system message among them, as
+Claude Code sends its reminders, is read as the user's text where it stands: a chat template takes
+one system message, first, and moving it there would lose the server's prompt cache), ``tool_use``, ``tool_result`` and
 ``thinking`` blocks (an image or a document is refused: the model reads text), the samplers,
 ``stop_sequences``, ``tools`` with ``input_schema`` and ``tool_choice``, ``thinking``. Tools of
 Anthropic's own kinds (web search, a computer) are left out, said in the gateway's log. Written:
@@ -89,13 +91,17 @@ def _messages(body: dict[str, Any]) -> list[Message]:
         raise invalid("messages: at least one message is required", "messages")
     for path, message in pairs:
         role = read(message, "role", str, path, required=True)
-        if role not in ("user", "assistant"):
-            raise invalid(f"{path}.role: must be 'user' or 'assistant', not {role!r}", f"{path}.role")
+        if role not in ("user", "assistant", "system"):
+            raise invalid(f"{path}.role: must be 'user', 'assistant' or 'system', not {role!r}", f"{path}.role")
         content = message.get("content")
         blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
         if not isinstance(blocks, list):
             raise invalid(f"{path}.content: must be a string or a list of content blocks", f"{path}.content")
-        out.extend(_user(blocks, path, names) if role == "user" else _assistant(blocks, path, names))
+        if role == "system":  # Claude Code's reminders: user text where they stand (the cached prefix stays)
+            out.append({"role": "user", "content": "\n\n".join(_text_block(b, f"{path}.content.{i}")
+                                                                for i, b in enumerate(blocks))})
+        else:
+            out.extend(_user(blocks, path, names) if role == "user" else _assistant(blocks, path, names))
     if out[-1]["role"] == "assistant":
         raise invalid("the last message must be the user's: continuing an assistant's message is not supported "
                       "by this gateway", "messages")

@@ -48,6 +48,7 @@ class Gateway:
 
     def app(self) -> Starlette:
         routes = [Route(path, self.passthrough, methods=[method]) for path, method in PASSED.items()]
+        routes.append(Route("/", self.root, methods=["GET", "HEAD"]))  # clients check that something answers
         if "anthropic" in self.apis:
             routes += [Route("/v1/messages", self.messages, methods=["POST"]),
                        Route("/v1/messages/count_tokens", self.count_tokens, methods=["POST"])]
@@ -168,6 +169,9 @@ class Gateway:
                          " the request to the server was closed")
             else:
                 self._figures(request, 200, ended, started)
+
+    async def root(self, request: Request) -> Response:
+        return JSONResponse({"name": "localchat gateway", "apis": list(self.apis), "model": self.upstream.model_id})
 
     # --- passed through --------------------------------------------------------------------------------
 
