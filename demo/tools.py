@@ -305,6 +305,7 @@ def main(argv=None) -> dict | None:
 
         trained = load(str(args.out)) if group.rank() == 0 else None
         train_s = earlier_training_seconds(args.out)
+        started -= train_s  # the stage's time, on its card, counts the training it scores
     else:
         rows = [training_row(tok, rng, args.share, spec, args.renamed, args.common)
                 for _ in range(args.steps * args.batch)]

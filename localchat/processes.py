@@ -113,12 +113,17 @@ def signal_group(pgid: int, signum: int) -> None:
         pass
 
 
-def kill_pids(pids: list[int]) -> None:
+def kill_pids(pids: list[int], timeout_s: float = GRACE_S) -> None:
+    """SIGKILL to each, then wait until each has ended: the signal is delivered at once, the death
+    comes a moment later (longer on a busy machine), and what follows must not see them alive."""
     for pid in pids:
         try:
             os.kill(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+    deadline = time.monotonic() + timeout_s
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(POLL_S / 5)
 
 
 def wait_group_gone(pgid: int, timeout_s: float) -> bool:
