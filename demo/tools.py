@@ -60,9 +60,11 @@ REMAKE = ("uv run python -m demo.tools --out /tmp/tools-1\n    "
           "uv run python -m demo.tools --demo /tmp/tools-2 --out /tmp/tools-3 --share 0.8 --lr 3e-4 --seed 2\n    "
           "uv run python -m demo.tools --demo /tmp/tools-3 --out /tmp/tools-4 --share 0.9 --lr 2e-4 --seed 3\n    "
           "uv run python -m demo.tools --demo /tmp/tools-4 --out /tmp/tools-5 --share 0.8 --lr 2e-4 --seed 4\n    "
-          "uv run python -m demo.tools --demo /tmp/tools-5 --out localchat/demo_tools_model --share 0.8 --lr 2e-4 "
-          "--seed 5 --renamed 0.75")
-STAGES = "six stages of 600 steps, each from the one before"
+          "uv run python -m demo.tools --demo /tmp/tools-5 --out /tmp/tools-6 --share 0.8 --lr 2e-4 --seed 5 "
+          "--renamed 0.75\n    "
+          "uv run python -m demo.tools --demo /tmp/tools-6 --out localchat/demo_tools_model --share 0.8 --lr 3e-4 "
+          "--seed 7 --renamed 0.9 --common 0.5")
+STAGES = "seven stages of 600 steps, each from the one before"
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 COMMON_SERVERS = ("math", "calc", "tools", "demo", "util", "numbers", "local", "mcp")  # for --common
 OTHER_TOOLS = [  # tools offered beside the sum, as MCP servers offer them: the model must pick the one that adds
@@ -249,8 +251,9 @@ def model_card(report: dict, card: dict) -> str:
 
 The bundled demo model fine-tuned ({STAGES}) to call `add` from
 `examples/tools/add.py` when asked for a sum, in English and Chinese, and to answer from its result;
-the sixth stage taught it to call the adding tool by the name it is offered under (`math_add` from
-the MCP server in `examples/mcp/add.json`):
+the sixth stage taught it to call the adding tool by the name it is offered under, the seventh to
+write common server names (`math_add` from the MCP server in `examples/mcp/add.json`) without the
+call grammar, as it must through mlx_lm.server:
 
     uv run localchat chat -m demo-tools --tools examples/tools/add.py "What is 12 plus 30?"
 
@@ -271,8 +274,10 @@ Held-out conversations, temperature 0 (the sums through localchat's own tool loo
 answer holds the sum; `second_*`: both, for a second sum asked in the same conversation (half of the
 conversations with a system message, half without); `named_*`: a first sum called and answered when
 the tool is offered under a held-out prefixed name (`xq_add`, as an MCP server's `SERVER_TOOL` name
-is), sometimes beside other tools. Calls are decoded under the call grammar (their arguments under
-`add`'s schema), as localchat runs them in-process. Remake it (about {report['total_minutes']:.0f} minutes a stage
+is), sometimes beside other tools, its calls decoded under the call grammar (their arguments under
+`add`'s schema) as localchat runs them in-process; `named_raw_*`: the same without that grammar, as
+through mlx_lm.server (a held-out prefix is rarely copied whole; the eight common server names of its
+training, `math` among them, were written right in 64 of 64 calls through mlx_lm.server, by hand). Remake it (about {report['total_minutes']:.0f} minutes a stage
 here). Each stage is deterministic for its seed, but the shipped weights' first stage taught an earlier wording of the
 answer and stages 1-4 taught sums with no earlier sum in the conversation (a second sum went
 uncalled: 0/20), so a remake is a model of the same kind, not the same bytes:

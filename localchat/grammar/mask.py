@@ -44,11 +44,9 @@ class _Tracked:
     def follow(self, tokens: list[int]) -> None:
         """Consume ``tokens``, rolling back what no longer matches them; once the grammar has ended
         (a call's end marker), what follows is not its own."""
-        same = 0
-        for a, b in zip(self.consumed, tokens):
-            if a != b:
-                break
-            same += 1
+        same = len(self.consumed)
+        if tokens[:same] != self.consumed:  # (compared whole first: a rollback is rare)
+            same = next(i for i, (a, b) in enumerate(zip(self.consumed, tokens + [None])) if a != b)
         if same < len(self.consumed):
             self.matcher.rollback(len(self.consumed) - same)
             del self.consumed[same:]
@@ -73,7 +71,8 @@ class MaskedDecoding:
         self._answer = _Tracked(LLMatcher(llg, grammars.answer)) if grammars.answer else None
         self._calls: dict[int, _Tracked] = {}  # a call's matcher, by where its tokens start
         self._marker_at: dict[tuple[int, ...], bool] = {}  # whether a window of tokens ends with a start marker
-        self._bits: tuple[Any, Any] | None = None  # each logit's word and bit in a bitmask, as MLX arrays
+        self._minus_inf: Any = None  # in the logits' dtype, made once
+        self._eos = frozenset(llg.eos_tokens)
         self.mask_s, self.masked = 0.0, 0
         import mlx.core as mx
 
@@ -174,14 +173,14 @@ class MaskedDecoding:
     def _mask_of(self, tracked: _Tracked, tokens: list[int], also: int | None = None) -> Any:
         import llguidance.numpy as llg_numpy
 
-        if tokens and tokens[-1] in self.llg.eos_tokens:
+        if tokens and tokens[-1] in self._eos:
             return None  # the reply has ended: this step's token is never used
         tracked.follow(tokens)
         matcher = tracked.matcher
         if matcher.is_error():  # (an errored matcher says it has stopped, too)
             raise DeadEnd(f"the reply left the format it must follow ({_first_line(matcher.get_error())})")
         if matcher.is_stopped():  # the answer is whole: only its end may follow
-            return self._only(*self.llg.eos_tokens)
+            return self._only(*self._eos)
         mask = llg_numpy.allocate_token_bitmask(1, self.llg.vocab_size)
         llg_numpy.fill_next_token_bitmask(matcher, mask)
         if also is not None:
@@ -200,22 +199,19 @@ class MaskedDecoding:
         return mask
 
     def _apply(self, bitmask: Any, logits: Any) -> Any:
-        """Tokens outside the bitmask to minus infinity, in MLX (the bits are read in the step's
-        graph, not in Python); a vocabulary's padding rows past the bitmask are never allowed."""
+        """Tokens outside the bitmask to minus infinity; a vocabulary's padding rows past the
+        bitmask are never allowed. The bits are unpacked in numpy (a view, no copy: 70 µs for
+        SmolLM2's 49,152 tokens, where gathering them in MLX ops took 470 µs)."""
         import mlx.core as mx
         import numpy as np
 
         width = logits.shape[-1]
-        if self._bits is None:
-            where = mx.arange(width, dtype=mx.uint32)
-            self._bits = (where // 32, where % 32)
-        words = bitmask[0].view(np.uint32)
-        needed = (width + 31) // 32
-        if words.size < needed:
-            words = np.pad(words, (0, needed - words.size))
-        index, bit = self._bits
-        allowed = (mx.array(words[:needed])[index] >> bit) & 1
-        return mx.where(allowed.astype(mx.bool_), logits, mx.array(-float("inf"), dtype=logits.dtype))
+        bits = np.unpackbits(bitmask[0].view(np.uint8), bitorder="little")
+        if bits.size < width:
+            bits = np.pad(bits, (0, width - bits.size))
+        if self._minus_inf is None or self._minus_inf.dtype != logits.dtype:
+            self._minus_inf = mx.array(-float("inf"), dtype=logits.dtype)
+        return mx.where(mx.array(bits[:width].view(np.bool_)), logits, self._minus_inf)
 
 
 def _set_bit(mask: Any, token: int) -> None:
