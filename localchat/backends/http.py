@@ -81,6 +81,13 @@ def iter_lines_watched(response: httpx.Response, deadline: Callable[[], None]) -
         yield pending
 
 
+def unfinished_tail(text: str, words: tuple[str, ...]) -> int:
+    """How many characters at the end of ``text`` could be the start of one of ``words`` (what a
+    stream holds back until its next chunk says what they are)."""
+    return max((n for word in words for n in range(min(len(word) - 1, len(text)), 0, -1)
+                if text.endswith(word[:n])), default=0)
+
+
 class Redactor:
     """The API key cut out of a stream of text, wherever the chunks split it: the tail that could
     be the start of the key is held back until the next chunk (or the end) says what it is."""
@@ -92,8 +99,7 @@ class Redactor:
         if not self.secret:
             return text
         text = (self.pending + text).replace(self.secret, REDACTED)
-        held = next((n for n in range(min(len(self.secret) - 1, len(text)), 0, -1)
-                     if text.endswith(self.secret[:n])), 0)
+        held = unfinished_tail(text, (self.secret,))
         self.pending = text[len(text) - held:] if held else ""
         return text[:len(text) - held]
 

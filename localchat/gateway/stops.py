@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from localchat.backends.http import unfinished_tail
+
 
 @dataclass
 class StopWatch:
@@ -27,8 +29,7 @@ class StopWatch:
             at, self.matched = min(hits)
             self._pending = ""
             return text[:at]
-        held = max((n for s in self.sequences for n in range(min(len(s) - 1, len(text)), 0, -1)
-                    if text.endswith(s[:n])), default=0)
+        held = unfinished_tail(text, self.sequences)
         self._pending = text[len(text) - held:] if held else ""
         return text[:len(text) - held]
 
