@@ -27,7 +27,7 @@ from localchat.gguf.reader import GgufFile
 from localchat.gguf.tensors import EXACT, pack, to_mlx
 
 runner = CliRunner()
-REFERENCE_IDS = Path(__file__).resolve().parents[2] / "shared" / "reference" / "smollm2-llamacpp-tokens.json"
+REFERENCE_IDS = Path(__file__).parent / "reference" / "smollm2-llamacpp-tokens.json"  # llama.cpp's own ids (a copy)
 
 
 @pytest.mark.parametrize("kind", sorted(EXACT))
