@@ -6,7 +6,10 @@ cancels the request upstream; an upstream that dies or is down is an error, neve
 from __future__ import annotations
 
 import json
+import os
 import socket
+import subprocess
+import sys
 import time
 
 import anthropic
@@ -128,6 +131,16 @@ def test_chat_completions_models_and_health_pass_through(server, gateway):
     assert through.status_code == 200 and streamed == direct
     assert httpx.get(gateway.url + "/health").json() == {"status": "ok"}
     assert httpx.get(gateway.url + "/v1/models").json()["object"] == "list"
+
+
+def test_a_machine_without_a_hugging_face_cache_still_lists_models(tmp_path):
+    """mlx_lm.server answers /v1/models by scanning Hugging Face's cache, and drops the connection
+    when that directory is missing (a machine whose models came from a GGUF or the demo): the
+    launch creates it, where the child will look."""
+    hub = tmp_path / "hf" / "hub"
+    subprocess.run([sys.executable, "-c", "from localchat.server.launch import ensure_hub_cache; ensure_hub_cache()"],
+                   env=os.environ | {"HF_HUB_CACHE": str(hub)}, check=True, timeout=60)
+    assert hub.is_dir()
 
 
 def test_each_request_is_logged_with_its_figures(gateway, claude):

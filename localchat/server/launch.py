@@ -121,12 +121,26 @@ def launch(model_location: str, *, host: str = "127.0.0.1", port: int = 8080, lo
         raise ServerStartError(f"port {port} on {host} is busy: stop what is using it, or pick "
                                "another with --port")
     command = server_command(model_location, host, port, extra_args, ranks)
+    ensure_hub_cache()
     with open_log(log_path) as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                    # the server never downloads; its ranks know whom to outlive not
                                    env=os.environ | {"HF_HUB_OFFLINE": "1", SERVE_PID: str(os.getpid())},
                                    start_new_session=True, preexec_fn=child_preexec())
     return RunningServer(process, host, port, model_location, log_path)
+
+
+def ensure_hub_cache() -> None:
+    """mlx_lm.server (0.32) lists its models by scanning Hugging Face's cache, and without that
+    directory ``/v1/models`` drops the connection after its headers: on a machine whose models all
+    came from elsewhere (a GGUF, the demo), a client asking which models there are gets nothing.
+    The empty directory is what Hugging Face would create on its first download."""
+    from huggingface_hub.constants import HF_HUB_CACHE
+
+    try:
+        Path(HF_HUB_CACHE).mkdir(parents=True, exist_ok=True)
+    except OSError:
+        pass  # (a read-only home: /v1/models stays broken, the rest works)
 
 
 def open_log(path: Path):
