@@ -227,12 +227,13 @@ class InProcessBackend:
                                          offset=1 if self.draft_model is not None else len(prompt_ids) - cached,
                                          drafting=self.draft_model is not None)
         processors = [*(logits_processors_for(params, prompt_ids[:cached]) or []), *([masking] if masking else [])]
+        sampler = masking.sampler(sampler_for(params)) if masking else sampler_for(params)
         generated: list[int] = []
         drafted = 0
         last = None
         try:
             for last in stream_generate(self.model, self.tokenizer, prompt_ids[cached:],
-                                        max_tokens=params.max_tokens, sampler=sampler_for(params),
+                                        max_tokens=params.max_tokens, sampler=sampler,
                                         logits_processors=processors or None,
                                         prompt_cache=self._cache.cache, draft_model=self.draft_model,
                                         prompt_progress_callback=self._cache.on_prefill(prompt_ids, cached),

@@ -9,6 +9,16 @@ step, and with a draft model once a proposed position, so the token list may gro
 after a rejected draft: the matchers are kept in step with it (llguidance rolls back), and the
 target model decides under the mask. A mask that leaves no token allowed ends the turn
 (``DeadEnd``).
+
+Where the time goes: mlx_lm calls the processor with the step's forward pass built but not run.
+The pass is set running first and the mask computed while it runs, which needs the token chosen
+last: read from the sampler (``MaskedDecoding.sampler``), where it is ready by then. Read from
+the token list instead, it would wait for the whole pass, queued before it. On a GPU the whole
+pass can hide the mask (not measured: no Metal here); on a CPU, MLX keeps a few tasks ahead of the
+thread that queues them, so the mask overlaps with the last of them, and the pass leaves the
+matcher's tables out of the caches: a mask costs several times what it costs alone. Where the
+grammar forces the next tokens (a key, its colon), they are let through without the matcher
+(``bench_constrained.py`` measures all this).
 """
 
 from __future__ import annotations
@@ -36,14 +46,26 @@ class Reasoning:
 
 @dataclass
 class _Tracked:
-    """A matcher and the tokens it has consumed (what the next call is compared with)."""
+    """A matcher, the tokens it has consumed (what the next call is compared with) and the tokens
+    its grammar forces after them (llguidance's fast-forward tokens: a key, a colon, a closing
+    brace), which are let through without a call into the matcher."""
 
     matcher: Any
     consumed: list[int] = field(default_factory=list)
+    ahead: list[int] = field(default_factory=list)
+
+    def forced_next(self, tokens: list[int]) -> int | None:
+        """The token the grammar forces next, when ``tokens`` only went on along what it forced."""
+        done = len(self.consumed)
+        went = len(tokens) - done
+        if 0 <= went < len(self.ahead) and tokens[done:] == self.ahead[:went] and tokens[:done] == self.consumed:
+            return self.ahead[went]
+        return None
 
     def follow(self, tokens: list[int]) -> None:
         """Consume ``tokens``, rolling back what no longer matches them; once the grammar has ended
         (a call's end marker), what follows is not its own."""
+        self.ahead = []
         same = len(self.consumed)
         if tokens[:same] != self.consumed:  # (compared whole first: a rollback is rare)
             same = next(i for i, (a, b) in enumerate(zip(self.consumed, tokens + [None])) if a != b)
@@ -71,24 +93,36 @@ class MaskedDecoding:
         self._answer = _Tracked(LLMatcher(llg, grammars.answer)) if grammars.answer else None
         self._calls: dict[int, _Tracked] = {}  # a call's matcher, by where its tokens start
         self._marker_at: dict[tuple[int, ...], bool] = {}  # whether a window of tokens ends with a start marker
-        self._minus_inf: Any = None  # in the logits' dtype, made once
         self._eos = frozenset(llg.eos_tokens)
+        self._bitmask = _new_bitmask(llg.vocab_size)  # filled in place at each step
+        self._as_mlx = _MaskArrays()
+        self._chosen: Any = None  # the token the sampler chose last, when it is wrapped (``sampler``)
+        self._reads_sampler = False
         self.mask_s, self.masked = 0.0, 0
-        import mlx.core as mx
 
-        self._overlap = mx.default_device() == mx.gpu
+    def sampler(self, inner: Any) -> Any:
+        """``inner``, remembering the token it chooses, for the next step to read (see the module's
+        docstring). With a draft model the sampler also picks the draft's tokens: the list is read."""
+        if self.drafting:
+            return inner
+
+        def sample(logprobs: Any) -> Any:
+            self._chosen = inner(logprobs)
+            return self._chosen
+
+        self._reads_sampler = True
+        return sample
 
     def __call__(self, tokens: Any, logits: Any) -> Any:
-        """On a GPU the model's forward pass is set running first, and the mask is computed on the
-        CPU while it runs (it needs the token just chosen, which that pass does not wait for). On
-        the CPU both would share its cores, and a separate evaluation costs more than it saves
-        (×0.70 against ×0.87 of unmasked decode speed on the demo, 2 cores): there the mask is
-        computed first and applied in the same graph as the step."""
         import mlx.core as mx
 
-        if self._overlap:
-            mx.async_eval(logits)
-        reply = self._read(tokens)
+        if not self._reads_sampler:
+            self._read(tokens)  # before the pass is queued: read after it, the list waits for it
+        mx.async_eval(logits)
+        if self._reads_sampler and self._chosen is not None:
+            self._reply.append(self._chosen.item())  # ready: the pass queued behind it needed it
+            self._chosen = None
+        reply = self._reply
         started = time.perf_counter()
         allowed = self._allowed(reply)
         if allowed is None:
@@ -98,14 +132,14 @@ class MaskedDecoding:
         self.masked += 1
         return out
 
-    def _read(self, tokens: Any) -> list[int]:
-        """The reply's ids so far; without a draft the list only grows, one id a step."""
+    def _read(self, tokens: Any) -> None:
+        """The reply's ids so far, from the list mlx_lm passes; without a draft it only grows, one
+        id a step."""
         size = tokens.size - self.offset
         if not self.drafting and size == len(self._reply) + 1:
             self._reply.append(tokens[-1].item())
         elif size != len(self._reply) or self.drafting:
             self._reply = tokens.tolist()[self.offset:] if size > 0 else []
-        return self._reply
 
     def _allowed(self, reply: list[int]) -> Any:
         """The next token's bitmask (numpy), or None when the next token is free."""
@@ -175,13 +209,20 @@ class MaskedDecoding:
 
         if tokens and tokens[-1] in self._eos:
             return None  # the reply has ended: this step's token is never used
+        forced = tracked.forced_next(tokens)
+        if forced is not None:
+            return self._only(forced)
         tracked.follow(tokens)
         matcher = tracked.matcher
         if matcher.is_error():  # (an errored matcher says it has stopped, too)
             raise DeadEnd(f"the reply left the format it must follow ({_first_line(matcher.get_error())})")
         if matcher.is_stopped():  # the answer is whole: only its end may follow
             return self._only(*self._eos)
-        mask = llg_numpy.allocate_token_bitmask(1, self.llg.vocab_size)
+        if also is None:
+            tracked.ahead = matcher.compute_ff_tokens()
+            if tracked.ahead:
+                return self._only(tracked.ahead[0])
+        mask = self._bitmask
         llg_numpy.fill_next_token_bitmask(matcher, mask)
         if also is not None:
             _set_bit(mask, also)
@@ -190,28 +231,63 @@ class MaskedDecoding:
         return mask
 
     def _only(self, *tokens: int) -> Any:
-        import llguidance.numpy as llg_numpy
-
-        mask = llg_numpy.allocate_token_bitmask(1, self.llg.vocab_size)
+        mask = self._bitmask
         mask[:] = 0
         for token in tokens:
             _set_bit(mask, token)
         return mask
 
     def _apply(self, bitmask: Any, logits: Any) -> Any:
-        """Tokens outside the bitmask to minus infinity; a vocabulary's padding rows past the
-        bitmask are never allowed. The bits are unpacked in numpy (a view, no copy: 70 µs for
-        SmolLM2's 49,152 tokens, where gathering them in MLX ops took 470 µs)."""
+        """Tokens outside the bitmask to minus infinity."""
         import mlx.core as mx
-        import numpy as np
 
-        width = logits.shape[-1]
-        bits = np.unpackbits(bitmask[0].view(np.uint8), bitorder="little")
-        if bits.size < width:
-            bits = np.pad(bits, (0, width - bits.size))
-        if self._minus_inf is None or self._minus_inf.dtype != logits.dtype:
-            self._minus_inf = mx.array(-float("inf"), dtype=logits.dtype)
-        return mx.where(mx.array(bits[:width].view(np.bool_)), logits, self._minus_inf)
+        return mx.where(self._as_mlx.allowed(bitmask, logits.shape[-1]), logits, self._as_mlx.minus_inf(logits.dtype))
+
+
+class _MaskArrays:
+    """Bitmasks as MLX arrays of allowed tokens, one a distinct bitmask: a reply under a grammar
+    meets the same few again and again (inside a string, at each key), and a copy into MLX costs
+    more than looking one up. A vocabulary's padding rows past the bitmask are never allowed."""
+
+    BUDGET = 16 << 20  # bytes of MLX arrays kept (4 KB a mask for the demo, 48 KB for SmolLM2)
+
+    def __init__(self):
+        self._arrays: dict[bytes, Any] = {}
+        self._minus_inf: Any = None
+
+    def allowed(self, bitmask: Any, width: int) -> Any:
+        key = bitmask.tobytes()
+        found = self._arrays.get(key)
+        if found is None or found.size != width:
+            found = self._arrays[key] = _unpacked(bitmask, width)
+            if len(self._arrays) * width > self.BUDGET:
+                del self._arrays[next(iter(self._arrays))]  # the oldest
+        return found
+
+    def minus_inf(self, dtype: Any) -> Any:
+        import mlx.core as mx
+
+        if self._minus_inf is None or self._minus_inf.dtype != dtype:
+            self._minus_inf = mx.array(-float("inf"), dtype=dtype)
+        return self._minus_inf
+
+
+def _unpacked(bitmask: Any, width: int) -> Any:
+    """The bitmask's bits as MLX booleans, ``width`` of them (unpacked in numpy: 70 µs for SmolLM2's
+    49,152 tokens, where gathering them in MLX ops took 470 µs)."""
+    import mlx.core as mx
+    import numpy as np
+
+    bits = np.unpackbits(bitmask[0].view(np.uint8), bitorder="little")
+    if bits.size < width:
+        bits = np.pad(bits, (0, width - bits.size))
+    return mx.array(bits[:width].view(np.bool_))
+
+
+def _new_bitmask(vocab_size: int) -> Any:
+    import llguidance.numpy as llg_numpy
+
+    return llg_numpy.allocate_token_bitmask(1, vocab_size)
 
 
 def _set_bit(mask: Any, token: int) -> None:
