@@ -81,7 +81,8 @@ def decode_tps(backend, fmt: AnswerFormat, prompt: str, masked: bool, tokens: in
         processor = backend.grammar.for_reply(fmt, [], backend.template.traits, ids, offset=len(ids))
         sampler = processor.sampler(sampler)  # as the in-process backend does
     else:
-        ends = mx.array([t in set(backend.tokenizer.eos_token_ids) for t in range(backend.model.args.vocab_size)])
+        eos = set(backend.tokenizer.eos_token_ids)
+        ends = mx.array([t in eos for t in range(backend.model.args.vocab_size)])
         processor = lambda _, logits: mx.where(ends, mx.array(-float("inf"), logits.dtype), logits)  # noqa: E731
     times = []
     for _ in stream_generate(backend.model, backend.tokenizer, mx.array(ids), max_tokens=tokens,
