@@ -25,7 +25,9 @@ from localchat.registry import read_config
 
 BACKENDS = ("ring", "jaccl", "mpi", "nccl")
 MAX_RANKS = 64  # beyond this a typo (each local rank is a process holding its shard)
-RANK_FAILED = re.compile(r"Node with rank (\d+) (exited with code (-?\d+)|was killed)")
+# (a code must end the word: another rank's output written into the middle of the launcher's
+# line, "code -9" + "2026-12-04 …", is read as an exit of unknown code, not as signal 92026)
+RANK_FAILED = re.compile(r"Node with rank (\d+) (?:exited with code (-?\d+)(?=\s|$)|(was killed|exited))")
 
 
 @dataclass(frozen=True)
@@ -208,8 +210,8 @@ def failed_rank(log_text: str) -> str | None:
     match = RANK_FAILED.search(log_text)
     if match is None:
         return None
-    if match[3] is None:
-        return f"rank {match[1]} was killed"
+    if match[2] is None:
+        return f"rank {match[1]} {'was killed' if match[3] == 'was killed' else 'failed'}"
     unreachable = " (ssh could not reach its host: check the host file's names, and that `ssh HOST` works without " \
-                  "a password)" if match[3] == "255" else ""
-    return f"rank {match[1]} {exit_words(int(match[3]))}{unreachable}"
+                  "a password)" if match[2] == "255" else ""
+    return f"rank {match[1]} {exit_words(int(match[2]))}{unreachable}"

@@ -124,10 +124,19 @@ def launch(model_location: str, *, host: str = "127.0.0.1", port: int = 8080, lo
     ensure_hub_cache()
     with open_log(log_path) as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   # the server never downloads; its ranks know whom to outlive not
-                                   env=os.environ | {"HF_HUB_OFFLINE": "1", SERVE_PID: str(os.getpid())},
+                                   env=server_env(distributed=ranks is not None),
                                    start_new_session=True, preexec_fn=child_preexec())
     return RunningServer(process, host, port, model_location, log_path)
+
+
+def server_env(*, distributed: bool) -> dict[str, str]:
+    """The server's environment: it never downloads, and its ranks know whom not to outlive.
+    mlx.launch writes its ``Node with rank 1 exited with code -9`` a word at a time when Python is
+    unbuffered, so another rank's output could land inside the number: its lines stay whole."""
+    env = os.environ | {"HF_HUB_OFFLINE": "1", SERVE_PID: str(os.getpid())}
+    if distributed:
+        env.pop("PYTHONUNBUFFERED", None)
+    return env
 
 
 def ensure_hub_cache() -> None:
