@@ -1,16 +1,52 @@
-"""Writing a file whole or not at all: a temporary file beside it, synced, then renamed over it.
+"""Files the user names, read safely; files we write, written whole or not at all.
 
-A full disk, a read-only directory or an interruption leaves the previous file (or none) in place,
-never half of one, and no temporary file behind.
+Reading: only a regular file, and only up to a limit: a FIFO would block forever and a device such
+as ``/dev/zero`` would never end. Writing: a temporary file beside the target, synced, then renamed
+over it, so a full disk, a read-only directory or an interruption leaves the previous file (or
+none) in place, never half of one, and no temporary file behind.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
+import stat
 from pathlib import Path
 
 from localchat.errors import LocalchatError
+
+
+MAX_SETTINGS_BYTES = 16 * 1024**2  # a schema, a host file, an MCP or YAML file: far past any real one
+
+
+def read_regular(path: Path, limit: int = MAX_SETTINGS_BYTES) -> bytes:
+    """The first ``limit + 1`` bytes of a regular file (one more than ``limit`` says it is longer).
+    ``OSError`` for anything else, whose ``strerror`` says why in a few words (``a directory, not
+    a file``, ``a pipe or a device, not a file``)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # (a FIFO's open never waits for a writer)
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, "a directory, not a file", str(path))
+        if not stat.S_ISREG(mode):
+            raise OSError(errno.EINVAL, "a pipe or a device, not a file", str(path))
+        chunks, size = [], 0
+        while size <= limit and (chunk := os.read(fd, min(1 << 20, limit + 1 - size))):
+            chunks.append(chunk)
+            size += len(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
+
+
+def read_text(path: Path, limit: int = MAX_SETTINGS_BYTES) -> str:
+    """A regular file of at most ``limit`` bytes, as UTF-8: ``OSError`` as ``read_regular`` says
+    or ``larger than 16,777,216 bytes``; ``UnicodeDecodeError`` (a ``ValueError``)."""
+    data = read_regular(path, limit)
+    if len(data) > limit:
+        raise OSError(errno.EFBIG, f"larger than {limit:,} bytes", str(path))
+    return data.decode("utf-8")
 
 
 def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:

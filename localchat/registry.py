@@ -17,6 +17,7 @@ from typing import Any
 from localchat import bounded_json
 from localchat.backends.settings import SETTINGS, check_setting
 from localchat.errors import LocalchatError, UsageError
+from localchat.files import read_text
 from localchat.gguf.package import PACKAGE_GGUF_PREFIX, ensure_imported
 from localchat.yamlfile import read_yaml
 
@@ -231,7 +232,7 @@ class ModelInfo:
 def read_config(model_dir: Path) -> dict[str, Any]:
     """A model directory's ``config.json``; {} when it is missing, unreadable or not an object."""
     try:
-        config = bounded_json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+        config = bounded_json.loads(read_text(model_dir / "config.json"))
     except (OSError, ValueError):
         return {}
     return config if isinstance(config, dict) else {}

@@ -8,6 +8,7 @@ from typing import Any
 import yaml
 
 from localchat.errors import LocalchatError
+from localchat.files import read_text
 
 
 def describe_yaml_error(exc: yaml.YAMLError) -> str:
@@ -23,11 +24,13 @@ def describe_yaml_error(exc: yaml.YAMLError) -> str:
 
 def read_yaml(path: Path, error: type[LocalchatError] = LocalchatError) -> Any:
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_text(path)
     except FileNotFoundError:
         raise error(f"{path} does not exist") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise error(f"cannot read {path}: {exc}") from None
+    except OSError as exc:
+        raise error(f"cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise error(f"cannot read {path}: not UTF-8 text (byte {exc.start})") from None
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:

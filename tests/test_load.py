@@ -151,7 +151,10 @@ def test_ctrl_c_stops_every_user_and_writes_partial_results(server, tmp_path):
     process = subprocess.Popen([sys.executable, "-m", "localchat", "load", "--base-url", server.base_url,
                                 "--users", "3", "--conversations", "100", "--warmup", "0", "--out", str(tmp_path)],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
-    time.sleep(3.0)
+    deadline = time.monotonic() + 60  # the users are running: a first round answered, the next asked
+    while sum(path.endswith("/chat/completions") for path, _, _ in server.requests) < 6:
+        assert time.monotonic() < deadline and process.poll() is None, "the load never started"
+        time.sleep(0.05)
     process.send_signal(signal.SIGINT)
     stdout, stderr = process.communicate(timeout=20)
     assert process.returncode == 130, stderr

@@ -20,6 +20,7 @@ from localchat.cli.options import ChatOptions
 from localchat.cli.render import ChatUI
 from localchat.cli.repl import REPL_COMMANDS, Repl
 from localchat.cli.resuming import resumed, resumed_line, resumed_tools_line
+from localchat.conversation.attachment import BYTES_PER_CHAR
 from localchat.conversation.compaction import CompactionPolicy
 from localchat.conversation.history import Conversation, Summary, validate_input
 from localchat.conversation.records import TurnRecorder, new_session_id
@@ -57,8 +58,11 @@ def read_prompt(prompt: str, max_chars: int) -> str:
     """The PROMPT argument, or standard input for ``-`` (which must be valid UTF-8), less one final
     line break, as shells take a command's output (``$(cat f)`` drops it too)."""
     if prompt == "-":
+        data = sys.stdin.buffer.read(max_chars * BYTES_PER_CHAR + 1)  # (never all of an endless stream)
+        if len(data) > max_chars * BYTES_PER_CHAR:
+            raise UsageError(f"standard input is over {max_chars} characters (--max-input-chars): nothing was sent")
         try:
-            prompt = sys.stdin.buffer.read().decode("utf-8")
+            prompt = data.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise UsageError(f"standard input is not valid UTF-8 (byte {exc.start})") from None
         prompt = prompt.removesuffix("\n").removesuffix("\r")
@@ -253,6 +257,12 @@ def typing_guard(interactive: bool) -> Callable[[], Any]:
     return partial(typed_ahead, sys.stdin) if interactive else lambda: nullcontext(KeysDropped())
 
 
+def piped_line_reader(max_chars: int) -> Callable[[str], str]:
+    from localchat.cli.repl.line_editor import piped_reader
+
+    return piped_reader(sys.stdin.buffer, sys.stdout, max_chars)
+
+
 def line_reader(opts: ChatOptions, ui: ChatUI) -> Callable[[str], str]:
     """Shell-like line editing on a terminal (prompt_toolkit)."""
     from localchat.cli.repl.line_editor import HISTORY_FILE, terminal_reader
@@ -318,7 +328,9 @@ def chat_with_ui(*, opts: ChatOptions, prompt: str | None, ui: ChatUI) -> TurnSt
     try:
         if text is None:
             interactive = terminal()
-            Repl(session, ui, read_line=line_reader(opts, ui) if interactive else input, saver=saver,
+            reader = line_reader(opts, ui) if interactive else \
+                piped_line_reader(opts.trim.max_input_chars)
+            Repl(session, ui, read_line=reader, saver=saver,
                  interactive=interactive, autosave=saved is not None,  # leaving a resumed session saves it again
                  while_replying=typing_guard(interactive)).run()
             return None

@@ -31,6 +31,7 @@ from localchat.cli.options import (
     TrimToOpt,
     check_seed,
     check_size,
+    check_text,
     setting_callback,
 )
 from localchat.cli.tool_options import (
@@ -60,7 +61,7 @@ def chat(
     base_url: BaseUrlOpt = DEFAULT_BASE_URL,
     api_key: ApiKeyOpt = None,
     system: Annotated[Optional[str], typer.Option(
-        "--system", "-s", help='System message ("" for none; default: the model\'s from models.yaml).')] = None,
+        "--system", "-s", callback=check_text, help='System message ("" for none; default: the model\'s from models.yaml).')] = None,
     temperature: Annotated[Optional[float], typer.Option(callback=setting_callback("temperature"), help="Sampling temperature (default 0.0: greedy).")] = None,
     top_p: Annotated[Optional[float], typer.Option(callback=setting_callback("top_p"), help="Nucleus sampling, in (0, 1] (default: the model's, else 1.0).")] = None,
     top_k: Annotated[Optional[int], typer.Option(callback=setting_callback("top_k"), help="Sample from the K most likely tokens (0: off).")] = None,
@@ -79,7 +80,7 @@ def chat(
     compact_at: CompactAtOpt = DEFAULT_TRIGGER,
     compact_keep: CompactKeepOpt = DEFAULT_KEEP,
     compact_model: Annotated[Optional[str], typer.Option(help="Summarize with this model instead [default: the chat's].")] = None,
-    pin: Annotated[Optional[list[str]], typer.Option(help="A fact kept after the system message, never trimmed; repeatable.")] = None,
+    pin: Annotated[Optional[list[str]], typer.Option(callback=check_text, help="A fact kept after the system message, never trimmed; repeatable.")] = None,
     stats: Annotated[bool, typer.Option("--stats/--no-stats", help="Show the figures line after each reply.")] = True,
     plain: Annotated[bool, typer.Option("--plain", help="Show answers as raw text on a terminal too (no Markdown rendering).")] = False,
     no_input_history: Annotated[bool, typer.Option("--no-input-history", help="REPL: do not keep what you type across sessions.")] = False,
@@ -87,8 +88,8 @@ def chat(
     allow_download: Annotated[bool, typer.Option("--allow-download", help="Let a missing Hugging Face model download.")] = False,
     json_answer: Annotated[bool, typer.Option("--json", help='Answers must be JSON {"answer": string}; invalid ones are not kept.')] = False,
     json_schema: Annotated[Optional[Path], typer.Option(help="Answers must be JSON valid against this JSON Schema file (in-process: enforced while decoding).")] = None,
-    regex: Annotated[Optional[str], typer.Option(metavar="PATTERN", help="Answers must match this regular expression, whole.")] = None,
-    choice: Annotated[Optional[str], typer.Option(metavar="A,B,…", help="Answers must be exactly one of these (e.g. yes,no,unsure).")] = None,
+    regex: Annotated[Optional[str], typer.Option(metavar="PATTERN", callback=check_text, help="Answers must match this regular expression, whole.")] = None,
+    choice: Annotated[Optional[str], typer.Option(metavar="A,B,…", callback=check_text, help="Answers must be exactly one of these (e.g. yes,no,unsure).")] = None,
     record: Annotated[Optional[Path], typer.Option(help="Write each turn's request (before the call) and response as JSON files here [config: records_dir].")] = None,
     resume: Annotated[Optional[str], typer.Option(metavar="[NAME]", help="Continue a conversation: a name from /save NAME or an id from `localchat log` (with its KV cache when it still fits); alone, pick one of the recent ones.")] = None,
     continue_latest: Annotated[bool, typer.Option("--continue", help="Continue the latest conversation.")] = False,

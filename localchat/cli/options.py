@@ -57,6 +57,17 @@ def check_api_key(value: str | None) -> str | None:
         raise typer.BadParameter(str(exc)) from None
 
 
+def check_text(value: Any) -> Any:
+    """A text flag (``--system``, ``--pin``, ``--regex``, ``--choice``) that holds bytes which were
+    not UTF-8 (a shell passes any bytes) is refused here, before any model or tokenizer meets it."""
+    from localchat.conversation.history import UNDECODED
+
+    for text in value if isinstance(value, (list, tuple)) else [value]:
+        if isinstance(text, str) and (bad := UNDECODED.search(text)) is not None:
+            raise typer.BadParameter(f"not UTF-8 text (a byte that is not, at character {bad.start() + 1})")
+    return value
+
+
 def check_seed(value: int | None) -> int | None:
     if value is not None and not 0 <= value <= MAX_SEED:
         raise typer.BadParameter(f"must be a whole number from 0 to 2**64 - 1 ({MAX_SEED})")

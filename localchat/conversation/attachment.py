@@ -8,12 +8,12 @@ ends; the history builder then treats it as that message, nothing more.
 
 from __future__ import annotations
 
-import os
-import stat
+import errno
 from dataclasses import dataclass
 from pathlib import Path
 
 from localchat.errors import UsageError
+from localchat.files import read_regular
 
 BYTES_PER_CHAR = 4  # UTF-8's longest character: the most bytes ``max_chars`` characters can take
 
@@ -38,19 +38,13 @@ def read_attachment(path_text: str, max_chars: int) -> Attachment:
     except RuntimeError:  # ~someone who is not a user here
         raise UsageError(f"/load: cannot find the home directory in {path_text}") from None
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        data = read_regular(path, max_chars * BYTES_PER_CHAR)
     except FileNotFoundError:
         raise UsageError(f"/load: no such file: {path_text}") from None
     except OSError as exc:
-        raise UsageError(f"/load: cannot open {path_text}: {exc.strerror}") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise UsageError(f"/load: {path_text} is not a regular file")
-        data = os.read(fd, max_chars * BYTES_PER_CHAR + 1)
-    except OSError as exc:
+        if exc.errno in (errno.EISDIR, errno.EINVAL):
+            raise UsageError(f"/load: {path_text} is not a regular file") from None
         raise UsageError(f"/load: cannot read {path_text}: {exc.strerror}") from None
-    finally:
-        os.close(fd)
     return Attachment(path_text, _text_of(data, path_text, max_chars))
 
 

@@ -27,6 +27,7 @@ from localchat.templates.traits import TemplateTraits, fold_system
 NEXT_QUESTION = "…"  # stands for the next question when checking that an answer renders back
 NOTE_PREFIX = {"en": "Note: ", "zh": "笔记："}  # how pinned facts and summaries read (demo/notes.py)
 CJK = re.compile(r"[\u3400-\u9fff]")
+UNDECODED = re.compile(r"[\ud800-\udfff]")  # how Python keeps bytes that were not UTF-8 (surrogateescape)
 
 
 def system_first(system: str | None, messages: list[Message], fold: bool = False) -> list[Message]:
@@ -66,12 +67,16 @@ def build_messages(prompt: str, system: str | None, history: list[Message] | Non
 
 
 def validate_input(text: str, max_chars: int = DEFAULT_MAX_INPUT_CHARS) -> str:
-    """Reject what must never be sent: empty input, or input over the character limit."""
+    """Reject what must never be sent: empty input, input over the character limit, or bytes that
+    were not UTF-8 (no tokenizer or server takes them)."""
     if not text.strip():
         raise UsageError("empty input: nothing was sent")
     if len(text) > max_chars:
         raise UsageError(f"input is {len(text)} characters, over the limit of {max_chars} "
                          "(--max-input-chars): nothing was sent")
+    if (bad := UNDECODED.search(text)) is not None:
+        raise UsageError(f"input is not UTF-8 text (a byte that is not, at character {bad.start() + 1}): "
+                         "nothing was sent")
     return text
 
 

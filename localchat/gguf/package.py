@@ -9,6 +9,7 @@ from pathlib import Path
 
 from localchat import bounded_json
 from localchat.errors import LocalchatError, UsageError
+from localchat.files import read_text
 
 PACKAGE_GGUF_PREFIX = "gguf-package:"  # gguf-package:DISTRIBUTION/PATH/IN/IT.gguf, imported on first use
 
@@ -64,7 +65,7 @@ def ollama_blob(model: str, models_dir: Path | None = None) -> Path:
     root = models_dir or Path(os.environ.get("OLLAMA_MODELS") or Path.home() / ".ollama" / "models")
     manifest = ollama_manifest(model, root)
     try:
-        data = bounded_json.loads(manifest.read_text(encoding="utf-8"))
+        data = bounded_json.loads(read_text(manifest))
     except FileNotFoundError:
         raise UsageError(f"ollama has no model '{model}' in {root} (see: ollama list)") from None
     except (OSError, ValueError) as exc:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from localchat import bounded_json
+from localchat.files import read_text
 from localchat.errors import UsageError
 
 DEFAULT_INSTRUCTION = 'Answer in JSON: {"answer": "..."}'
@@ -93,7 +94,7 @@ def load_schema(path: Path) -> AnswerFormat:
     from jsonschema.exceptions import SchemaError
 
     try:
-        schema = bounded_json.loads(path.read_text(encoding="utf-8"))
+        schema = bounded_json.loads(read_text(path))
     except OSError as exc:
         raise UsageError(f"cannot read --json-schema {path}: {exc.strerror}") from None
     except ValueError as exc:

@@ -20,6 +20,7 @@ from typing import Any
 
 from localchat import bounded_json
 from localchat.errors import UsageError
+from localchat.files import read_text
 
 VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 STDIO_KEYS = {"command", "args", "env", "cwd", "type"}
@@ -72,13 +73,15 @@ def read_configs(paths: tuple[Path, ...], only: tuple[str, ...] = ()) -> list[Mc
 
 def read_config(path: Path) -> list[McpServerConfig]:
     try:
-        data = bounded_json.loads(path.read_text(encoding="utf-8"))
+        data = bounded_json.loads(read_text(path))
     except FileNotFoundError:
         raise UsageError(f"--mcp {path}: no such file") from None
     except IsADirectoryError:
         raise UsageError(f"--mcp {path}: a directory, not a file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"--mcp {path}: cannot be read ({exc})") from None
+    except OSError as exc:
+        raise UsageError(f"--mcp {path}: cannot be read ({exc.strerror or exc})") from None
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"--mcp {path}: not UTF-8 text (byte {exc.start})") from None
     except ValueError as exc:
         raise UsageError(f"--mcp {path}: not JSON ({exc})") from None
     if not isinstance(data, dict) or set(data) != {"mcpServers"} or not isinstance(data["mcpServers"], dict):

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from localchat import bounded_json
 from localchat.errors import UsageError
+from localchat.files import read_text
 from localchat.registry import read_config
 
 BACKENDS = ("ring", "jaccl", "mpi", "nccl")
@@ -51,11 +52,13 @@ def hosts_of(hostfile: Path | None) -> list[dict]:
     if hostfile is None:
         return []
     try:
-        data = bounded_json.loads(hostfile.read_text(encoding="utf-8"))
+        data = bounded_json.loads(read_text(hostfile))
     except FileNotFoundError:
         raise UsageError(f"--hostfile {hostfile}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"--hostfile {hostfile}: cannot be read ({exc})") from None
+    except OSError as exc:
+        raise UsageError(f"--hostfile {hostfile}: cannot be read ({exc.strerror or exc})") from None
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"--hostfile {hostfile}: not UTF-8 text (byte {exc.start})") from None
     except ValueError as exc:
         raise UsageError(f"--hostfile {hostfile}: not JSON ({exc})") from None
     hosts = data.get("hosts") if isinstance(data, dict) else data

@@ -7,9 +7,11 @@ SIGTERM, then SIGKILL after a grace period) and, on Linux, dies with us even if 
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -153,13 +155,20 @@ def ensure_hub_cache() -> None:
 
 
 def open_log(path: Path):
-    """The log, truncated, never through a symlink; its directory created owner-only."""
+    """The log, truncated, never through a symlink; its directory created owner-only. Only a
+    regular file: the log is read back to explain a failure, and a FIFO would block both ways."""
     try:
         if not path.parent.exists():
             path.parent.mkdir(mode=0o700, parents=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
     except OSError as exc:
-        raise ServerStartError(f"cannot open the server log {path}: {exc.strerror or exc}") from None
+        why = "a pipe, not a file" if exc.errno == errno.ENXIO else exc.strerror or exc  # (a FIFO no one reads)
+        raise ServerStartError(f"cannot open the server log {path}: {why}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ServerStartError(f"cannot open the server log {path}: a pipe or a device, not a file")
+    os.set_blocking(fd, True)
+    os.ftruncate(fd, 0)
     return os.fdopen(fd, "wb")
 
 

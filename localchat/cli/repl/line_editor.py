@@ -1,6 +1,7 @@
 """Line editing on a terminal, as in a shell (prompt_toolkit): history kept across sessions,
 Ctrl+R to search it, a pasted block arriving as one message (bracketed paste), Tab to complete
-``/`` commands and ``/load`` paths. Without a terminal the REPL reads with plain ``input()``.
+``/`` commands and ``/load`` paths. Without a terminal the REPL reads lines as ``input()`` would,
+but never more than the input limit of one (``piped_reader``).
 
 The history file lives in the user's data directory, readable by the user only; a line that holds
 a secret (the API key) is never written to it.
@@ -16,9 +17,13 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import BinaryIO, TextIO
+
+from localchat.conversation.attachment import BYTES_PER_CHAR
+from localchat.errors import UsageError
 
 HISTORY_FILE = "input_history"
+MAX_PIPED_LINE = 16 * 1024**2
 
 
 @dataclass
@@ -147,3 +152,24 @@ def terminal_reader(history_path: Path | None, commands: Iterable[str], secrets:
             on_notice(f"input history not kept ({history_path}: {exc.strerror}); this session's is in memory")
     session = PromptSession(history=history, completer=command_completer(commands), complete_while_typing=False)
     return lambda prompt: session.prompt(prompt)
+
+
+def piped_reader(source: BinaryIO, echo: TextIO, max_chars: int) -> Callable[[str], str]:
+    """``read_line(prompt)`` for a pipe or a file, as ``input()`` reads one, but never an endless
+    line: a line longer than the input limit is refused by the input check like any other, and one
+    past ``MAX_PIPED_LINE`` bytes (a stream that never breaks its line, ``< /dev/zero``) ends the
+    REPL with a usage error instead of filling memory. Bytes that are not UTF-8 are kept as
+    ``input()`` keeps them, for the input check to refuse."""
+    limit = max(MAX_PIPED_LINE, max_chars * BYTES_PER_CHAR + 2)  # (+ "\r\n")
+
+    def read_line(prompt: str) -> str:
+        echo.write(prompt)
+        echo.flush()
+        line = source.readline(limit + 1)
+        if not line:
+            raise EOFError
+        if len(line) > limit:
+            raise UsageError(f"a line of standard input goes on past {limit:,} bytes; stopped reading")
+        return line.decode("utf-8", errors="surrogateescape").removesuffix("\n")
+
+    return read_line
