@@ -209,6 +209,19 @@ def test_a_format_that_cannot_be_enforced_is_one_line_exit_2_before_any_call(tmp
     assert not (tmp_path / "r").exists()  # no request was ever recorded: no call
 
 
+@pytest.mark.parametrize("schema, needle", [
+    ({"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}, "/$defs/missing"),
+    ({"$ref": "http://example.com/person.json"}, "http://example.com/person.json"),  # never fetched
+    ({"type": "string", "pattern": "(?<=x)a"}, "cannot be enforced"),
+])
+def test_a_schema_that_cannot_compile_is_refused_before_the_model_loads(tmp_path, schema, needle):
+    (tmp_path / "s.json").write_text(json.dumps(schema))
+    done = runner.invoke(app, ["chat", "-m", "demo", "--no-log", "--json-schema", str(tmp_path / "s.json"), "Hi"])
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert done.exit_code == 2 and len(errors) == 1 and needle in errors[0], done.stderr
+    assert "loaded demo" not in done.stderr
+
+
 HOSTILE = {
     "nested 100 deep": {"type": "object", "properties": {"a": {}}, "required": ["a"]},
     "an enum of 20,000 values": {"enum": [f"value-{i}" for i in range(20_000)]},

@@ -130,13 +130,13 @@ def answer_schema(opts: ChatOptions) -> AnswerFormat | None:
     if len(given) > 1:
         raise UsageError(f"{given[0]} and {given[1]} are alternatives: an answer has one format "
                          "(--json means the schema {\"answer\": string})")
-    if out.json_schema:
-        return load_schema(out.json_schema)
-    if out.regex is not None:
-        return regex_format(out.regex)
-    if out.choice is not None:
-        return choice_format(out.choice)
-    return default_schema() if out.json_answer else None
+    fmt = load_schema(out.json_schema) if out.json_schema else regex_format(out.regex) if out.regex is not None \
+        else choice_format(out.choice) if out.choice is not None else default_schema() if out.json_answer else None
+    if fmt is not None:  # a grammar that cannot be compiled: said before the model loads
+        from localchat.grammar.compile import check
+
+        check(fmt, None)
+    return fmt
 
 
 def conversation_for(ref: ModelRef | None, opts: ChatOptions, schema: AnswerFormat | None,
