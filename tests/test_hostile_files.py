@@ -139,3 +139,13 @@ def test_bytes_that_are_not_utf8_are_refused_where_they_come_in(tmp_path):
                               env={**os.environ, "LOCALCHAT_HOME": str(home)})
         err = done.stderr.decode()
         assert done.returncode == 2 and flag in err and "not UTF-8 text" in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("kind", ["file", "fifo"])
+def test_a_records_directory_that_is_a_file_is_refused_before_the_model_loads(kind, fifo, tmp_path):
+    target = fifo if kind == "fifo" else tmp_path / "notes.txt"
+    if kind == "file":
+        target.write_text("precious")
+    done = localchat("chat", "-m", "demo", "--no-log", "--record", str(target), "hi", home=tmp_path / "home")
+    one_error(done, f"--record {target} is a file, not a directory")
+    assert "loaded demo" not in done.stderr and (kind == "fifo" or target.read_text() == "precious")

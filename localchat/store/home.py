@@ -47,11 +47,14 @@ def load_config() -> dict[str, Any]:
 
 
 def records_dir(option: Path | None) -> Path | None:
-    """``--record DIR`` wins over the config's ``records_dir``."""
-    if option is not None:
-        return option
-    configured = load_config().get("records_dir")
-    return Path(str(configured)).expanduser() if configured else None
+    """``--record DIR`` wins over the config's ``records_dir``. One that exists as something other
+    than a directory is refused now, before the model loads (created only at the first record)."""
+    configured = None if option is not None else load_config().get("records_dir")
+    path = option if option is not None else Path(str(configured)).expanduser() if configured else None
+    if path is not None and path.exists() and not path.is_dir():
+        where = "--record" if option is not None else f"{home_dir() / 'config.yaml'}: records_dir"
+        raise UsageError(f"{where} {path} is a file, not a directory")
+    return path
 
 
 def keeps_conversations(flag: bool) -> bool:
