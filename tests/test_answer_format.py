@@ -2,6 +2,7 @@
 ones are shown with the reason and never enter history."""
 
 import json
+import time
 
 import pytest
 from typer.testing import CliRunner
@@ -106,6 +107,55 @@ def test_a_server_that_ignores_the_format_exits_1_and_the_figures_say_it_once(tm
     assert result.stderr.count("the server did not enforce the JSON Schema n (response_format was sent)") == 1
     sent = next(json.loads(body) for path, _, body in server.requests if path.endswith("completions"))
     assert sent["response_format"]["json_schema"]["schema"]["required"] == ["n"]
+
+
+BACKTRACKS = "^(a|aa)+$"  # Python's re takes hours over forty a's and a "!"; regex's timeout stops it
+
+
+@pytest.mark.parametrize("fmt, reply", [
+    (AnswerFormat("", pattern=BACKTRACKS), "a" * 40 + "!"),
+    (AnswerFormat("", {"type": "object", "properties": {"code": {"type": "string", "pattern": BACKTRACKS}}}),
+     json.dumps({"code": "a" * 40 + "!"})),
+    (AnswerFormat("", {"type": "object", "patternProperties": {BACKTRACKS: {"type": "integer"}}}),
+     json.dumps({"a" * 40 + "!": 1})),
+    (AnswerFormat("", {"type": "object", "properties": {}, "patternProperties": {BACKTRACKS: {}},
+                       "additionalProperties": False}), json.dumps({"a" * 40 + "!": 1})),
+])
+def test_a_reply_is_checked_against_a_backtracking_pattern_in_seconds(fmt, reply):
+    started = time.monotonic()
+    value, why = fmt.check(reply)
+    assert time.monotonic() - started < 10 and value is None
+    assert why.startswith("testing it against") and "took over 2 s (a pattern that backtracks)" in why, why
+
+
+@pytest.mark.parametrize("schema, good, bad, why", [
+    ({"type": "object", "properties": {"n": {"type": "integer"}}, "patternProperties": {"^x-": {"type": "string"}},
+      "additionalProperties": False}, {"n": 1, "x-a": "s"}, {"n": 1, "y": 2}, "additional properties are not allowed: 'y'"),
+    ({"type": "object", "patternProperties": {"^x-": {"type": "string"}}}, {"x-a": "s", "y": 2}, {"x-a": 3},
+     "x-a: 3 is not of type 'string'"),
+    ({"type": "object", "additionalProperties": {"type": "integer"}}, {"a": 1}, {"a": "s"}, "a: 's' is not of type"),
+    ({"type": "string", "pattern": "^[a-z]+$"}, "abc", "ab1", "does not match"),
+])
+def test_the_pattern_keywords_keep_their_meaning(schema, good, bad, why):
+    fmt = AnswerFormat("", schema)
+    assert fmt.check(json.dumps(good)) == (good, None)
+    value, reason = fmt.check(json.dumps(bad))
+    assert value is None and why in reason, reason
+
+
+def test_a_server_reply_against_a_backtracking_regex_is_refused_in_one_line(tmp_path):
+    from fakeserver import FakeServer, Reply, delta, sse
+
+    server = FakeServer()
+    server.chat(Reply(chunks=sse(delta("a" * 40 + "!", "stop"))))
+    started = time.monotonic()
+    try:
+        result = runner.invoke(app, ["chat", "--backend", "server", "--base-url", server.base_url, "--no-log",
+                                     "--regex", BACKTRACKS, "Hi"])
+    finally:
+        server.close()
+    assert result.exit_code == 1 and time.monotonic() - started < 30, result.stderr
+    assert "took over 2 s (a pattern that backtracks)" in result.stderr and "Traceback" not in result.stderr
 
 
 @pytest.mark.parametrize("content, needle", [

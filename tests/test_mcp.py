@@ -287,6 +287,21 @@ def test_a_thousand_tools_a_ten_megabyte_result_and_escape_sequences(home, tmp_p
     assert odd == "7"
 
 
+def test_a_schema_pattern_that_backtracks_costs_a_call_seconds_not_hours(home, tmp_path):
+    path = config(tmp_path, {"bt": hostile("backtracks")})
+    server = FakeServer()
+    server.chat(calls(("bt_echo", {"code": "a" * 40 + "!"}), ("bt_echo", {"code": "aaa"}), ("bt_echo", {"code": "b"})))
+    started = time.monotonic()
+    try:
+        done = chat_with(server, "--mcp", str(path), "--approve-tools")
+    finally:
+        server.close()
+    assert done.exit_code == 0 and time.monotonic() - started < 40, done.stderr
+    slow, fits, wrong = tool_results(server)
+    assert slow.startswith("error: testing the arguments against bt_echo's parameters took over 2 s"), slow
+    assert fits == "aaa" and wrong.startswith("error: the arguments do not fit bt_echo's parameters (code: 'b' does not")
+
+
 def test_a_call_past_the_tool_timeout_is_cancelled_and_the_server_hears_it(home, tmp_path):
     marker = tmp_path / "heard"
     server = FakeServer()

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from localchat import bounded_json
+from localchat.bounded_schema import CHECK_BUDGET_S, CheckTimeout, Deadline, schema_errors
 from localchat.files import read_text
 from localchat.errors import UsageError
 
@@ -64,20 +65,25 @@ class AnswerFormat:
         return {"guided_choice": list(self.choices)}
 
     def check(self, text: str) -> tuple[Any, str | None]:
-        """The parsed reply and None, or None and a one-line reason it is not acceptable."""
+        """The parsed reply and None, or None and a one-line reason it is not acceptable (one whose
+        patterns take over ``CHECK_BUDGET_S`` to test is not acceptable either)."""
+        try:
+            return self._check(text, Deadline())
+        except CheckTimeout:
+            return None, f"testing it against {self.described()} took over {CHECK_BUDGET_S:g} s (a pattern that backtracks)"
+
+    def _check(self, text: str, deadline: Deadline) -> tuple[Any, str | None]:
         if self.pattern is not None:  # the line breaks a thinking model writes after its reasoning aside
-            matched = re.fullmatch(self.pattern, text) or re.fullmatch(self.pattern, LEADING.sub("", text))
+            matched = deadline.fullmatch(self.pattern, text) or deadline.fullmatch(self.pattern, LEADING.sub("", text))
             return (text, None) if matched else (None, f"it does not match {self.pattern}")
         if self.schema is None:
             shown = ", ".join(self.choices)
             return (text.strip(), None) if text.strip() in self.choices else (None, f"it is not one of: {shown}")
-        from jsonschema import Draft202012Validator
-
         try:
             value = bounded_json.loads(_strip_fence(text))
         except ValueError as exc:
             return None, f"not JSON: {exc}"
-        error = next(iter(Draft202012Validator(self.schema).iter_errors(value)), None)
+        error = next(schema_errors(self.schema, value, deadline), None)
         if error is not None:
             where = "/".join(str(p) for p in error.absolute_path) or "the reply"
             return None, f"schema: {where}: {error.message}"
@@ -116,9 +122,11 @@ def regex_format(pattern: str) -> AnswerFormat:
     """``--regex PATTERN``: the whole answer matches it (Python's ``re`` checks what a server sends)."""
     if not pattern or len(pattern) > MAX_PATTERN_CHARS:
         raise UsageError(f"--regex must be a pattern of 1 to {MAX_PATTERN_CHARS} characters")
+    import regex
+
     try:
-        re.compile(pattern)
-    except re.error as exc:
+        regex.compile(pattern)
+    except regex.error as exc:
         raise UsageError(f"--regex {pattern!r} is not a regular expression: {exc}") from None
     return AnswerFormat(f"Answer with text that matches the regular expression {pattern}", pattern=pattern)
 

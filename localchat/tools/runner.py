@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from localchat import bounded_json
 from localchat.backends import ToolCall
+from localchat.bounded_schema import CHECK_BUDGET_S, CheckTimeout, Deadline, schema_errors
 from localchat.errors import LocalchatError
 from localchat.tools.host import ToolOutput, ToolTimeout
 from localchat.tools.settings import DEFAULT_MAX_TOOL_ROUNDS
@@ -118,7 +119,9 @@ class ToolRunner:
 
     def _checked(self, call: ToolCall) -> dict[str, Any] | ToolResult:
         """The call's arguments when they may be run; else the result saying why not."""
-        import jsonschema
+        from jsonschema import Draft202012Validator
+        from jsonschema.exceptions import SchemaError, best_match
+        from jsonschema.validators import validator_for
 
         def invalid(why: str) -> ToolResult:
             return ToolResult(call, f"error: {why}", "invalid")
@@ -138,12 +141,16 @@ class ToolRunner:
         if not _encodable(arguments):
             return invalid("the arguments hold text that is not valid Unicode (a lone surrogate, such as \\ud800)")
         try:
-            jsonschema.validate(arguments, spec["parameters"])
-        except jsonschema.ValidationError as exc:
-            where = "/".join(map(str, exc.absolute_path)) or "the arguments"
-            return invalid(f"the arguments do not fit {call.name}'s parameters ({where}: {exc.message})")
-        except jsonschema.SchemaError as exc:  # a server's schema that is not one
+            validator_for(spec["parameters"], default=Draft202012Validator).check_schema(spec["parameters"])
+            error = best_match(schema_errors(spec["parameters"], arguments, Deadline()))
+        except SchemaError as exc:  # a server's schema that is not one
             return invalid(f"{call.name}'s own parameter schema is invalid ({exc.message})")
+        except CheckTimeout:
+            return invalid(f"testing the arguments against {call.name}'s parameters took over {CHECK_BUDGET_S:g} s "
+                           "(a pattern in its schema that backtracks)")
+        if error is not None:
+            where = "/".join(map(str, error.absolute_path)) or "the arguments"
+            return invalid(f"the arguments do not fit {call.name}'s parameters ({where}: {error.message})")
         return arguments
 
     def close(self) -> None:
