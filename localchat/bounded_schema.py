@@ -48,9 +48,10 @@ class Deadline:
             raise CheckTimeout from None
 
 
-def schema_errors(schema: dict[str, Any], value: Any, deadline: Deadline) -> Iterator[Any]:
-    """jsonschema's errors for ``value`` (the schema's own draft, else 2020-12), its pattern keywords
-    tested under ``deadline`` (``CheckTimeout`` past it)."""
+def schema_errors(schema: dict[str, Any], value: Any, deadline: Deadline, *, own_draft: bool = False) -> Iterator[Any]:
+    """jsonschema's Draft 2020-12 errors for ``value`` (``own_draft``: the draft its ``$schema``
+    names, as ``jsonschema.validate`` reads it), its pattern keywords tested under ``deadline``
+    (``CheckTimeout`` past it)."""
     from jsonschema import Draft202012Validator, validators
     from jsonschema.exceptions import ValidationError
 
@@ -78,6 +79,7 @@ def schema_errors(schema: dict[str, Any], value: Any, deadline: Deadline) -> Ite
             matching = f" (matching none of {', '.join(map(repr, patterns))})" if patterns else ""
             yield ValidationError(f"additional properties are not allowed: {', '.join(map(repr, extras))}{matching}")
 
-    checked = validators.extend(validators.validator_for(schema, default=Draft202012Validator), {
+    base = validators.validator_for(schema, default=Draft202012Validator) if own_draft else Draft202012Validator
+    checked = validators.extend(base, {
         "pattern": pattern, "patternProperties": pattern_properties, "additionalProperties": additional_properties})
     return checked(schema).iter_errors(value)

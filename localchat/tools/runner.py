@@ -142,7 +142,7 @@ class ToolRunner:
             return invalid("the arguments hold text that is not valid Unicode (a lone surrogate, such as \\ud800)")
         try:
             validator_for(spec["parameters"], default=Draft202012Validator).check_schema(spec["parameters"])
-            error = best_match(schema_errors(spec["parameters"], arguments, Deadline()))
+            error = best_match(schema_errors(spec["parameters"], arguments, Deadline(), own_draft=True))
         except SchemaError as exc:  # a server's schema that is not one
             return invalid(f"{call.name}'s own parameter schema is invalid ({exc.message})")
         except CheckTimeout:
