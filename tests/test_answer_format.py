@@ -130,7 +130,8 @@ def test_a_reply_is_checked_against_a_backtracking_pattern_in_seconds(fmt, reply
 
 @pytest.mark.parametrize("schema, good, bad, why", [
     ({"type": "object", "properties": {"n": {"type": "integer"}}, "patternProperties": {"^x-": {"type": "string"}},
-      "additionalProperties": False}, {"n": 1, "x-a": "s"}, {"n": 1, "y": 2}, "additional properties are not allowed: 'y'"),
+      "additionalProperties": False}, {"n": 1, "x-a": "s"}, {"n": 1, "y": 2},
+     "additional properties are not allowed: 'y'"),
     ({"type": "object", "patternProperties": {"^x-": {"type": "string"}}}, {"x-a": "s", "y": 2}, {"x-a": 3},
      "x-a: 3 is not of type 'string'"),
     ({"type": "object", "additionalProperties": {"type": "integer"}}, {"a": 1}, {"a": "s"}, "a: 's' is not of type"),

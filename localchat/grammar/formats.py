@@ -70,7 +70,8 @@ class AnswerFormat:
         try:
             return self._check(text, Deadline())
         except CheckTimeout:
-            return None, f"testing it against {self.described()} took over {CHECK_BUDGET_S:g} s (a pattern that backtracks)"
+            return None, f"testing it against {self.described()} took over {CHECK_BUDGET_S:g} s " \
+                "(a pattern that backtracks)"
 
     def _check(self, text: str, deadline: Deadline) -> tuple[Any, str | None]:
         if self.pattern is not None:  # the line breaks a thinking model writes after its reasoning aside
