@@ -87,6 +87,18 @@ def test_a_regex_and_a_choice_are_the_whole_answer(demo_tokens):
     assert not accepts(demo_tokens, choice, "yes, ") and not accepts(demo_tokens, choice, "ye")
 
 
+@pytest.mark.parametrize("pattern, good, bad", [
+    (r"a\/b", "a/b", "a\\/b"),  # a slash the user escaped
+    (r"x/y", "x/y", "x\\/y"),  # one they did not
+    (r"a\\/b", "a\\/b", "a/b"),  # an escaped backslash, then a slash
+    (r"[/]+", "//", "/a"),
+])
+def test_a_regex_with_slashes_means_what_python_reads_in_it(demo_tokens, pattern, good, bad):
+    fmt = regex_format(pattern)
+    assert accepts(demo_tokens, fmt, good) and fmt.check(good)[1] is None
+    assert not accepts(demo_tokens, fmt, bad) and fmt.check(bad)[1] is not None
+
+
 # --- in real decoding -------------------------------------------------------------------------------------
 
 def test_a_model_that_would_write_other_json_writes_the_schemas_under_the_mask(tmp_path):

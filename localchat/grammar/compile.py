@@ -58,8 +58,18 @@ def body_rule(fmt: AnswerFormat) -> str:
     if fmt.schema is not None:
         return "%json " + json.dumps({**fmt.schema, "x-guidance": JSON_STYLE})
     if fmt.pattern is not None:
-        return "/" + fmt.pattern.replace("/", "\\/") + "/"
+        return _lark_regex(fmt.pattern)
     return " | ".join(json.dumps(choice) for choice in fmt.choices)
+
+
+def _lark_regex(pattern: str) -> str:
+    """The pattern as a Lark ``/…/`` literal: each ``/`` escaped once, one the user escaped
+    (``a\\/b``) left as it is."""
+    out, escaped = [], False
+    for char in pattern:
+        out.append("\\/" if char == "/" and not escaped else char)
+        escaped = char == "\\" and not escaped
+    return "/" + "".join(out) + "/"
 
 
 def call_schema(tools: list[dict[str, Any]]) -> dict[str, Any]:
