@@ -16,7 +16,6 @@ from pathlib import Path
 
 from localchat.errors import LocalchatError
 
-
 MAX_SETTINGS_BYTES = 16 * 1024**2  # a schema, a host file, an MCP or YAML file: far past any real one
 
 

@@ -18,8 +18,8 @@ from typing import Any
 
 from localchat import bounded_json
 from localchat.bounded_schema import CHECK_BUDGET_S, CheckTimeout, Deadline, schema_errors
-from localchat.files import read_text
 from localchat.errors import UsageError
+from localchat.files import read_text
 
 DEFAULT_INSTRUCTION = 'Answer in JSON: {"answer": "..."}'
 DEFAULT_SCHEMA: dict[str, Any] = {
@@ -120,7 +120,8 @@ def load_schema(path: Path) -> AnswerFormat:
 
 
 def regex_format(pattern: str) -> AnswerFormat:
-    """``--regex PATTERN``: the whole answer matches it (Python's ``re`` checks what a server sends)."""
+    """``--regex PATTERN``: the whole answer matches it (the ``regex`` module, as Python reads the
+    pattern, checks every reply, in bounded time: ``localchat.bounded_schema``)."""
     if not pattern or len(pattern) > MAX_PATTERN_CHARS:
         raise UsageError(f"--regex must be a pattern of 1 to {MAX_PATTERN_CHARS} characters")
     import regex
