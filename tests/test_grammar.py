@@ -218,7 +218,7 @@ def test_a_format_that_cannot_be_enforced_is_one_line_exit_2_before_any_call(tmp
     done = runner.invoke(app, ["chat", *args, "--record", str(tmp_path / "r"), "Hi"])
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert done.exit_code == 2 and len(errors) == 1 and needle in errors[0], done.stderr
-    assert not (tmp_path / "r").exists()  # no request was ever recorded: no call
+    assert not (tmp_path / "r").exists() and "loaded" not in done.stderr  # no call, and no model loaded
 
 
 @pytest.mark.parametrize("schema, needle", [

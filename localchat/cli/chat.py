@@ -132,10 +132,10 @@ def answer_schema(opts: ChatOptions) -> AnswerFormat | None:
                          "(--json means the schema {\"answer\": string})")
     fmt = load_schema(out.json_schema) if out.json_schema else regex_format(out.regex) if out.regex is not None \
         else choice_format(out.choice) if out.choice is not None else default_schema() if out.json_answer else None
-    if fmt is not None:  # a grammar that cannot be compiled: said before the model loads
-        from localchat.grammar.compile import check
+    if fmt is not None:  # a grammar that cannot be compiled, or admits no text: said before the model loads
+        from localchat.grammar.compile import byte_tokenizer, check
 
-        check(fmt, None)
+        check(fmt, byte_tokenizer())
     return fmt
 
 

@@ -44,6 +44,27 @@ def llg_tokenizer(tokenizer: Any, vocab_size: int | None = None) -> Any:
     return llguidance.hf.from_tokenizer(inner, n_vocab=vocab_size, eos_token=ends)
 
 
+class _Bytes:
+    """A tokenizer of one token a byte (and an end), for ``byte_tokenizer``."""
+
+    eos_token_id = 256
+    bos_token_id = None
+    tokens = [bytes([i]) for i in range(256)] + [b"<end>"]
+    special_token_ids = [256]
+
+    def __call__(self, text: str | bytes) -> list[int]:
+        return list(text if isinstance(text, bytes) else text.encode("utf-8"))
+
+
+def byte_tokenizer() -> Any:
+    """llguidance's view of a tokenizer that can write any text a byte at a time (2 ms to build):
+    what ``check`` uses before a model's own tokenizer is loaded, so that a format that admits no
+    text at all is refused before the model loads too."""
+    from llguidance import LLTokenizer, TokenizerWrapper
+
+    return LLTokenizer(TokenizerWrapper(_Bytes()))
+
+
 def _literal(text: str, llg: Any | None) -> str:
     """A marker in Lark: its special token when it is one, else its text."""
     if llg is not None:
