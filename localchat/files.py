@@ -40,12 +40,13 @@ def read_regular(path: Path, limit: int = MAX_SETTINGS_BYTES) -> bytes:
 
 
 def read_text(path: Path, limit: int = MAX_SETTINGS_BYTES) -> str:
-    """A regular file of at most ``limit`` bytes, as UTF-8: ``OSError`` as ``read_regular`` says
-    or ``larger than 16,777,216 bytes``; ``UnicodeDecodeError`` (a ``ValueError``)."""
+    """A regular file of at most ``limit`` bytes, as UTF-8 (a byte-order mark, which Windows editors
+    write, dropped): ``OSError`` as ``read_regular`` says or ``larger than 16,777,216 bytes``;
+    ``UnicodeDecodeError`` (a ``ValueError``)."""
     data = read_regular(path, limit)
     if len(data) > limit:
         raise OSError(errno.EFBIG, f"larger than {limit:,} bytes", str(path))
-    return data.decode("utf-8")
+    return data.decode("utf-8-sig")
 
 
 def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:

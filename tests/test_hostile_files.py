@@ -67,6 +67,8 @@ def test_a_file_past_the_limit_is_refused_and_one_at_it_is_read(tmp_path):
     path.write_bytes(b"\xff")
     with pytest.raises(UnicodeDecodeError):
         read_text(path)
+    path.write_bytes(b"\xef\xbb\xbf{}")  # a byte-order mark, as Windows editors write: not part of the text
+    assert read_text(path) == "{}"
 
 
 def localchat(*args: str, home: Path, stdin=subprocess.DEVNULL) -> subprocess.CompletedProcess:
