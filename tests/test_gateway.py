@@ -272,6 +272,23 @@ def test_a_client_that_goes_away_mid_stream_cancels_the_upstream_request():
         fake.close()
 
 
+@pytest.mark.parametrize("path, body", [("/v1/messages", GOOD), ("/v1/responses", {"model": "m", "input": "Hi"})])
+def test_a_client_that_goes_away_before_a_whole_reply_cancels_the_upstream_request(path, body):
+    fake = FakeServer()
+    fake.chat(slow_stream())  # 12 s of answer, which the client does not wait for
+    try:
+        with gateway_for(fake.base_url, ready=False) as gw:
+            with pytest.raises(httpx.ReadTimeout):
+                httpx.post(gw.url + path, json=body, timeout=1.5)
+            assert fake.cut_short.wait(6.0), "the upstream request went on after the client left"
+            deadline = time.monotonic() + 5
+            while not any("the client went away" in line for line in gw.logs) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert any("(a whole reply); the request to the server was closed" in line for line in gw.logs), gw.logs
+    finally:
+        fake.close()
+
+
 def test_an_upstream_that_dies_mid_stream_ends_the_stream_with_an_error_event():
     fake = FakeServer()
     fake.chat(Reply(chunks=[f"data: {json.dumps(delta('Hel'))}\n\n".encode()]))  # then the connection closes

@@ -34,6 +34,7 @@ from localchat.gateway.names import APIS
 from localchat.gateway.shapes import MAX_BODY_BYTES, ApiError, Ended, GatewayRequest, Idle, invalid
 from localchat.gateway.upstream import Upstream
 
+LOOK_S = 1.0  # how often a whole reply in the making looks whether its client is still there
 PASSED = {"/v1/chat/completions": "POST", "/v1/models": "GET", "/health": "GET"}
 
 
@@ -123,18 +124,32 @@ class Gateway:
             await items.aclose()
             raise ApiError(502, "api_error", first.error)
         if not wanted.stream:
-            ended = first if isinstance(first, Ended) else None
+            ended = await self._gathered(request, reply, first, items)
             if ended is None:
-                reply.events(first)
-                async for item in items:
-                    if isinstance(item, Ended):
-                        ended = item
-                    elif not isinstance(item, Idle):
-                        reply.events(item)
+                self.log(f"POST {request.url.path} · the client went away after {time.perf_counter() - started:.2f}s "
+                         "(a whole reply); the request to the server was closed")
+                return Response(status_code=499)  # (nobody reads it: the connection is gone)
             self._figures(request, 200, ended, started)
             return JSONResponse(final(ended))
         return StreamingResponse(self._stream(request, reply, first, items, on_end, clock),
                                  media_type="text/event-stream", headers={"cache-control": "no-cache"})
+
+    async def _gathered(self, request: Request, reply: Any, first: Event | Idle | Ended,
+                        items: AsyncIterator[Event | Idle | Ended]) -> Ended | None:
+        """A whole reply's events gathered into ``reply``, and its end; None when its client went away
+        first (looked at every ``LOOK_S`` and at each idle moment: a long prefill, a long answer),
+        and the request upstream is closed then, as it is for a stream."""
+        item, looked = first, time.monotonic()
+        while not isinstance(item, Ended):
+            if isinstance(item, Idle) or time.monotonic() - looked > LOOK_S:
+                looked = time.monotonic()
+                if await request.is_disconnected():
+                    await items.aclose()
+                    return None
+            if not isinstance(item, Idle):
+                reply.events(item)
+            item = await anext(items)
+        return item
 
     async def _stream(self, request: Request, reply: Any, first: Event | Idle | Ended,
                       items: AsyncIterator[Event | Idle | Ended], on_end: Callable[[Ended], None],
