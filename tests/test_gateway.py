@@ -254,6 +254,13 @@ def slow_stream(pause_s: float = 0.2, words: int = 60) -> Reply:
     return Reply(chunks=sse(*[delta(f"w{i} ") for i in range(words)], delta("end", "stop")), pause_s=pause_s)
 
 
+def wait_for_log(gw, text: str, seconds: float = 5.0) -> None:
+    """Until a line of the gateway's log holds ``text`` (it logs a request once it has ended)."""
+    deadline = time.monotonic() + seconds
+    while not any(text in line for line in gw.logs) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def test_a_client_that_goes_away_mid_stream_cancels_the_upstream_request():
     fake = FakeServer()
     fake.chat(slow_stream())
@@ -264,9 +271,7 @@ def test_a_client_that_goes_away_mid_stream_cancels_the_upstream_request():
                     if "w2" in line:
                         break  # the client leaves here
             assert fake.cut_short.wait(5.0), "the upstream request went on after the client left"
-            deadline = time.monotonic() + 5
-            while not any("the client went away" in line for line in gw.logs) and time.monotonic() < deadline:
-                time.sleep(0.05)
+            wait_for_log(gw, "the client went away")
             assert any("the request to the server was closed" in line for line in gw.logs), gw.logs
     finally:
         fake.close()
@@ -281,9 +286,7 @@ def test_a_client_that_goes_away_before_a_whole_reply_cancels_the_upstream_reque
             with pytest.raises(httpx.ReadTimeout):
                 httpx.post(gw.url + path, json=body, timeout=1.5)
             assert fake.cut_short.wait(6.0), "the upstream request went on after the client left"
-            deadline = time.monotonic() + 5
-            while not any("the client went away" in line for line in gw.logs) and time.monotonic() < deadline:
-                time.sleep(0.05)
+            wait_for_log(gw, "the client went away")
             assert any("(a whole reply); the request to the server was closed" in line for line in gw.logs), gw.logs
     finally:
         fake.close()
