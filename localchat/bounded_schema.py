@@ -34,16 +34,16 @@ class Deadline:
     def search(self, pattern: str, text: str) -> bool:
         import regex
 
-        try:
-            return regex.search(pattern, text, timeout=self.left()) is not None
-        except TimeoutError:
-            raise CheckTimeout from None
+        return self._within(regex.search, pattern, text)
 
     def fullmatch(self, pattern: str, text: str) -> bool:
         import regex
 
+        return self._within(regex.fullmatch, pattern, text)
+
+    def _within(self, match: Any, pattern: str, text: str) -> bool:
         try:
-            return regex.fullmatch(pattern, text, timeout=self.left()) is not None
+            return match(pattern, text, timeout=self.left()) is not None
         except TimeoutError:
             raise CheckTimeout from None
 
