@@ -1,5 +1,9 @@
 """The one package exception; the CLI layer alone turns it into a red line and an exit code."""
 
+from __future__ import annotations
+
+import threading
+
 
 class LocalchatError(Exception):
     """A failure the user can act on; its message is one line, shown without a traceback."""
@@ -22,10 +26,23 @@ class TerminationRequested(KeyboardInterrupt):
     """SIGTERM, turned into the same clean path as Ctrl+C (see ``raise_on_sigterm``); exit 143."""
 
 
-def raise_on_sigterm() -> None:
+def raise_on_sigterm() -> threading.Event:
+    """SIGTERM raises ``TerminationRequested`` where the main thread is. The event it returns stays
+    set: a Python handler's exception is lost when it lands inside a finalizer (``__del__``, where
+    Python only prints it), so a loop that waits on a server looks at it too (``raise_if_set``)."""
     import signal
 
+    came = threading.Event()
+
     def handler(signum, frame):
+        came.set()
         raise TerminationRequested()
 
     signal.signal(signal.SIGTERM, handler)
+    return came
+
+
+def raise_if_set(came: threading.Event) -> None:
+    """The termination a lost exception did not carry out (see ``raise_on_sigterm``)."""
+    if came.is_set():
+        raise TerminationRequested()

@@ -281,3 +281,28 @@ def test_pipeline_splits_layers_where_mlx_lm_can_token_for_token(home, tiny_qwen
     texts = [t["inproc_text"] for t in report["turns"]]
     assert result.exit_code == 0 and report["ok"] and texts == [t["server_text"] for t in report["turns"]]
     assert len(set(texts)) == len(texts) and all(len(set(t)) > 5 for t in texts)  # not one token repeated
+
+
+def test_a_sigterm_whose_exception_was_lost_still_ends_the_wait_for_a_server():
+    """Python drops an exception raised inside a finalizer (it only prints it), and a handler's
+    exception can land there: the event stays set, and the next poll of a server raises it."""
+    from localchat.cli.serve import heeding
+    from localchat.errors import TerminationRequested, raise_on_sigterm
+
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        came = raise_on_sigterm()
+        shown: list[str] = []
+        on_poll = heeding(came, shown.append)
+        on_poll("loading … 1s")
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.5)  # (the handler runs here)
+        except TerminationRequested:
+            pass  # lost, as inside a __del__
+        assert came.is_set()
+        with pytest.raises(TerminationRequested):
+            on_poll("loading … 2s")
+        assert shown == ["loading … 1s"]
+    finally:
+        signal.signal(signal.SIGTERM, before)

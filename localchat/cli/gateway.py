@@ -10,8 +10,8 @@ from pathlib import Path
 from rich.console import Console
 
 from localchat.cli import outcomes
-from localchat.cli.serve import shown_log_on_failure
-from localchat.errors import LocalchatError, UsageError, raise_on_sigterm
+from localchat.cli.serve import heeding, shown_log_on_failure
+from localchat.errors import LocalchatError, UsageError, raise_if_set, raise_on_sigterm
 from localchat.gateway.serving import RunningGateway, serve_gateway
 from localchat.gateway.upstream import reach_upstream
 from localchat.registry import DEFAULT_MODEL, ModelRef, resolve
@@ -24,11 +24,11 @@ def run_serve_api(*, model: str | None, host: str, port: int, log: Path | None, 
                   ranks: Ranks | None = None, smoke: bool = False) -> int:
     ref = resolve(model or DEFAULT_MODEL)
     _check_public(host, port, api_key, err)
-    raise_on_sigterm()
+    terminated = raise_on_sigterm()
     internal = free_port()
     with console.status("starting mlx_lm.server …") as status, shown_log_on_failure(console):
-        server = start_ready(ref, host="127.0.0.1", port=internal, log=log, extra=extra, on_poll=status.update,
-                             ranks=ranks)
+        server = start_ready(ref, host="127.0.0.1", port=internal, log=log, extra=extra,
+                             on_poll=heeding(terminated, status.update), ranks=ranks)
     running = None
     try:
         upstream = reach_upstream(server.base_url, ref, None)
@@ -40,6 +40,7 @@ def run_serve_api(*, model: str | None, host: str, port: int, log: Path | None, 
             return _smoke(running, apis, api_key, ref, console)
         _show_use(console, running, apis)
         while server.process.poll() is None and running.alive:
+            raise_if_set(terminated)
             time.sleep(0.5)
         raise LocalchatError("mlx_lm.server ended; the gateway stopped too" if running.alive
                              else "the gateway stopped; mlx_lm.server stopped too")
@@ -56,7 +57,7 @@ def run_gateway(*, upstream_url: str, model: str | None, host: str, port: int, c
                 apis: tuple[str, ...], api_key: str | None, upstream_key: str | None, timeout_s: float) -> int:
     ref = resolve(model) if model else None
     _check_public(host, port, api_key, err)
-    raise_on_sigterm()
+    terminated = raise_on_sigterm()
     upstream = reach_upstream(upstream_url, ref, upstream_key, timeout_s)
     running = None
     try:
@@ -66,6 +67,7 @@ def run_gateway(*, upstream_url: str, model: str | None, host: str, port: int, c
                       f"(model {upstream.model_id})")
         _show_use(console, running, apis)
         while running.alive:
+            raise_if_set(terminated)
             time.sleep(0.5)
         raise LocalchatError("the gateway stopped")
     except KeyboardInterrupt:

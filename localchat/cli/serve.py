@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import shlex
+import threading
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
@@ -16,7 +18,7 @@ from rich.table import Column, Table
 from localchat.backends import DEFAULT_TIMEOUT_S
 from localchat.backends.openai_http import backend_for
 from localchat.cli import outcomes
-from localchat.errors import LocalchatError, raise_on_sigterm
+from localchat.errors import LocalchatError, raise_if_set, raise_on_sigterm
 from localchat.registry import DEFAULT_MODEL, DEMO_MODEL, ModelRef, resolve
 from localchat.server.distributed import Ranks, check_ranks, exit_words, failed_rank
 from localchat.server.launch import (
@@ -59,9 +61,10 @@ def run_serve(*, model: str | None, host: str, port: int, log: Path | None, smok
     if host not in LOOPBACK:
         console.print(f"[yellow]warning: binding {host}: mlx_lm.server has no authentication; "
                       "anyone who can reach this port can use the model[/yellow]")
-    raise_on_sigterm()
+    terminated = raise_on_sigterm()
     with console.status("starting mlx_lm.server …") as status, shown_log_on_failure(console):
-        server = start_ready(ref, host=host, port=port, log=log, extra=extra, on_poll=status.update, ranks=ranks)
+        server = start_ready(ref, host=host, port=port, log=log, extra=extra,
+                             on_poll=heeding(terminated, status.update), ranks=ranks)
     where = f" · {ranks.size} ranks ({ranks.backend}{', pipeline' if ranks.pipeline else ''})" if ranks else ""
     try:
         console.print(f"[green]ready[/green] {server.base_url} · model {ref.id} ({ref.location}){where} · "
@@ -75,6 +78,7 @@ def run_serve(*, model: str | None, host: str, port: int, log: Path | None, smok
                       markup=False, overflow="ignore", crop=False)
         console.print("Ctrl+C stops the server.", style="dim")
         while server.process.poll() is None:
+            raise_if_set(terminated)
             time.sleep(0.5)
         server.stop()  # what the launcher left: every rank ends before the line is said
         show_log_tail(console, server.log_path)
@@ -85,6 +89,16 @@ def run_serve(*, model: str | None, host: str, port: int, log: Path | None, smok
         if server.process.poll() is None:
             server.stop()  # returns once every rank has exited
             console.print("server stopped" + (" (every rank)" if ranks else ""), style="dim")
+
+
+def heeding(terminated: threading.Event, show: Callable[[str], None]) -> Callable[[str], None]:
+    """``show``, after raising a termination whose exception was lost (see ``raise_on_sigterm``)."""
+
+    def on_poll(text: str) -> None:
+        raise_if_set(terminated)
+        show(text)
+
+    return on_poll
 
 
 def ended_line(server: RunningServer, ranks: Ranks | None) -> str:
