@@ -143,9 +143,10 @@ def server_env(*, distributed: bool) -> dict[str, str]:
 
 def ensure_hub_cache() -> None:
     """mlx_lm.server (0.32) lists its models by scanning Hugging Face's cache, and without that
-    directory ``/v1/models`` drops the connection after its headers: on a machine whose models all
-    came from elsewhere (a GGUF, the demo), a client asking which models there are gets nothing.
-    The empty directory is what Hugging Face would create on its first download."""
+    directory ``/v1/models`` drops the connection after its headers (ml-explore/mlx-lm#1636): on a
+    machine whose models all came from elsewhere (a GGUF, the demo), a client asking which models
+    there are gets nothing. The empty directory is what Hugging Face would create on its first
+    download. (Here, in ``launch``, for every way a server is started, tests' included.)"""
     from huggingface_hub.constants import HF_HUB_CACHE
 
     try:
@@ -236,14 +237,6 @@ def default_log(port: int) -> Path:
     return home_dir() / "logs" / f"server-{port}.log"
 
 
-def ensure_hf_cache_dir() -> None:
-    """mlx_lm.server's /v1/models sends 200 and then fails when the HF cache directory does not
-    exist (ml-explore/mlx-lm#1636); an empty cache directory is what ``hf download`` makes anyway."""
-    from huggingface_hub import constants
-
-    Path(constants.HF_HUB_CACHE).mkdir(parents=True, exist_ok=True)
-
-
 def start_ready(ref: ModelRef, *, host: str = "127.0.0.1", port: int, log: Path | None = None,
                 extra: tuple[str, ...] = (), on_poll: Callable[[str], None] = lambda _: None,
                 ranks: Ranks | None = None) -> RunningServer:
@@ -253,7 +246,6 @@ def start_ready(ref: ModelRef, *, host: str = "127.0.0.1", port: int, log: Path 
     model_dir = local_dir(ref)  # fail early, in one line, when the model is not on this machine
     if ranks is not None:
         check_ranks(ranks, model_dir)
-    ensure_hf_cache_dir()
     server = launch(ref.location, host=host, port=port, log_path=log or default_log(port), extra_args=extra,
                     ranks=ranks)
     where = f" on {ranks.size} ranks ({ranks.backend})" if ranks is not None else ""
