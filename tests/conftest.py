@@ -1,7 +1,10 @@
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
+import owned
 import pytest
 from machine_cache import machine_cache
 
@@ -17,6 +20,25 @@ os.environ.pop("LOCALCHAT_MODELS", None)
 # would inherit that: a Ctrl+C test would then prove nothing, or hang. Each worker catches it again
 # (Python's own handler), so the processes the tests start get SIGINT's default action.
 signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+LOOK_ALIKES = (["sleep", "3600"],
+               [sys.executable, "-c", "import time; time.sleep(3600)", "add_server.py", "mcp_server_time",
+                "hostile_mcp.py", "localchat.mcp.guard", "mlx_lm server --model default_model"])
+
+
+@pytest.fixture(scope="session", autouse=True)
+def a_users_own_processes():
+    """Processes that look like the ones the tests start (a user's MCP servers, ``sleep``s and an
+    mlx_lm server), unmarked: the suite must leave them alive (tests touch only what they started)."""
+    decoys = [subprocess.Popen(argv, env=owned.unmarked_environment(), start_new_session=True,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for argv in LOOK_ALIKES]
+    yield
+    killed = [" ".join(d.args) for d in decoys if d.poll() is not None]
+    for decoy in decoys:
+        decoy.kill()
+        decoy.wait()
+    assert killed == [], f"the tests killed processes they did not start: {killed}"
 
 
 @pytest.fixture(scope="session")

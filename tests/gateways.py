@@ -26,6 +26,9 @@ class TestGateway:
     def post(self, path: str, **kwargs) -> httpx.Response:
         return httpx.post(self.url + path, timeout=60.0, **kwargs)
 
+    def get(self, path: str, **kwargs) -> httpx.Response:
+        return httpx.get(self.url + path, timeout=60.0, **kwargs)
+
 
 @contextmanager
 def gateway_for(base_url: str, model: str | None = None, *, api_key: str | None = None, ready: bool = True,

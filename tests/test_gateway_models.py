@@ -136,11 +136,6 @@ def wait_for_line(process: subprocess.Popen, pattern: str, timeout_s: float = 12
     raise AssertionError(f"no line matching {pattern!r}")
 
 
-def children_of(pid: int) -> list[str]:
-    found = subprocess.run(["ps", "-eo", "pid,ppid,args"], capture_output=True, text=True).stdout.splitlines()
-    return [line for line in found if "mlx_lm" in line and f" {pid} " in f" {line} "]
-
-
 def test_serve_api_answers_as_chat_completions_through_both_sdks_and_sigterm_stops_both(tmp_path):
     port = free_port()
     served = localchat("serve", "--api", "anthropic,responses", "--port", str(port), home=tmp_path)

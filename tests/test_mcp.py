@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import owned
 import pytest
 from fakeserver import FakeServer, Reply, delta, sse
 from typer.testing import CliRunner
@@ -28,27 +29,19 @@ ADD_SERVER = ROOT / "examples" / "mcp" / "add_server.py"
 SERVER_SCRIPTS = ("hostile_mcp.py", "add_server.py", "mcp_server_time", "localchat.mcp.guard")
 
 
-def server_processes() -> list[str]:
-    found = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout.splitlines()
-    return [line for line in found if any(s in line for s in SERVER_SCRIPTS) and "pytest" not in line]
+def left_behind() -> list[owned.Owned]:
+    """This worker's MCP servers, their guards, and what the servers started (``sleep 3600``)."""
+    return owned.owned(*SERVER_SCRIPTS, "sleep 3600")
 
 
 @pytest.fixture(autouse=True)
 def nothing_left():
-    """After every test: no MCP server process, nor anything a server started (``sleep 3600``)."""
+    """After every test: none of the servers it started, nor anything they started, is alive."""
     yield
     deadline = time.monotonic() + 8
-    while (server_processes() or _sleepers()) and time.monotonic() < deadline:
+    while left_behind() and time.monotonic() < deadline:
         time.sleep(0.1)
-    left = server_processes() + _sleepers()
-    for line in left:
-        os.kill(int(line.split()[0]), signal.SIGKILL)
-    assert left == []
-
-
-def _sleepers() -> list[str]:
-    found = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout.splitlines()
-    return [line for line in found if line.split(None, 1)[-1] == "sleep 3600"]
+    assert owned.kill_owned(*SERVER_SCRIPTS, "sleep 3600") == []
 
 
 @pytest.fixture
@@ -59,8 +52,12 @@ def home(tmp_path, monkeypatch):
 
 
 def config(tmp_path: Path, servers: dict, name: str = "mcp.json") -> Path:
+    """An mcpServers file; each stdio server gets the test run's mark in its ``env`` (localchat
+    passes a server nothing else of its environment), so what it starts can be found as ours."""
+    marked = {name: {**entry, "env": {**entry.get("env", {}), owned.MARK: owned.RUN}}
+              if isinstance(entry, dict) and "command" in entry else entry for name, entry in servers.items()}
     path = tmp_path / name
-    path.write_text(json.dumps({"mcpServers": servers}))
+    path.write_text(json.dumps({"mcpServers": marked}))
     return path
 
 
@@ -144,7 +141,7 @@ def test_variables_are_read_from_the_environment_and_the_server_gets_only_its_ow
     assert done.exit_code == 0, done.stderr
     environment = json.loads(tool_results(server)[0])
     assert environment["TOKEN"] == "t0k3n" and environment["PLAIN"] == "p"
-    assert set(environment) <= {"PATH", "HOME", "LANG", "TMPDIR", "TOKEN", "PLAIN"}, sorted(environment)
+    assert set(environment) <= {"PATH", "HOME", "LANG", "TMPDIR", "TOKEN", "PLAIN", owned.MARK}, sorted(environment)
     assert "a line on stderr" not in done.stderr  # a server's stderr goes to its log, never the terminal
     logs = list((home / "logs").glob("mcp-h-*.log"))
     assert len(logs) == 1 and "a line on stderr, for the log only" in logs[0].read_text()

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+import owned
 import pytest
 from servers import serving
 from typer.testing import CliRunner
@@ -25,9 +26,9 @@ REMEMBER = "Remember the code harbor 17. Reply only OK."
 RECALL = "What was the code? Reply with the code only."
 
 
-def mlx_servers() -> list[str]:
-    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if "mlx_lm server" in line]
+def mlx_servers() -> list[owned.Owned]:
+    """This worker's mlx_lm servers (never a user's own)."""
+    return owned.owned("mlx_lm server")
 
 
 @pytest.fixture(scope="module")
@@ -162,9 +163,7 @@ def test_parity_between_inproc_and_server():
 
 
 def mlx_children(pid: int) -> list[int]:
-    out = subprocess.run(["ps", "-eo", "pid,ppid,args"], capture_output=True, text=True).stdout
-    rows = [line.split(None, 2) for line in out.splitlines()[1:]]
-    return [int(p) for p, pp, args in rows if int(pp) == pid and "mlx_lm server" in args]
+    return owned.children_of(pid, "mlx_lm server")
 
 
 def alive(pid: int) -> bool:

@@ -38,6 +38,33 @@ def test_ttft_runs_from_submission_to_the_first_text_and_decode_from_first_to_la
     assert clock.text == "abcd"
 
 
+def test_a_reply_that_came_in_one_burst_has_no_decode_speed_and_none_is_printed():
+    """The gateway's clock once saw the demo's seven tokens within 0.13 ms and printed 46,258
+    tok/s: a burst says nothing of how fast the model decoded."""
+    burst = [10.0 + i * 20e-6 for i in range(7)]
+    clock = TurnClock(now=FakeClock(9.9, *burst, 10.1))
+    for text in "abcdefg":
+        clock.on_text(text)
+    stats = clock.finish(finished(completion_tokens=7))
+    assert stats.decode_tps is None and stats.ttft_s == pytest.approx(0.1)
+    assert "tok/s" not in stats_line(stats)
+
+
+def test_tokens_of_an_opening_burst_are_not_counted_in_the_decode_speed():
+    """Three chunks together (a stalled reader), then six 50 ms apart: six tokens over 0.3 s,
+    not eight; speculative decoding's groups (four tokens a step) count the same way."""
+    times = [1.0, 1.00002, 1.00004] + [1.0 + 0.05 * i for i in range(1, 7)]
+    clock = TurnClock(now=FakeClock(0.5, *times, 2.0))
+    for _ in times:
+        clock.on_text("x")
+    assert clock.finish(finished(completion_tokens=9)).decode_tps == pytest.approx(6 / 0.3)
+    steps = [2.0 + step * 0.1 + k * 1e-5 for step in range(3) for k in range(4)]
+    clock = TurnClock(now=FakeClock(1.0, *steps, 3.0))
+    for _ in steps:
+        clock.on_text("x")
+    assert clock.finish(finished(completion_tokens=12)).decode_tps == pytest.approx(8 / (steps[-1] - steps[0]))
+
+
 def test_a_turn_that_broke_before_any_text_has_no_ttft_and_no_counts():
     stats = TurnClock(now=FakeClock(1.0, 3.0)).finish(None)
     assert stats.ttft_s is None and stats.decode_tps is None and stats.prompt_tokens == 0

@@ -14,6 +14,7 @@ import time
 import uuid
 from pathlib import Path
 
+import owned
 import pytest
 from fakeserver import FakeServer, Reply, delta, sse
 from typer.testing import CliRunner
@@ -143,8 +144,7 @@ def add(a: int, b: int) -> int:
 
 
 def sleeping(marker: str) -> list[int]:
-    found = subprocess.run(["pgrep", "-f", f"sleep {marker}"], capture_output=True, text=True).stdout.split()
-    return [int(p) for p in found]
+    return [p.pid for p in owned.owned(f"sleep {marker}")]
 
 
 def wait_for(condition, seconds: float = 20.0) -> bool:

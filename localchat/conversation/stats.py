@@ -3,8 +3,11 @@
 TTFT runs from the moment a turn is submitted (templating and tokenization included) to the
 first visible text of any kind, reasoning or answer; TTFA (time to first answer) to the first
 answer text, so a thinking model's TTFA - TTFT is how long it thought before answering. Decode
-speed is (completion_tokens - 1) / (t_last - t_first) over both kinds. The runtime's own figures
-(mlx_lm's prompt_tps/generation_tps) travel beside ours, labelled as the runtime's.
+speed is (completion_tokens - 1) / (t_last - t_first) over both kinds, over the moments the clock
+saw text arrive apart: chunks that came in one burst (one read of a socket) are one moment, the
+first moment's tokens are not in the rate, and a reply that came in one burst has no decode speed,
+for the clock never saw it decode (a server's burst once printed 46,258 tok/s for the demo). The runtime's own figures (mlx_lm's prompt_tps/generation_tps)
+travel beside ours, labelled as the runtime's.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Any
 
 from localchat.backends import Finished
 
+RESOLVED_S = 1e-4  # arrivals closer than this came together (parsing a burst takes ~20 µs a chunk)
 STATS_VERSION = 5  # 2: ttfa_s, reasoning_tokens, reasoning_estimated; 3: budget_tokens; 4: draft_tokens,
 # cache_rebuilt; 5: mask_s, masked_tokens
 
@@ -140,16 +144,25 @@ class TurnClock:
         """Inter-chunk latencies (ITL): one gap between consecutive chunks, about one a token."""
         return tuple(b - a for a, b in zip(self.arrivals, self.arrivals[1:]))
 
+    def decode_tps(self, tokens: int) -> float | None:
+        """The tokens that came after the first moment, over the time from the first arrival to the
+        last. A moment is a run of arrivals closer than ``RESOLVED_S`` (a burst); the first one holds
+        its share of the tokens (one, when every chunk came on its own: (n-1)/span). None when the
+        clock saw fewer than two moments: a reply that came whole was never seen decoding."""
+        gaps = self.gaps()
+        opening = next((i + 1 for i, gap in enumerate(gaps) if gap >= RESOLVED_S), None)  # arrivals of moment 1
+        if opening is None or tokens < 2:
+            return None
+        later = tokens - max(1, round(tokens * opening / len(self.arrivals)))
+        return later / (self.last - self.first) if later > 0 else None
+
     def finish(self, done: Finished | None) -> TurnStats:
         """Close the clock; ``done`` is None when the stream broke before the runtime reported."""
         end = self.now()
         ttft = self.first - self.submitted if self.first is not None else None
         ttfa = self.first_answer - self.submitted if self.first_answer is not None else None
         prefilled = (done.prompt_tokens - done.cached_tokens) if done else 0
-        decode = None
-        if done and self.first is not None and self.last is not None and self.last > self.first \
-                and done.completion_tokens > 1:
-            decode = (done.completion_tokens - 1) / (self.last - self.first)
+        decode = self.decode_tps(done.completion_tokens) if done else None
         return TurnStats(
             prompt_tokens=done.prompt_tokens if done else 0,
             cached_tokens=done.cached_tokens if done else 0,

@@ -1,6 +1,6 @@
 """The gateway's ASGI app (Starlette): ``/v1/messages`` and ``/v1/messages/count_tokens``
-(Anthropic), ``/v1/responses`` (OpenAI), and ``/v1/chat/completions``, ``/v1/models`` and
-``/health`` passed through to the server as they are.
+(Anthropic), ``/v1/responses`` (OpenAI, and its stored responses), ``/v1/models`` (model ids, in
+a shape both SDKs read), and ``/v1/chat/completions`` and ``/health`` passed through to the server.
 
 Every request is checked before anything reaches the server: its key (``x-api-key`` or a Bearer
 header, when the gateway has one), its size (``MAX_BODY_BYTES``, refused as it arrives), its JSON.
@@ -11,14 +11,14 @@ on the one clock (``[TTFT 0.21s · 38.5 tok/s · in 274 (cached 256) · out 52 �
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
@@ -29,13 +29,12 @@ from starlette.routing import Route
 from localchat import bounded_json
 from localchat.backends import Event
 from localchat.conversation.stats import TurnClock, stats_line
-from localchat.gateway import anthropic_api, responses_api
+from localchat.gateway import anthropic_api, passthrough, responses_api
 from localchat.gateway.names import APIS
 from localchat.gateway.shapes import MAX_BODY_BYTES, ApiError, Ended, GatewayRequest, Idle, invalid
 from localchat.gateway.upstream import Upstream
 
 LOOK_S = 1.0  # how often a whole reply in the making looks whether its client is still there
-PASSED = {"/v1/chat/completions": "POST", "/v1/models": "GET", "/health": "GET"}
 
 
 @dataclass
@@ -48,13 +47,17 @@ class Gateway:
     _said: set[str] = field(default_factory=set)
 
     def app(self) -> Starlette:
-        routes = [Route(path, self.passthrough, methods=[method]) for path, method in PASSED.items()]
-        routes.append(Route("/", self.root, methods=["GET", "HEAD"]))  # clients check that something answers
+        routes = [Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
+                  Route("/health", self.health, methods=["GET"]),
+                  Route("/v1/models", self.models, methods=["GET"]),
+                  Route("/v1/models/{model_id:path}", self.models, methods=["GET"]),
+                  Route("/", self.root, methods=["GET", "HEAD"])]  # clients check that something answers
         if "anthropic" in self.apis:
             routes += [Route("/v1/messages", self.messages, methods=["POST"]),
                        Route("/v1/messages/count_tokens", self.count_tokens, methods=["POST"])]
         if "responses" in self.apis:
-            routes.append(Route("/v1/responses", self.responses, methods=["POST"]))
+            routes += [Route("/v1/responses", self.responses, methods=["POST"]),
+                       Route("/v1/responses/{response_id}", self.stored_response, methods=["GET", "DELETE"])]
         return Starlette(routes=routes, exception_handlers={HTTPException: self._http_error, Exception: self._bug})
 
     # --- the two APIs ----------------------------------------------------------------------------------
@@ -64,8 +67,13 @@ class Gateway:
         try:
             self._authorized(request)
             wanted = anthropic_api.read_request(await _body(request))
-            reply = anthropic_api.MessagesReply(model=wanted.model, input_estimate=await self._estimate(wanted))
-            return await self._reply(request, wanted, reply, reply.message, clock)
+            reply = anthropic_api.MessagesReply(model=wanted.model)
+            counting = asyncio.ensure_future(self._estimate(wanted)) if wanted.stream else None
+
+            async def counted() -> None:  # message_start's estimate, counted while the server prefills
+                reply.input_estimate = await counting if counting is not None else 0
+
+            return await self._reply(request, wanted, reply, reply.message, clock, before_start=counted)
         except ApiError as exc:
             return self._error(request, exc, anthropic_api.error_body, clock.submitted)
 
@@ -100,7 +108,7 @@ class Gateway:
 
     def _keep(self, body: dict[str, Any], reply: responses_api.ResponsesReply, ended: Ended) -> None:
         if body.get("store", True) is not False and ended.error is None:
-            self.store.keep(reply.id, reply.conversation())
+            self.store.keep(reply.id, reply.conversation(), reply.final(ended))
 
     async def _estimate(self, wanted: GatewayRequest) -> int:
         """The prompt's tokens counted here for ``message_start`` (the server's count comes last)."""
@@ -112,14 +120,19 @@ class Gateway:
             return 0  # the request itself says what is wrong, in a moment
 
     async def _reply(self, request: Request, wanted: GatewayRequest, reply: Any, final: Callable[[Ended], dict],
-                     clock: TurnClock, on_end: Callable[[Ended], None] = lambda _: None) -> Response:
+                     clock: TurnClock, on_end: Callable[[Ended], None] = lambda _: None,
+                     before_start: Callable[[], Awaitable[None]] | None = None) -> Response:
         """The reply, streamed or whole. A stream's first item is awaited before the answer begins,
-        so that a server that is down is an error status, not a stream that fails at once."""
+        so that a server that is down is an error status, not a stream that fails at once. Nothing
+        slow runs on the event loop (a request's client and template are made in a thread), so that
+        every other stream's deltas go out as they come."""
         self._say_dropped(wanted)
         started = clock.submitted
-        backend = self.upstream.backend(wanted)
+        backend = await run_in_threadpool(self.upstream.backend, wanted)
         items = self.upstream.replies(wanted, backend, clock)
         first = await anext(items)
+        if before_start is not None:
+            await before_start()
         if isinstance(first, Ended) and first.error is not None:
             await items.aclose()
             raise ApiError(502, "api_error", first.error)
@@ -190,43 +203,45 @@ class Gateway:
 
     # --- passed through --------------------------------------------------------------------------------
 
-    async def passthrough(self, request: Request) -> Response:
-        """The server's own endpoints, as they are (a stream relayed as it comes)."""
+    async def health(self, request: Request) -> Response:
+        return await self._passed(request, None)
+
+    async def chat_completions(self, request: Request) -> Response:
+        """Chat completions as the server has them, the model named as on every endpoint here."""
         started = time.perf_counter()
         try:
-            if request.url.path != "/health":
-                self._authorized(request)
-            content = await _raw_body(request) if request.method == "POST" else None
+            self._authorized(request)
+            body = passthrough.renamed(await _raw_body(request), self.upstream)
         except ApiError as exc:
             return self._error(request, exc, responses_api.error_body, started)
-        root = self.upstream.base_url.removesuffix("/v1")
-        headers = {"content-type": request.headers.get("content-type", "application/json")}
-        if self.upstream.api_key:
-            headers["authorization"] = f"Bearer {self.upstream.api_key}"
-        client = httpx.AsyncClient(timeout=httpx.Timeout(self.upstream.timeout_s, connect=5.0))
+        return await self._passed(request, body)
+
+    async def _passed(self, request: Request, body: bytes | None) -> Response:
         try:
-            sent = client.build_request(request.method, root + request.url.path, content=content, headers=headers,
-                                        params=request.query_params)
-            response = await client.send(sent, stream=True)
-        except httpx.HTTPError as exc:
-            await client.aclose()
-            return self._error(request, ApiError(502, "api_error", f"the server behind the gateway: "
-                                                 f"{type(exc).__name__} ({exc})"), responses_api.error_body, started)
+            return await passthrough.relay(request.method, request.url.path, request.query_params, body,
+                                           request.headers.get("content-type", "application/json"), self.upstream,
+                                           self.log)
+        except ApiError as exc:
+            return self._error(request, exc, responses_api.error_body, time.perf_counter())
 
-        async def relay() -> AsyncIterator[bytes]:
-            try:
-                async for chunk in response.aiter_raw():
-                    yield chunk
-            except httpx.HTTPError:
-                pass  # the server went away mid-stream: the client sees the stream end
-            finally:
-                await response.aclose()
-                await client.aclose()
-                self.log(f"{request.method} {request.url.path} {response.status_code} (passed through) · "
-                         f"{time.perf_counter() - started:.2f}s")
+    async def models(self, request: Request) -> Response:
+        try:
+            self._authorized(request)
+        except ApiError as exc:
+            return self._error(request, exc, self._shape_for(request), time.perf_counter())
+        return passthrough.models_answer(self.upstream, request.path_params.get("model_id"))
 
-        kind = response.headers.get("content-type", "application/json")
-        return StreamingResponse(relay(), status_code=response.status_code, media_type=kind)
+    async def stored_response(self, request: Request) -> Response:
+        """``GET`` or ``DELETE /v1/responses/{id}``: a response kept with ``store``."""
+        response_id = request.path_params["response_id"]
+        try:
+            self._authorized(request)
+            if request.method == "DELETE":
+                self.store.delete(response_id)
+                return JSONResponse({"id": response_id, "object": "response.deleted", "deleted": True})
+            return JSONResponse(self.store.response(response_id))
+        except ApiError as exc:
+            return self._error(request, exc, responses_api.error_body, time.perf_counter())
 
     # --- checks, errors and the log ----------------------------------------------------------------------
 

@@ -99,12 +99,14 @@ def wait_ready(running: RunningGateway, apis: tuple[str, ...], api_key: str | No
 
 def serve_gateway(upstream: Upstream, host: str, port: int, apis: tuple[str, ...], api_key: str | None,
                   log: Callable[[str], None], on_poll: Callable[[str], None] = lambda _: None) -> RunningGateway:
-    """The gateway in front of ``upstream``, started and ready (or stopped, and the error raised)."""
-    gateway = Gateway(upstream, apis=apis, api_key=api_key, log=log)
+    """The gateway in front of ``upstream``, started and ready (or stopped, and the error raised).
+    Its own readiness probes are not traffic: the log starts once it is ready."""
+    gateway = Gateway(upstream, apis=apis, api_key=api_key)
     running = start_gateway(gateway, host, port)
     try:
         wait_ready(running, apis, api_key, upstream.model_field, on_poll=on_poll)
     except BaseException:
         running.stop()
         raise
+    gateway.log = log
     return running

@@ -47,6 +47,7 @@ class Upstream:
     timeout_s: float = DEFAULT_TIMEOUT_S
     served: frozenset[str] = frozenset()  # the ids the server's /v1/models lists
     idle_s: float = IDLE_S
+    named: bool = True  # the gateway was told its model (-m); else it serves whatever the server lists
     template: ChatTemplate | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
@@ -215,4 +216,4 @@ def reach_upstream(base_url: str, ref: ModelRef | None, api_key: str | None = No
                     model_id=ref.id if ref else "the server's model", api_key=api_key,
                     tokenizer=loader() if loader else None,
                     chat_template_kwargs=dict(ref.chat_template_kwargs or {}) if ref else {},
-                    timeout_s=timeout_s, served=served)
+                    timeout_s=timeout_s, served=served, named=ref is not None)
