@@ -17,22 +17,28 @@ from localchat.tools.runner import Approve, ToolRunner, ToolSource, approve_all
 from localchat.tools.settings import ToolSettings
 
 
-def check_tools(settings: ToolSettings, unattended: bool = False) -> list[McpServerConfig]:
-    """The MCP servers to start, once the files and configurations are known to be usable; a run
-    nobody watches (bench, load) must say ``--approve-tools``."""
+def check_tools(settings: ToolSettings, unattended: bool = False,
+                on_notice: Callable[[str], None] = lambda _: None) -> list[McpServerConfig]:
+    """The MCP servers to start, once the files and configurations are known to be usable (what a
+    file has that localchat ignores is said to ``on_notice``); a run nobody watches (bench, load)
+    must say ``--approve-tools``."""
     if settings.mcp_only and not settings.mcp:
         raise UsageError("--mcp-only picks servers of --mcp FILE, and no --mcp file is given")
     if unattended and settings.offered and not settings.approve:
         raise UsageError("--tools or --mcp in a run nobody watches needs --approve-tools (every call runs "
                          "without asking)")
     tool_files(list(settings.files))
-    return read_configs(settings.mcp, settings.mcp_only)
+    notes: list[str] = []
+    configs = read_configs(settings.mcp, settings.mcp_only, notes=notes)
+    for note in notes:
+        on_notice(note)
+    return configs
 
 
 def open_tools(settings: ToolSettings, approve: Approve, *, hidden: list[str] = (),
                on_notice: Callable[[str], None] = lambda _: None) -> ToolRunner | None:
     """The runner over every source (None without tools); what starts is stopped if the rest fails."""
-    configs = check_tools(settings)
+    configs = check_tools(settings, on_notice=on_notice)
     if not settings.offered:
         return None
     sources: list[ToolSource] = []
@@ -46,7 +52,7 @@ def open_tools(settings: ToolSettings, approve: Approve, *, hidden: list[str] = 
         for source in sources:
             source.close()
         raise
-    return ToolRunner(sources, approve, settings.max_rounds)
+    return ToolRunner(sources, approve, settings.max_rounds, on_notice=on_notice)
 
 
 def unattended_tools(settings: ToolSettings, on_notice: Callable[[str], None] = lambda _: None) -> ToolRunner | None:

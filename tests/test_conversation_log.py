@@ -201,11 +201,31 @@ def test_model_and_since_filters_and_rm_then_search(home):
     removed = runner.invoke(app, ["log", "rm", uid[:shared + 1]])
     assert removed.exit_code == 0 and "removed 1 conversation (1 logged turn)" in removed.stderr
     assert json.loads(runner.invoke(app, ["log", "-q", "harbor", "--json"]).stdout) == []
-    assert runner.invoke(app, ["log", "rm", "--older-than", "30d"]).exit_code == 0
+    assert runner.invoke(app, ["log", "rm", "--older-than", "30d", "--yes"]).exit_code == 0
     assert len(json.loads(runner.invoke(app, ["log", "--json"]).stdout)) == 1
-    assert runner.invoke(app, ["log", "rm", "--all"]).exit_code == 0
+    unasked = runner.invoke(app, ["log", "rm", "--all"])  # no terminal to ask on, and no --yes
+    assert unasked.exit_code == 2 and "add --yes" in unasked.stderr
+    assert len(json.loads(runner.invoke(app, ["log", "--json"]).stdout)) == 1
+    assert runner.invoke(app, ["log", "rm", "--all", "--yes"]).exit_code == 0
     assert json.loads(runner.invoke(app, ["log", "--json"]).stdout) == []
     assert runner.invoke(app, ["log", "rm"]).exit_code == 2
+
+
+def test_ids_are_whole_at_60_columns_and_any_unique_part_names_one(home, monkeypatch):
+    assert runner.invoke(app, ["chat", REMEMBER]).exit_code == 0
+    uid = json.loads(runner.invoke(app, ["log", "--json"]).stdout)[0]["uid"]
+    monkeypatch.setenv("COLUMNS", "60")
+    listed = runner.invoke(app, ["log"], env={"COLUMNS": "60"})
+    assert listed.exit_code == 0 and uid in listed.stdout, listed.stdout
+    shown = runner.invoke(app, ["log", "show", uid[-4:]])  # the random end of the id
+    assert shown.exit_code == 0 and REMEMBER in shown.stdout, shown.stderr
+
+
+def test_a_repl_left_without_an_accepted_turn_leaves_no_kv_cache(home):
+    left = runner.invoke(app, ["chat", "--max-tokens", "2"], input="Tell me a long story.\n/quit\n")  # cut: not kept
+    assert left.exit_code == 0, left.stderr
+    caches = home / "kv-cache"
+    assert not caches.exists() or not list(caches.glob("*.safetensors")), list(caches.iterdir())
 
 
 # --- safety --------------------------------------------------------------------------------------------

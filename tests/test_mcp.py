@@ -12,6 +12,7 @@ import stat
 import subprocess
 import sys
 import time
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import owned
@@ -94,7 +95,8 @@ def tool_results(server: FakeServer) -> list[str]:
     ({"a": {"url": "http://h/mcp", "headers": {"Authorization": "Bearer ${NO_SUCH_TOKEN_HERE}"}}}, [],
      "server 'a': headers.Authorization uses ${NO_SUCH_TOKEN_HERE}, which is not set"),
     ({"a": {"command": "x", "cwd": "/no/such/dir"}}, [], "server 'a': cwd is not a directory"),
-    ({"a": {"command": "x", "type": "sse"}}, [], "server 'a': type must be stdio or http"),
+    ({"a": {"command": "x", "type": "ftp"}}, [], "server 'a': type must be stdio, http or sse"),
+    ({"a": {"command": "x", "type": "sse"}}, [], "server 'a': command is not a key of an http server"),
     ({"a": "x"}, [], "server 'a': its entry must be an object"),
     ({}, [], "mcpServers is empty"),
     ({"a": {"command": "x"}}, ["--mcp-only", "b"], "--mcp-only b: no such server in the --mcp files (they configure: a)"),
@@ -109,7 +111,8 @@ def test_a_bad_configuration_is_one_line_naming_the_server_and_key_exit_2(home, 
 
 @pytest.mark.parametrize("text, needle", [
     ("{not json", "not JSON"), ("[" * 100_000 + "]" * 100_000, "nested more than 128 levels"),
-    ('{"servers": {}}', 'expected {"mcpServers"'), (None, "no such file"),
+    ('{"servers": {}}', "servers is empty"), ('{"tools": {}}', "no mcpServers (or VS Code's servers) in the file"),
+    (None, "no such file"),
 ])
 def test_a_file_that_is_not_a_configuration_is_one_line(home, tmp_path, text, needle):
     path = tmp_path / "mcp.json"
@@ -167,35 +170,39 @@ def test_mcp_server_time_lists_its_tools_in_slash_mcp_and_answers_a_call(home, t
     assert '"timezone": "Europe/Paris"' in tool_results(server)[0] and "It is late." in done.stdout
 
 
-@pytest.fixture
-def add_over_http():
-    port = free_port()
-    process = subprocess.Popen([sys.executable, str(ADD_SERVER), "--http", str(port)], stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL, start_new_session=True)
+@contextmanager
+def add_over(transport: str):
+    """Our add server over HTTP: Streamable HTTP (``http``) or the older HTTP+SSE (``sse``)."""
     import httpx
 
-    deadline = time.monotonic() + 30
-    while True:
-        assert process.poll() is None and time.monotonic() < deadline, "the add server did not start over HTTP"
-        try:
-            httpx.get(f"http://127.0.0.1:{port}/mcp", timeout=1)
-            break
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    yield f"http://127.0.0.1:{port}/mcp"
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
+    port = free_port()
+    process = subprocess.Popen([sys.executable, str(ADD_SERVER), f"--{transport}", str(port)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    url = f"http://127.0.0.1:{port}/{'mcp' if transport == 'http' else 'sse'}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            assert process.poll() is None and time.monotonic() < deadline, f"the add server did not start ({transport})"
+            try:
+                httpx.head(f"http://127.0.0.1:{port}/", timeout=1)
+                break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        yield {"url": url} if transport == "http" else {"type": "sse", "url": url}
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
 
 
-@pytest.mark.parametrize("transport", ["stdio", "http"])
-def test_our_add_server_is_called_over_stdio_and_streamable_http(home, tmp_path, transport, request):
-    entry = {"command": sys.executable, "args": [str(ADD_SERVER)]} if transport == "stdio" else \
-        {"url": request.getfixturevalue("add_over_http")}
+@pytest.mark.parametrize("transport", ["stdio", "http", "sse"])
+def test_our_add_server_is_called_over_stdio_streamable_http_and_sse(home, tmp_path, transport):
+    stdio = {"command": sys.executable, "args": [str(ADD_SERVER)]}
     server = FakeServer()
     server.chat(calls(("math_add", {"a": 12, "b": 30}), answer="The answer is 42."))
     try:
-        done = chat_with(server, "--mcp", str(config(tmp_path, {"math": entry})), "--approve-tools", "--record",
-                         str(tmp_path / "r"), prompt="What is 12 plus 30?")
+        with nullcontext(stdio) if transport == "stdio" else add_over(transport) as entry:
+            done = chat_with(server, "--mcp", str(config(tmp_path, {"math": entry})), "--approve-tools", "--record",
+                             str(tmp_path / "r"), prompt="What is 12 plus 30?")
     finally:
         server.close()
     assert done.exit_code == 0 and done.stdout == "The answer is 42.\n", done.stderr
@@ -227,7 +234,7 @@ def test_python_tools_and_mcp_tools_are_offered_together_and_a_taken_name_is_sai
 @pytest.mark.parametrize("mode, needle", [
     ("silent", "did not answer initialize and tools/list within 2s (--mcp-timeout)"),
     ("garbage", "it sent something that is not JSON-RPC: 'this is not JSON-RPC {'"),
-    ("no-such-program", "it ended before it answered; its last words on stderr: cannot start"),
+    ("no-such-program", "it ended before it answered; its stderr says: cannot start"),
 ])
 def test_a_server_that_does_not_start_is_one_line_and_the_chat_goes_on(home, tmp_path, mode, needle):
     entry = {"command": "/no/such/program"} if mode == "no-such-program" else hostile(mode)

@@ -3,6 +3,7 @@
 
     python examples/mcp/add_server.py                 # stdio (examples/mcp/add.json starts it so)
     python examples/mcp/add_server.py --http 8765     # Streamable HTTP on http://127.0.0.1:8765/mcp
+    python examples/mcp/add_server.py --sse 8765      # the older HTTP+SSE transport on http://127.0.0.1:8765/sse
 """
 
 import sys
@@ -27,5 +28,7 @@ def add(a: int, b: int) -> int:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--http"]:
         server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
+    elif sys.argv[1:2] == ["--sse"]:
+        server.run("sse", host="127.0.0.1", port=int(sys.argv[2]))
     else:
         server.run()

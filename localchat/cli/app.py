@@ -181,10 +181,11 @@ def log_rm(
     conversation: Annotated[Optional[str], typer.Argument(metavar="[ID]", help="An id (or its start), or a name.")] = None,
     older_than: Annotated[Optional[str], typer.Option(metavar="AGE", help="Every conversation last kept before 30d, 12h… ago.")] = None,
     everything: Annotated[bool, typer.Option("--all", help="Every conversation.")] = False,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask before removing many (--all, --older-than).")] = False,
 ) -> None:
     """Remove conversations from the log, with what resuming them needs and their KV caches."""
     run("localchat.cli.log:remove_entries", console=err_console(), key=conversation, older_than=older_than,
-        everything=everything)
+        everything=everything, yes=yes)
 
 
 @app.command("import")

@@ -39,7 +39,10 @@ def show_log(*, console: Console, query: str | None, model: str | None, since: s
         console.print("nothing found" if query is not None else "no conversations kept yet", style="dim")
         return
     if query is None:
-        table = Table("id", "first question", "model", "turns", "last")
+        table = Table()
+        table.add_column("id", no_wrap=True, min_width=max(len(c.name or c.uid) for c in found))  # whole, any width
+        for heading in ("first question", "model", "turns", "last"):
+            table.add_column(heading)
         for c in found:
             first = " ".join(c.first.split())
             table.add_row(c.name or c.uid, first[:70] + ("…" if len(first) > 70 else ""), c.model or "-",
@@ -112,11 +115,15 @@ def _steps(text: str | None, read: Any) -> tuple:
         return ()
 
 
-def remove_entries(*, console: Console, key: str | None, older_than: str | None, everything: bool) -> None:
-    """Conversations out of the log (and their state and KV caches): one, the old ones, or all."""
+def remove_entries(*, console: Console, key: str | None, older_than: str | None, everything: bool,
+                   yes: bool = False) -> None:
+    """Conversations out of the log (and their state and KV caches): one, the old ones, or all;
+    many at once only when the user says so (asked on a terminal, ``--yes`` elsewhere)."""
     if sum(x is not None and x is not False for x in (key, older_than, everything or None)) != 1:
         raise UsageError("log rm takes one of: an ID, --older-than AGE (e.g. 30d), --all")
     files = cache_files()
+    if key is None and not yes:
+        _confirm_bulk(console, older_than)
     with _store().connect(write=True) as conn:
         if key is not None:
             uid = log.conversation_of(conn, key)
@@ -129,11 +136,23 @@ def remove_entries(*, console: Console, key: str | None, older_than: str | None,
             uids = [row[0] for row in conn.execute("SELECT uid FROM sessions UNION SELECT uid FROM log").fetchall()]
         names = dict(conn.execute("SELECT uid, name FROM sessions WHERE name IS NOT NULL").fetchall())
         turns = log.remove(conn, uids)
+    leftovers = [n for n in files.names() if n.startswith("chat-")] if everything else []  # no owner is left
     for uid in uids:
-        for cache in (names.get(uid), f"chat-{uid}"):
+        for cache in (names.get(uid), f"chat-{uid}", *leftovers):
             if cache:
                 try:
                     files.remove(cache)
                 except Exception:  # noqa: BLE001 - a cache that cannot go is only a prefix cache
                     pass
     console.print(f"removed {count(len(uids), 'conversation')} ({count(turns, 'logged turn')})")
+
+
+def _confirm_bulk(console: Console, older_than: str | None) -> None:
+    """Removing many conversations at once is asked first on a terminal; elsewhere it needs ``--yes``."""
+    what = f"every conversation last kept more than {older_than} ago" if older_than else "every conversation"
+    if not sys.stdin.isatty():
+        raise UsageError(f"log rm would remove {what}: add --yes (there is no terminal to ask on)")
+    from rich.prompt import Confirm
+
+    if not Confirm.ask(f"remove {what} from the log, with their KV caches?", console=console, default=False):
+        raise UsageError("nothing removed")

@@ -1,13 +1,20 @@
-"""``--mcp FILE``: MCP servers as LM Studio, Claude Desktop and Cursor configure them.
+"""``--mcp FILE``: MCP servers as the files users already have configure them, read unchanged.
 
-    {"mcpServers": {"time": {"command": "uvx", "args": ["mcp-server-time"], "env": {"TZ": "${TZ}"}},
+    {"mcpServers": {"time": {"command": "uvx", "args": ["mcp-server-time"], "env": {"TZ": "${TZ:-UTC}"}},
                     "remote": {"url": "https://example.com/mcp", "headers": {"Authorization": "Bearer ${TOKEN}"}}}}
 
-A server is a local process (``command``, ``args``, ``env``, ``cwd``: stdio) or a remote endpoint
-(``url``, ``headers``: Streamable HTTP). ``${VAR}`` in ``env``, ``cwd``, ``url`` and ``headers`` is
-read from the environment, so a token stays out of the file. Anything else (an unknown key, a wrong
-type, an empty command, a URL that is not http(s), a variable that is not set) is one line naming
-the file, the server and the key (exit 2); nothing is started.
+``mcpServers`` (Claude Desktop, Claude Code's ``.mcp.json``, Cursor, Cline, LM Studio) or ``servers``
+(VS Code); other top-level keys (Claude Desktop's ``globalShortcut``…) are ignored, and said once. A
+server is a local process (``command``, ``args``, ``env``, ``cwd``: stdio) or a remote endpoint
+(``url``, ``headers``: Streamable HTTP, or ``"type": "sse"``, the older transport). Cursor's and
+Cline's ``disabled`` servers are skipped; the tools their ``autoApprove`` (Roo's ``alwaysAllow``)
+names run without asking. ``${VAR}``, ``${VAR:-default}`` and VS Code's ``${env:VAR}`` in
+``command``, ``args``, ``env``, ``cwd``, ``url`` and ``headers`` are read from the environment, as
+Claude Code reads them, so a token stays out of the file; VS Code's ``${input:ID}``, which VS Code
+prompts for, is refused in one line. Keys other editors keep for themselves (``timeout``, ``envFile``…)
+are ignored, and said once; anything else (an unknown key, a wrong type, an empty command, a URL
+that is not http(s), a variable that is not set) is one line naming the file, the server and the
+key (exit 2); nothing is started.
 """
 
 from __future__ import annotations
@@ -22,10 +29,16 @@ from localchat import bounded_json
 from localchat.errors import UsageError
 from localchat.files import read_text
 
-VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+VARIABLE = re.compile(r"\$\{(?:(env:)|(input:))?([A-Za-z_][A-Za-z0-9_.-]*)(?::-([^}]*))?\}")
 STDIO_KEYS = {"command", "args", "env", "cwd", "type"}
 HTTP_KEYS = {"url", "headers", "type"}
-TYPES = {"stdio": STDIO_KEYS, "http": HTTP_KEYS, "streamable-http": HTTP_KEYS, "streamableHttp": HTTP_KEYS}
+TYPES = {"stdio": STDIO_KEYS, "http": HTTP_KEYS, "streamable-http": HTTP_KEYS, "streamableHttp": HTTP_KEYS,
+         "sse": HTTP_KEYS}
+SERVER_LISTS = ("mcpServers", "servers")  # most clients; VS Code
+APPROVING = ("autoApprove", "alwaysAllow")  # Cursor and Cline; Roo Code
+OTHERS_KEYS = {"disabled", *APPROVING, "timeout", "transportType", "envFile", "dev", "gallery", "version",
+               "description", "disabledTools", "watchPaths", "oauth"}  # kept by other clients for themselves
+EDITOR_VARIABLES = {"workspaceFolder": Path.cwd, "userHome": Path.home}  # VS Code's own, read here
 MAX_SERVERS = 32
 
 
@@ -36,6 +49,8 @@ class StdioServer:
     args: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)  # the config's own, expanded
     cwd: Path | None = None
+    auto_approve: tuple[str, ...] = ()  # tools that run without asking (the file's autoApprove)
+    source: str = ""  # the file it came from
 
     @property
     def where(self) -> str:
@@ -47,6 +62,9 @@ class HttpServer:
     name: str
     url: str
     headers: dict[str, str] = field(default_factory=dict)  # expanded; never shown
+    auto_approve: tuple[str, ...] = ()
+    source: str = ""
+    legacy_sse: bool = False  # "type": "sse": the older HTTP+SSE transport
 
     @property
     def where(self) -> str:
@@ -56,99 +74,186 @@ class HttpServer:
 McpServerConfig = StdioServer | HttpServer
 
 
-def read_configs(paths: tuple[Path, ...], only: tuple[str, ...] = ()) -> list[McpServerConfig]:
-    """Every server of every ``--mcp`` file (a name once across them), or those ``only`` names."""
+def read_configs(paths: tuple[Path, ...], only: tuple[str, ...] = (), *,
+                 notes: list[str] | None = None) -> list[McpServerConfig]:
+    """Every enabled server of every ``--mcp`` file (a name once across them), or those ``only``
+    names; what was ignored goes into ``notes``, once each."""
     servers: dict[str, McpServerConfig] = {}
+    disabled: set[str] = set()
     for path in paths:
-        for server in read_config(path):
-            if server.name in servers:
+        reader = _FileReader(path, notes if notes is not None else [])
+        for server in reader.servers():
+            if server.name in servers or server.name in disabled:
                 raise UsageError(f"--mcp {path}: server '{server.name}' is already configured in another --mcp file")
             servers[server.name] = server
+        disabled |= reader.disabled
     unknown = [name for name in only if name not in servers]
     if unknown:
         known = ", ".join(servers) or "none"
-        raise UsageError(f"--mcp-only {unknown[0]}: no such server in the --mcp files (they configure: {known})")
+        why = " is disabled in its file" if unknown[0] in disabled else ": no such server in the --mcp files"
+        raise UsageError(f"--mcp-only {unknown[0]}{why} (they configure: {known})")
     return [servers[name] for name in only] if only else list(servers.values())
 
 
 def read_config(path: Path) -> list[McpServerConfig]:
-    try:
-        data = bounded_json.loads(read_text(path))
-    except FileNotFoundError:
-        raise UsageError(f"--mcp {path}: no such file") from None
-    except IsADirectoryError:
-        raise UsageError(f"--mcp {path}: a directory, not a file") from None
-    except OSError as exc:
-        raise UsageError(f"--mcp {path}: cannot be read ({exc.strerror or exc})") from None
-    except UnicodeDecodeError as exc:
-        raise UsageError(f"--mcp {path}: not UTF-8 text (byte {exc.start})") from None
-    except ValueError as exc:
-        raise UsageError(f"--mcp {path}: not JSON ({exc})") from None
-    if not isinstance(data, dict) or set(data) != {"mcpServers"} or not isinstance(data["mcpServers"], dict):
-        raise UsageError(f"--mcp {path}: expected {{\"mcpServers\": {{\"NAME\": {{\"command\": …}}, …}}}}")
-    entries = data["mcpServers"]
-    if not entries:
-        raise UsageError(f"--mcp {path}: mcpServers is empty")
-    if len(entries) > MAX_SERVERS:
-        raise UsageError(f"--mcp {path}: {len(entries)} servers, over the {MAX_SERVERS} localchat starts")
-    return [server_of(path, name, entry) for name, entry in entries.items()]
+    """One file's enabled servers (what it would say is dropped)."""
+    return _FileReader(path, []).servers()
 
 
-def server_of(path: Path, name: str, entry: Any) -> McpServerConfig:
-    def wrong(key: str, why: str) -> UsageError:
-        return UsageError(f"--mcp {path}: server '{_shown(name)}': {key} {why}")
+class _FileReader:
+    def __init__(self, path: Path, notes: list[str]):
+        self.path, self.notes = path, notes
+        self.disabled: set[str] = set()
 
-    if not name or len(name) > 64 or any(not c.isprintable() for c in name):
-        raise UsageError(f"--mcp {path}: a server name must be 1 to 64 printable characters, not {_shown(name)!r}")
-    if not isinstance(entry, dict):
-        raise wrong("its entry", "must be an object")
-    kind = entry.get("type", "http" if "url" in entry else "stdio")
-    if kind not in TYPES:
-        raise wrong("type", f"must be stdio or http, not {_shown(kind)!r}")
-    unknown = sorted(set(entry) - TYPES[kind])
-    if unknown:
-        raise wrong(unknown[0], f"is not a key of a{'n http' if kind != 'stdio' else ' stdio'} server "
-                                f"(it takes: {', '.join(sorted(TYPES[kind]))})")
-    if kind == "stdio":
-        return _stdio(name, entry, wrong)
-    return _http(name, entry, wrong)
+    def note(self, text: str) -> None:
+        line = f"--mcp {self.path}: {text}"
+        if line not in self.notes:
+            self.notes.append(line)
 
+    def servers(self) -> list[McpServerConfig]:
+        entries = self._entries(self._data())
+        enabled = {}
+        for name, entry in entries.items():
+            if isinstance(entry, dict) and entry.get("disabled") is True:
+                self.disabled.add(name)
+            else:
+                enabled[name] = entry
+        if self.disabled:
+            self.note(f"skipped {', '.join(_shown(n) for n in sorted(self.disabled))} (disabled in the file)")
+        return [self.server_of(name, entry) for name, entry in enabled.items()]
 
-def _stdio(name: str, entry: dict, wrong) -> StdioServer:
-    command, args, env, cwd = entry.get("command"), entry.get("args", []), entry.get("env", {}), entry.get("cwd")
-    if not isinstance(command, str) or not command.strip():
-        raise wrong("command", "must be a program to run (a non-empty string)")
-    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
-        raise wrong("args", "must be a list of strings")
-    if any("\0" in a for a in [command, *args]):
-        raise wrong("args", "hold a NUL character")
-    env = _strings(env, "env", wrong)
-    if cwd is not None and (not isinstance(cwd, str) or not cwd):
-        raise wrong("cwd", "must be a directory (a string)")
-    directory = Path(expanded(cwd, "cwd", wrong)).expanduser() if cwd else None
-    if directory is not None and not directory.is_dir():
-        raise wrong("cwd", f"is not a directory ({directory})")
-    return StdioServer(name=name, command=command, args=tuple(args), cwd=directory,
-                       env={k: expanded(v, f"env.{k}", wrong) for k, v in env.items()})
+    def _data(self) -> dict:
+        path = self.path
+        try:
+            data = bounded_json.loads(read_text(path))
+        except FileNotFoundError:
+            raise UsageError(f"--mcp {path}: no such file") from None
+        except IsADirectoryError:
+            raise UsageError(f"--mcp {path}: a directory, not a file") from None
+        except OSError as exc:
+            raise UsageError(f"--mcp {path}: cannot be read ({exc.strerror or exc})") from None
+        except UnicodeDecodeError as exc:
+            raise UsageError(f"--mcp {path}: not UTF-8 text (byte {exc.start})") from None
+        except ValueError as exc:
+            raise UsageError(f"--mcp {path}: not JSON ({exc})") from None
+        if not isinstance(data, dict):
+            raise UsageError(f"--mcp {path}: expected an object with mcpServers (or VS Code's servers), not "
+                             f"{type(data).__name__}")
+        return data
 
+    def _entries(self, data: dict) -> dict:
+        found = [key for key in SERVER_LISTS if key in data]
+        if not found:
+            keys = ", ".join(_shown(k) for k in list(data)[:5]) or "none"
+            raise UsageError(f"--mcp {self.path}: no mcpServers (or VS Code's servers) in the file; its keys: {keys}")
+        if len(found) > 1:
+            raise UsageError(f"--mcp {self.path}: both mcpServers and servers: keep one")
+        entries = data[found[0]]
+        if not isinstance(entries, dict):
+            raise UsageError(f"--mcp {self.path}: {found[0]} must be an object of servers by name")
+        ignored = [k for k in data if k != found[0]]
+        if ignored:
+            self.note(f"ignored {', '.join(_shown(k) for k in ignored[:8])} (not MCP servers)")
+        if not entries:
+            raise UsageError(f"--mcp {self.path}: {found[0]} is empty")
+        if len(entries) > MAX_SERVERS:
+            raise UsageError(f"--mcp {self.path}: {len(entries)} servers, over the {MAX_SERVERS} localchat starts")
+        return entries
 
-def _http(name: str, entry: dict, wrong) -> HttpServer:
-    import httpx
+    def server_of(self, name: str, entry: Any) -> McpServerConfig:
+        def wrong(key: str, why: str) -> UsageError:
+            return UsageError(f"--mcp {self.path}: server '{_shown(name)}': {key} {why}")
 
-    url = entry.get("url")
-    if not isinstance(url, str) or not url:
-        raise wrong("url", "must be the server's http(s) URL (a string)")
-    url = expanded(url, "url", wrong)
-    try:
-        parsed = httpx.URL(url)
-    except (httpx.InvalidURL, ValueError):
-        raise wrong("url", "is not a URL") from None
-    if parsed.scheme not in ("http", "https") or not parsed.host:
-        raise wrong("url", f"must be an http:// or https:// URL, not {parsed.scheme or 'none'}://")
-    if parsed.userinfo:
-        raise wrong("url", "holds credentials: put them in headers, from ${VAR} (the URL is not shown)")
-    headers = _strings(entry.get("headers", {}), "headers", wrong)
-    return HttpServer(name=name, url=url, headers={k: expanded(v, f"headers.{k}", wrong) for k, v in headers.items()})
+        if not name or len(name) > 64 or any(not c.isprintable() for c in name):
+            raise UsageError(f"--mcp {self.path}: a server name must be 1 to 64 printable characters, not "
+                             f"{_shown(name)!r}")
+        if not isinstance(entry, dict):
+            raise wrong("its entry", "must be an object")
+        kind = entry.get("type", entry.get("transportType", "http" if "url" in entry else "stdio"))
+        if kind not in TYPES:
+            raise wrong("type", f"must be stdio, http or sse, not {_shown(kind)!r}")
+        unknown = sorted(set(entry) - TYPES[kind] - OTHERS_KEYS)
+        if unknown:
+            raise wrong(unknown[0], f"is not a key of a{'n http' if kind != 'stdio' else ' stdio'} server "
+                                    f"(it takes: {', '.join(sorted(TYPES[kind]))})")
+        ignored = sorted(set(entry) & OTHERS_KEYS - {"disabled", *APPROVING, "transportType"})
+        if ignored:
+            self.note(f"server '{_shown(name)}': ignored {', '.join(ignored)} (other clients' settings)")
+        common = dict(name=name, auto_approve=self._approved(entry, wrong), source=str(self.path))
+        if kind == "stdio":
+            return self._stdio(entry, wrong, common)
+        return self._http(entry, wrong, common, legacy_sse=kind == "sse")
+
+    @staticmethod
+    def _approved(entry: dict, wrong) -> tuple[str, ...]:
+        names: list[str] = []
+        for key in APPROVING:
+            value = entry.get(key, [])
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise wrong(key, "must be a list of tool names")
+            names += value
+        return tuple(dict.fromkeys(names))
+
+    def _stdio(self, entry: dict, wrong, common: dict) -> StdioServer:
+        command, args, env, cwd = entry.get("command"), entry.get("args", []), entry.get("env", {}), entry.get("cwd")
+        if not isinstance(command, str) or not command.strip():
+            raise wrong("command", "must be a program to run (a non-empty string)")
+        if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+            raise wrong("args", "must be a list of strings")
+        command = self.expanded(command, "command", wrong)
+        args = [self.expanded(a, f"args.{i}", wrong) for i, a in enumerate(args)]
+        if any("\0" in a for a in [command, *args]):
+            raise wrong("args", "hold a NUL character")
+        env = _strings(env, "env", wrong)
+        if cwd is not None and (not isinstance(cwd, str) or not cwd):
+            raise wrong("cwd", "must be a directory (a string)")
+        directory = Path(self.expanded(cwd, "cwd", wrong)).expanduser() if cwd else None
+        if directory is not None and not directory.is_dir():
+            raise wrong("cwd", f"is not a directory ({directory})")
+        env = {k: self.expanded(v, f"env.{k}", wrong) for k, v in env.items()}
+        if any("\0" in v or "\n" in v for v in env.values()):
+            raise wrong("env", "holds a NUL or a line break once its variables are read")
+        return StdioServer(command=command, args=tuple(args), cwd=directory, env=env, **common)
+
+    def _http(self, entry: dict, wrong, common: dict, legacy_sse: bool) -> HttpServer:
+        import httpx
+
+        url = entry.get("url")
+        if not isinstance(url, str) or not url:
+            raise wrong("url", "must be the server's http(s) URL (a string)")
+        url = self.expanded(url, "url", wrong)
+        try:
+            parsed = httpx.URL(url)
+        except (httpx.InvalidURL, ValueError):
+            raise wrong("url", "is not a URL") from None
+        if parsed.scheme not in ("http", "https") or not parsed.host:
+            raise wrong("url", f"must be an http:// or https:// URL, not {parsed.scheme or 'none'}://")
+        if parsed.userinfo:
+            raise wrong("url", "holds credentials: put them in headers, from ${VAR} (the URL is not shown)")
+        headers = {k: self.expanded(v, f"headers.{k}", wrong)
+                   for k, v in _strings(entry.get("headers", {}), "headers", wrong).items()}
+        return HttpServer(url=url, headers=headers, legacy_sse=legacy_sse, **common)
+
+    @staticmethod
+    def expanded(text: str, key: str, wrong) -> str:
+        """``text`` with each ``${VAR}`` (``${env:VAR}``, ``${VAR:-default}``) replaced by the
+        variable's value, VS Code's ``${workspaceFolder}`` and ``${userHome}`` by the current and
+        home directories; a variable not set (without a default) is refused, and so is VS Code's
+        ``${input:ID}``, which VS Code prompts for (localchat does not)."""
+        def value(match: re.Match) -> str:
+            _, is_input, name, default = match.groups()
+            if is_input:
+                raise wrong(key, f"uses ${{input:{name}}}, a value VS Code prompts for: put it in an environment "
+                                 f"variable and write ${{env:NAME}} instead")
+            if name in os.environ:
+                return os.environ[name]
+            if default is not None:
+                return default
+            if name in EDITOR_VARIABLES:
+                return str(EDITOR_VARIABLES[name]())
+            raise wrong(key, f"uses ${{{name}}}, which is not set in the environment")
+
+        return VARIABLE.sub(value, text)
 
 
 def _strings(value: Any, key: str, wrong) -> dict[str, str]:
@@ -157,16 +262,6 @@ def _strings(value: Any, key: str, wrong) -> dict[str, str]:
     if any(not k or "=" in k or "\0" in k or "\0" in v or "\n" in v for k, v in value.items()):
         raise wrong(key, "holds an empty name, '=' in a name, a NUL or a line break")
     return value
-
-
-def expanded(text: str, key: str, wrong) -> str:
-    """``text`` with each ``${VAR}`` replaced by the variable's value; one not set is refused."""
-    def value(match: re.Match) -> str:
-        if match[1] not in os.environ:
-            raise wrong(key, f"uses ${{{match[1]}}}, which is not set in the environment")
-        return os.environ[match[1]]
-
-    return VARIABLE.sub(value, text)
 
 
 def _shown(text: Any) -> str:

@@ -129,6 +129,14 @@ class McpHub:
         link = self._names.get(name, (None, ""))[0]
         return f"MCP server {link.name}" if link else self.name
 
+    def preapproved(self, name: str) -> str | None:
+        """Why ``name`` runs without asking: its server's autoApprove (or alwaysAllow) names it, by
+        the server's own tool name or the name the model sees."""
+        link, tool = self._names.get(name, (None, ""))
+        if link is None or not ({tool, name} & set(link.config.auto_approve)):
+            return None
+        return f"autoApprove of server '{link.name}' in {link.config.source}"
+
     def refresh(self) -> bool:
         """Tools listed again where a server said they changed (before the next round)."""
         if not any(link.changed for link in self.links):

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from localchat.mcp.config import HttpServer, McpServerConfig, StdioServer
+from localchat.log_lines import error_line
 from localchat.mcp.guard import KEEP, PIDFILE
 
 MAX_PAGES = 50  # tools/list pages read, at most
@@ -69,12 +70,14 @@ class ServerLink:
             return None
 
     def last_log_line(self) -> str:
-        """The last line the server wrote on stderr (its own words on why it failed), or ""."""
+        """The server's own words on why it failed: the last error-looking line it wrote on stderr
+        (``Caused by: invalid peer certificate: UnknownIssuer``, not the hint after it), or its last
+        line; "" when it wrote nothing."""
         try:
             lines = [line.strip() for line in self.log_path.read_text(errors="replace").splitlines() if line.strip()]
         except (OSError, AttributeError):
             return ""
-        return lines[-1][:200] if lines else ""
+        return error_line(lines)[:200]
 
     async def start(self, timeout_s: float) -> None:
         """Connected, initialized and its tools listed within ``timeout_s``; else ``failed``."""
@@ -111,6 +114,10 @@ class ServerLink:
                 self._log = None
 
     def _transport(self) -> Any:
+        if isinstance(self.config, HttpServer) and self.config.legacy_sse:
+            from mcp.client.sse import sse_client
+
+            return sse_client(self.config.url, headers=self.config.headers)
         if isinstance(self.config, HttpServer):
             from mcp.client.streamable_http import streamable_http_client
             from mcp.shared._httpx_utils import create_mcp_http_client
@@ -222,7 +229,9 @@ class ServerLink:
 
     def _fail(self, why: str) -> None:
         said = self.last_log_line()
-        self.state, self.problem = "failed", why + (f"; its last words on stderr: {said}" if said else "")
+        log = f" (its log: {self.log_path})" if self.log_path is not None and isinstance(self.config, StdioServer) \
+            else ""
+        self.state, self.problem = "failed", why + (f"; its stderr says: {said}" if said else "") + log
         self._ready.set()
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 import httpx
 
 from localchat.errors import LocalchatError
+from localchat.log_lines import is_error
 from localchat.processes import child_preexec, stop_group
 from localchat.registry import ModelRef, local_dir
 from localchat.server.distributed import RANK_FAILED, Ranks, check_ranks, failed_rank, launch_command
@@ -66,7 +67,7 @@ def failure_line(path: Path) -> str:
     never an ordinary log line presented as the cause."""
     tail = last_lines(path, 200)
     lines = [line.strip() for line in tail.splitlines() if line.strip() and not RANK_FAILED.search(line)]
-    cause = next((line for line in reversed(lines) if EXCEPTION_LINE.match(line) or ERROR_WORDS.search(line)), "")
+    cause = next((line for line in reversed(lines) if is_error(line)), "")
     cause = cause[:300]
     rank = failed_rank(tail)
     if rank:
@@ -175,8 +176,6 @@ def open_log(path: Path):
 
 FAILURE_MARKS = ("generation thread died", "Traceback (most recent call last)", "Node with rank")
 SGR = re.compile(r"\x1b\[[0-9;]*m")  # colour codes in a log (mlx.launch's warnings)
-EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b:?")
-ERROR_WORDS = re.compile(r"\b(?:ERROR|CRITICAL|FATAL)\b|[Ee]rror:|\b(?:[Ff]ailed|[Cc]annot|[Uu]nable to)\b")
 
 
 def _ready_once(client: httpx.Client, server: RunningServer) -> bool:

@@ -174,15 +174,19 @@ def entries(conn: sqlite3.Connection, uid: str) -> list[tuple]:
 
 
 def conversation_of(conn: sqlite3.Connection, key: str) -> str | None:
-    """The uid a ``log show`` or ``log rm`` argument names: a uid, a unique start of one, or a name."""
+    """The uid a ``log show`` or ``log rm`` argument names: a name, a uid, or any part of one that
+    only one uid holds (its start, or its random end: ``6fae``)."""
     named = conn.execute("SELECT uid FROM sessions WHERE name = ?", (key,)).fetchone()
     if named:
         return named[0]
-    found = conn.execute("SELECT DISTINCT uid FROM log WHERE uid LIKE ? ESCAPE '\\' LIMIT 2",
-                         (key.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%",)).fetchall()
-    if len(found) > 1:
-        raise UsageError(f"{_short(key)!r} starts more than one conversation's id: give more of it")
-    return found[0][0] if found else None
+    pattern = key.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    for like in (pattern + "%", "%" + pattern + "%"):  # a start first: 2026 names one when it starts one
+        found = conn.execute("SELECT DISTINCT uid FROM log WHERE uid LIKE ? ESCAPE '\\' LIMIT 2", (like,)).fetchall()
+        if len(found) > 1:
+            raise UsageError(f"{_short(key)!r} is part of more than one conversation's id: give more of it")
+        if found:
+            return found[0][0]
+    return None
 
 
 def remove(conn: sqlite3.Connection, uids: Sequence[str]) -> int:

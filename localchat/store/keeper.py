@@ -95,9 +95,13 @@ class SessionSaver:
         return Saved(name=name, replaced=replaced, cache=cache)
 
     def leave(self, session: ChatSession) -> CacheWrite | None:
-        """On leaving a kept conversation: its last state, and its KV cache for ``--continue``."""
+        """On leaving a kept conversation: its last state, and its KV cache for ``--continue``; no
+        cache for a conversation that was never kept (no accepted turn, no name), which nothing
+        would own or ever read."""
         self.kept(session)
-        return write_cache(session, self.uid, self.key, self.caches) if self.caches and not self._failing else None
+        owned = bool(self._logged) or self.name is not None
+        return write_cache(session, self.uid, self.key, self.caches) if self.caches and owned and not self._failing \
+            else None
 
     def unsaved(self, session: ChatSession) -> bool:
         """Turns, pins or notes not written yet (never, while every turn is kept)."""

@@ -134,6 +134,11 @@ class CacheFiles:
             raise LocalchatError(f"cannot remove the KV cache {self.path_for(name)}: {exc.strerror}") from None
         return size
 
+    def names(self) -> list[str]:
+        """Every cache kept here, by name."""
+        return sorted(p.name[:-len(SUFFIX)] for p in self.directory.glob(f"*{SUFFIX}")) \
+            if self.directory.is_dir() else []
+
     def evict(self, keep: str) -> list[str]:
         """Remove the oldest caches (by last write) until the total fits the cap; ``keep`` (the
         one just written) goes last, and only when it alone is over the cap. Returns the names

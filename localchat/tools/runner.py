@@ -50,6 +50,8 @@ class ToolSource(Protocol):
 
     def close(self) -> None: ...
 
+    # optional: ``preapproved(name) -> str | None``, why a tool runs without asking (an MCP file's autoApprove)
+
 
 @dataclass(frozen=True)
 class ToolResult:
@@ -75,6 +77,7 @@ class ToolRunner:
     sources: list[ToolSource]
     approve: Approve
     max_rounds: int = DEFAULT_MAX_TOOL_ROUNDS
+    on_notice: Callable[[str], None] = lambda _: None  # a call that ran without asking because its source said so
 
     @property
     def specs(self) -> list[dict[str, Any]]:
@@ -94,6 +97,8 @@ class ToolRunner:
         """How a call of ``name`` is allowed to run, in words (``/tools``)."""
         if self.approve is approve_all:
             return "runs without asking (--approve-tools)"
+        if why := self._preapproved(name):
+            return f"runs without asking ({why})"
         if self.approve is refuse_unasked:
             return "refused (no terminal to ask; --approve-tools runs it)"
         return "runs without asking (always, this session)" if name in getattr(self.approve, "always", ()) \
@@ -103,9 +108,12 @@ class ToolRunner:
         checked = self._checked(call)
         if isinstance(checked, ToolResult):
             return checked
-        refusal = self.approve(call.name, checked)
+        why = self._preapproved(call.name) if self.approve is not approve_all else None
+        refusal = None if why else self.approve(call.name, checked)
         if refusal is not None:
             return ToolResult(call, refusal, "refused")
+        if why:
+            self.on_notice(f"{call.name} runs without asking: {why}")
         source = self.source_of(call.name)
         started = time.perf_counter()
         try:
@@ -116,6 +124,11 @@ class ToolRunner:
         stopped = f"\n[localchat stopped {count(done.stopped, 'process', 'processes')} the tool left running]" \
             if done.stopped else ""
         return ToolResult(call, done.content + stopped, "ok" if done.ok else "error", done.seconds, done.printed)
+
+    def _preapproved(self, name: str) -> str | None:
+        source = self.source_of(name)
+        check = getattr(source, "preapproved", None)
+        return check(name) if check is not None else None
 
     def _checked(self, call: ToolCall) -> dict[str, Any] | ToolResult:
         """The call's arguments when they may be run; else the result saying why not."""
