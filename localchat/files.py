@@ -78,3 +78,20 @@ def write_outputs(out: Path, texts: dict[str, str]) -> list[Path]:
             raise LocalchatError(f"cannot write {path}: {exc.strerror or exc}{done}") from None
         written.append(path)
     return written
+
+
+def private_dirs(path: Path) -> Path:
+    """``path`` and every missing directory above it, created owner-only (0700) whatever the umask
+    (``mkdir -p`` gives the parents the umask's mode, so whichever file came first decided)."""
+    missing = []
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        missing.append(probe)
+        probe = probe.parent
+    for directory in reversed(missing):
+        try:
+            directory.mkdir(mode=0o700)
+        except FileExistsError:
+            continue
+        os.chmod(directory, 0o700)
+    return path

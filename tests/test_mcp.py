@@ -393,7 +393,11 @@ def test_a_server_killed_with_the_chat_leaves_nothing(home, tmp_path):
         chat.wait()
     finally:
         fake.close()
-    # the autouse fixture checks that the server and its children are gone within seconds
+    # the autouse fixture checks that the server and its children are gone within seconds; its pid file goes too
+    deadline = time.monotonic() + 8
+    while list((home / "logs").glob("mcp-*.pid")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert list((home / "logs").glob("mcp-*.pid")) == []
 
 
 # --- everywhere tools go -------------------------------------------------------------------------------------

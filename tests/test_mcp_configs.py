@@ -127,3 +127,26 @@ def test_a_server_that_fails_to_start_shows_its_real_error_and_its_log(home, tmp
     line = next(line for line in done.stderr.splitlines() if "MCP server 'uvx' did not start" in line)
     assert "its stderr says: Caused by: invalid peer certificate: UnknownIssuer" in line and "hint" not in line
     assert f"its log: {home / 'logs'}" in line
+
+
+def test_a_home_first_made_by_an_mcp_log_or_a_kv_cache_is_private_all_the_way(tmp_path, monkeypatch):
+    import stat
+
+    from localchat.store.kv_files import CacheFiles
+
+    home = tmp_path / "fresh" / "home"
+    monkeypatch.setenv("LOCALCHAT_HOME", str(home))
+    fake = FakeServer()
+    fake.chat(Reply(chunks=sse(delta("Hi.", "stop"))))
+    try:
+        done = runner.invoke(app, ["chat", "--backend", "server", "--base-url", fake.base_url, "--no-log", "--mcp",
+                                   str(written(tmp_path, {"mcpServers": {"math": ADD}})), "Hi"])
+    finally:
+        fake.close()
+    assert done.exit_code == 0, done.stderr
+    mode = lambda p: stat.S_IMODE(p.stat().st_mode)  # noqa: E731
+    assert mode(home) == mode(home / "logs") == 0o700 and list((home / "logs").glob("mcp-*.pid")) == []
+    assert all(mode(p) == 0o600 for p in (home / "logs").iterdir())
+    CacheFiles(tmp_path / "other" / "kv-cache", 1 << 20).prepare()
+    assert mode(tmp_path / "other") == mode(tmp_path / "other" / "kv-cache") == 0o700
+    assert mode(tmp_path / "other" / "kv-cache" / "writing") == 0o700

@@ -10,6 +10,7 @@ SIGKILL, the whole group goes at once. The SDK's SIGTERM to the group reaches th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -27,17 +28,32 @@ def server_environment() -> dict[str, str]:
     return {name: os.environ[name] for name in (*BASE, *keep) if name in os.environ}
 
 
+def write_pid(path: str) -> None:
+    """The guard's pid where localchat asked, readable by the user alone."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(str(os.getpid()))
+
+
+def orphaned(pidfile: str | None) -> None:
+    """localchat is gone (even by SIGKILL): the pid file goes, then the whole group."""
+    if pidfile:
+        with contextlib.suppress(OSError):
+            os.unlink(pidfile)
+    signal_group(os.getpgrp(), signal.SIGKILL)
+
+
 def main() -> None:
-    if pidfile := os.environ.get(PIDFILE):
-        with open(pidfile, "w") as f:
-            f.write(str(os.getpid()))
+    pidfile = os.environ.get(PIDFILE)
+    if pidfile:
+        write_pid(pidfile)
     signal.signal(signal.SIGTERM, lambda *_: None)  # a handler, not SIG_IGN: the server gets the default back
     try:
         server = subprocess.Popen(sys.argv[1:], env=server_environment())
     except OSError as exc:
         sys.stderr.write(f"cannot start {sys.argv[1]!r}: {exc.strerror or exc}\n")
         sys.exit(127)
-    watch_parent(lambda: signal_group(os.getpgrp(), signal.SIGKILL), every_s=0.2)
+    watch_parent(lambda: orphaned(pidfile), every_s=0.2)
     code = server.wait()
     kill_pids(stray_members())  # what the server left running goes with it
     sys.exit(code if code >= 0 else 128 - code)

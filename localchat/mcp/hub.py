@@ -24,7 +24,7 @@ from typing import Any
 from localchat.mcp.config import McpServerConfig, StdioServer
 from localchat.mcp.link import LinkDown, ServerLink, describe
 from localchat.mcp.tools import INVALID, exposed_name, result_text, tool_entry
-from localchat.processes import parent_of, signal_group
+from localchat.processes import alive, parent_of, signal_group
 from localchat.tools.host import ToolOutput, ToolProcessError, ToolTimeout
 
 DEFAULT_MCP_TIMEOUT_S = 20.0
@@ -231,7 +231,8 @@ def _file(directory: Path | None, server: str, suffix: str) -> Path | None:
 
 
 def prune_logs(directory: Path, keep_days: float = 7.0) -> None:
-    """MCP logs older than a week go (each chat writes its own)."""
+    """MCP logs older than a week go (each chat writes its own), and the pid files of chats that
+    are no longer running (one killed with SIGKILL could not remove its own)."""
     cutoff = time.time() - keep_days * 86400
     for path in directory.glob("mcp-*.log") if directory.is_dir() else ():
         try:
@@ -239,3 +240,7 @@ def prune_logs(directory: Path, keep_days: float = 7.0) -> None:
                 path.unlink()
         except OSError:
             pass
+    for path in directory.glob("mcp-*.pid") if directory.is_dir() else ():
+        chat = path.stem.rsplit("-", 1)[-1]
+        if chat.isdigit() and not alive(int(chat)):
+            path.unlink(missing_ok=True)

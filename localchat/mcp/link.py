@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from localchat.mcp.config import HttpServer, McpServerConfig, StdioServer
+from localchat.files import private_dirs
 from localchat.log_lines import error_line
 from localchat.mcp.guard import KEEP, PIDFILE
 
@@ -266,7 +267,7 @@ def _private_log(path: Path | None) -> TextIO:
     """The server's stderr: a log only the user can read (0600), in a directory only they can enter."""
     if path is None:
         return open(os.devnull, "w")
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    private_dirs(path.parent)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
     os.fchmod(fd, 0o600)
     return os.fdopen(fd, "w", encoding="utf-8", errors="replace")

@@ -23,6 +23,7 @@ from pathlib import Path
 import httpx
 
 from localchat.errors import LocalchatError
+from localchat.files import private_dirs
 from localchat.log_lines import is_error
 from localchat.processes import child_preexec, stop_group
 from localchat.registry import ModelRef, local_dir
@@ -161,7 +162,7 @@ def open_log(path: Path):
     regular file: the log is read back to explain a failure, and a FIFO would block both ways."""
     try:
         if not path.parent.exists():
-            path.parent.mkdir(mode=0o700, parents=True)
+            private_dirs(path.parent)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
     except OSError as exc:
         why = "a pipe, not a file" if exc.errno == errno.ENXIO else exc.strerror or exc  # (a FIFO no one reads)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from localchat import bounded_json
 from localchat.errors import LocalchatError, UsageError
+from localchat.files import private_dirs
 
 DIR_NAME = "kv-cache"
 SUFFIX = ".safetensors"
@@ -73,7 +74,7 @@ class CacheFiles:
     def prepare(self) -> None:
         """The directory and its temporary one, made owner-only; never through a link."""
         self._check_directories()
-        (self.directory / TEMP_DIR).mkdir(parents=True, exist_ok=True)
+        private_dirs(self.directory / TEMP_DIR)
         self._check_directories()
         os.chmod(self.directory, 0o700)
 

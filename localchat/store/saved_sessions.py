@@ -24,6 +24,7 @@ from typing import Any
 from localchat import bounded_json
 from localchat.conversation.history import ToolStep, Turn
 from localchat.conversation.stats import stats_from_dict, stats_to_dict
+from localchat.files import private_dirs
 from localchat.errors import LocalchatError, UsageError
 from localchat.store.schema import MIGRATIONS
 
@@ -114,7 +115,7 @@ class SessionStore:
         """The database, made private first (0600 in a 0700 directory: the WAL files take its mode),
         in WAL mode where it can be (two REPLs at once read while the other writes)."""
         fresh = not self.path.exists()
-        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        private_dirs(self.path.parent)
         if fresh:
             os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600))
         conn = sqlite3.connect(self.path, timeout=self.busy_timeout_s, isolation_level=None)

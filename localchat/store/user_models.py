@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from localchat.errors import LocalchatError, UsageError
-from localchat.files import write_atomic
+from localchat.files import private_dirs, write_atomic
 from localchat.registry import load_registry, read_registry_file, user_models_file
 
 HEADER = "# Models imported by `localchat import`; laid over localchat's models.yaml.\n"
@@ -33,7 +33,7 @@ def check_free_name(name: str) -> None:
 def registry_lock(path: Path) -> Iterator[None]:
     """Exclusive use of the user's registry while it is read, changed and written back."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_dirs(path.parent)
         fd = os.open(path.with_name(".models.lock"), os.O_RDWR | os.O_CREAT, 0o600)
     except OSError as exc:
         raise LocalchatError(f"cannot lock the model registry in {path.parent}: {exc.strerror or exc}") from None

@@ -21,6 +21,7 @@ from typing import BinaryIO, TextIO
 
 from localchat.conversation.attachment import BYTES_PER_CHAR
 from localchat.errors import UsageError
+from localchat.files import private_dirs
 
 HISTORY_FILE = "input_history"
 MAX_PIPED_LINE = 16 * 1024**2
@@ -88,7 +89,7 @@ def private_history(path: Path, secrets: Iterable[str], on_notice: Callable[[str
             except OSError:  # replaced or full since the start: the line stays in memory only
                 pass
 
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_dirs(path.parent)
     fd = _open_private(path)
     try:
         mode = stat.S_IMODE(os.fstat(fd).st_mode)
