@@ -154,3 +154,25 @@ def test_every_surface_on_stderr_shows_server_and_user_text_visibly(tmp_path, mo
     assert "unknown model 'hi ^[]0;PWNED^G" in named.stderr and named.exit_code == 2
     records = [json.loads(p.read_text()) for p in sorted((tmp_path / "records").glob("*-response.json"))]
     assert records[0]["text"] == HOSTILE  # data keeps the exact text
+
+
+def test_status_lines_and_help_wrap_at_words_on_a_terminal_at_60_columns_and_stay_whole_in_a_pipe():
+    from localchat.cli.render import ChatUI
+    from localchat.cli.repl.commands import COMMANDS
+    from localchat.cli.terminal import console
+    from localchat.conversation.stats import TurnStats, stats_line
+
+    line = stats_line(TurnStats(prompt_tokens=2740, cached_tokens=256, completion_tokens=52, ttft_s=0.42,
+                                decode_tps=41.2, total_s=1.7, cache_miss_tokens=215))
+    shown = io.StringIO()
+    terminal = console(shown, stderr=True, soft_wrap=None, force_terminal=True, width=60)
+    terminal.print(line, markup=False)
+    ChatUI(out=io.StringIO(), err=terminal).help([(f"{c.name} {c.usage}".strip(), c.summary)
+                                                 for c in COMMANDS.values()])
+    rows = re.sub(r"\x1b\[[0-9;]*m", "", shown.getvalue()).splitlines()
+    assert all(len(row) <= 60 for row in rows), rows
+    words = {w for row in rows for w in row.split()}
+    assert {"dropped", "215", "cached]", "localchat", "--resume"} <= words, rows  # no word cut in two
+    piped = io.StringIO()
+    console(piped, soft_wrap=None, width=60).print(line, markup=False)
+    assert piped.getvalue() == line + "\n"

@@ -121,14 +121,14 @@ def err_console() -> TerminalConsole:
     """stderr, for errors, notices and progress (Rich is loaded only when something is printed)."""
     from localchat.cli.terminal import console
 
-    return console(stderr=True, soft_wrap=True)
+    return console(stderr=True, soft_wrap=None)
 
 
 def out_console() -> TerminalConsole:
-    """stdout; long lines wrap in the terminal, never in the text (ids and commands stay whole)."""
+    """stdout; long lines wrap at words on a terminal, never through a pipe (ids and commands stay whole)."""
     from localchat.cli.terminal import console
 
-    return console(soft_wrap=True)
+    return console(soft_wrap=None)
 
 
 def say_error(message: str) -> None:

@@ -82,21 +82,27 @@ def show_entry(*, console: Console, key: str) -> None:
         rows = log.entries(conn, uid) if uid else []
     if not rows:
         raise SessionNotFound(f"no conversation {key!r} in the log (see: localchat log)")
+    from rich.padding import Padding
+    from rich.text import Text
+
+    def indented(markup: str, style: str = "") -> None:  # wrapped lines keep the indentation
+        console.print(Padding(Text.from_markup(markup, style=style), (0, 0, 0, 5)))
+
     console.print(f"[bold]{escape(uid)}[/bold] · {count(len(rows), 'turn')} kept")
     for number, (when, model, user, assistant, reasoning, steps, stats, taken_back) in enumerate(rows, 1):
         back = " (taken back)" if taken_back else ""
         console.print(f"{number:>3}. {escape(when)} · {escape(model or '-')}{back}", style="dim")
-        console.print(f"     [cyan]user[/cyan]: {escape(user)}")
+        indented(f"[cyan]user[/cyan]: {escape(user)}")
         for step in _steps(steps, tool_steps):
             for call, result in zip(step.calls, step.results):
-                console.print(f"     [cyan]tool[/cyan]: {escape(call['name'])}({escape(shortened(call['arguments']))})"
-                              f" → {escape(shortened(result))}")
+                indented(f"[cyan]tool[/cyan]: {escape(call['name'])}({escape(shortened(call['arguments']))})"
+                         f" → {escape(shortened(result))}")
         if reasoning:
-            console.print(f"     [cyan]reasoning[/cyan]: {escape(reasoning)}", style="dim")
-        console.print(f"     [cyan]assistant[/cyan]: {escape(assistant)}")
+            indented(f"[cyan]reasoning[/cyan]: {escape(reasoning)}", style="dim")
+        indented(f"[cyan]assistant[/cyan]: {escape(assistant)}")
         figures = stats_from_dict(_json(stats))
         if figures:
-            console.print("     " + stats_line(figures), style="dim", markup=False)
+            indented(escape(stats_line(figures)), style="dim")
 
 
 def _json(text: str | None) -> Any:

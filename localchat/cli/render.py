@@ -49,7 +49,7 @@ class ChatUI:
         self.shown = for_stream(self.out)  # answer text: exact through a pipe, made harmless on a terminal
         # answers rendered as Markdown as they stream (a terminal only; never in JSON mode)
         self.markdown = MarkdownStream(console(self.out)) if markdown and not json_mode else None
-        self.err = err or console(stderr=True, soft_wrap=True)
+        self.err = err or console(stderr=True, soft_wrap=None)
         self.show_stats = show_stats
         self.json_mode = json_mode  # stdout gets validated JSON only, pretty-printed, once complete
         self.show_thinking = show_thinking
@@ -245,6 +245,12 @@ class ChatUI:
     def info(self, message: str) -> None:
         self.err.print(escape(message), style="dim")
 
+    def item(self, message: str) -> None:
+        """A line of a listing (``/tools``): indented, and its wrapped lines with it."""
+        from rich.padding import Padding
+
+        self.err.print(Padding(escape(message), (0, 0, 0, 2)), style="dim")
+
     def messages(self, messages: list[Message], title: str) -> None:
         """Numbered messages; a message's later lines are indented under its first; an assistant's
         tool calls as ``→ name(arguments)``, a tool's result under the tool's name."""
@@ -293,8 +299,13 @@ class ChatUI:
 
     def help(self, commands: list[tuple[str, str]]) -> None:
         """The REPL's commands, one a line, then how input works."""
-        width = max(len(usage) for usage, _ in commands)
+        from rich.table import Table
+
         self.err.print("Commands (typed alone on a line):", markup=False)
+        rows = Table.grid(padding=(0, 2), pad_edge=True)  # a summary that wraps stays in its column
+        rows.add_column(no_wrap=True)
+        rows.add_column()
         for usage, summary in commands:
-            self.err.print(f"  {usage:<{width}}  {summary}", markup=False, highlight=False)
+            rows.add_row(usage, summary)
+        self.err.print(rows)
         self.err.print(HELP_FOOTER, markup=False, highlight=False)

@@ -133,11 +133,16 @@ def shown_log_on_failure(console: Console):
 
 
 def run_smoke_cmd(*, base_url: str, model: str | None, api_key: str | None, timeout_s: float, as_json: bool,
-                  console: Console, api: str | None = None) -> int:
+                  console: Console, api: tuple[str, ...] | None = None) -> int:
+    """One report for chat completions, or one for each API of a gateway (``--api anthropic,responses``)."""
     ref = resolve(model) if model else None
-    report = smoke_api(base_url, ref, api, api_key=api_key, timeout_s=timeout_s)
-    show_smoke(console, report, as_json)
-    return outcomes.report_exit(report.ok)
+    reports = [smoke_api(base_url, ref, one, api_key=api_key, timeout_s=timeout_s) for one in api or (None,)]
+    if as_json and len(reports) > 1:
+        console.print_json(json.dumps([r.as_dict() for r in reports]))
+    else:
+        for report in reports:
+            show_smoke(console, report, as_json)
+    return outcomes.report_exit(all(r.ok for r in reports))
 
 
 def smoke_api(base_url: str, ref: ModelRef | None, api: str | None, *, api_key: str | None = None,

@@ -25,17 +25,15 @@ ApiOpt = Annotated[Optional[str], typer.Option(callback=check_apis, metavar="API
                                                help="Serve these APIs too, through a gateway: anthropic, responses.")]
 GatewayApiOpt = Annotated[str, typer.Option("--api", callback=check_apis, metavar="API[,API]",
                                             help="The APIs to serve: anthropic, responses (comma-separated).")]
-class OneApi(str, Enum):
-    anthropic = "anthropic"
-    responses = "responses"
+SmokeApiOpt = Annotated[Optional[str], typer.Option("--api", callback=check_apis, metavar="API[,API]",
+                                                    show_default=False, help="Check these APIs of a gateway "
+                                                    "(anthropic, responses) instead of chat completions.")]
 
 
 def one_api(value: Enum | None) -> str | None:
     return value.value if value is not None else None
 
 
-SmokeApiOpt = Annotated[Optional[OneApi], typer.Option("--api", callback=one_api, show_default=False,
-                                                       help="Check this API of a gateway instead of chat completions.")]
 class MessagesApi(str, Enum):
     anthropic = "anthropic"
 

@@ -54,6 +54,14 @@ class TerminalConsole(Console):
                 yield Segment(visible(segment.text), segment.style, segment.control)
 
 
-def console(file: TextIO | None = None, *, stderr: bool = False, soft_wrap: bool = False) -> TerminalConsole:
-    """The console every command prints through (no highlighting of numbers or paths)."""
-    return TerminalConsole(file=file, stderr=stderr, highlight=False, soft_wrap=soft_wrap)
+def console(file: TextIO | None = None, *, stderr: bool = False, soft_wrap: bool | None = False,
+            force_terminal: bool | None = None, width: int | None = None) -> TerminalConsole:
+    """The console every command prints through (no highlighting of numbers or paths). With
+    ``soft_wrap=None``, long lines wrap at words on a terminal (never inside a word, and a wrapped
+    line keeps its indentation) and stay whole through a pipe, so that what a script reads, an id
+    or a command, is never cut."""
+    made = TerminalConsole(file=file, stderr=stderr, highlight=False, soft_wrap=bool(soft_wrap),
+                           force_terminal=force_terminal, width=width)
+    if soft_wrap is None:
+        made.soft_wrap = not made.is_terminal
+    return made

@@ -219,7 +219,7 @@ def _tools(repl: Repl, _: str) -> bool:
                                + ("" if name in required else "?") for name, schema in properties.items())
         source = runner.source_of(spec["name"])
         where = source.origin(spec["name"]) if source else "?"
-        repl.ui.info(f"{spec['name']}({parameters}) — {_short(spec['description'], 120)} [{where}; "
+        repl.ui.item(f"{spec['name']}({parameters}) — {_short(spec['description'], 120)} [{where}; "
                      f"{runner.approval(spec['name'])}]")
     return True
 
