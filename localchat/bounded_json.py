@@ -32,13 +32,19 @@ def nesting(text: str) -> int:
     return deepest
 
 
-def loads(text: str | bytes) -> Any:
-    """``json.loads``, refusing a text nested more than ``MAX_DEPTH`` deep (``TooDeep``)."""
+def loads(text: str | bytes, *, strict: bool = False) -> Any:
+    """``json.loads``, refusing a text nested more than ``MAX_DEPTH`` deep (``TooDeep``); ``strict``
+    refuses ``NaN`` and ``Infinity`` too, which Python reads but JSON does not have (a reply that
+    holds them is not JSON, whatever Python makes of it)."""
     if isinstance(text, (bytes, bytearray)):
         text = bytes(text).decode("utf-8")
     if text.count("[") + text.count("{") > MAX_DEPTH and nesting(text) > MAX_DEPTH:
         raise TooDeep(f"nested more than {MAX_DEPTH} levels deep")
     try:
-        return json.loads(text)
+        return json.loads(text, parse_constant=_not_json) if strict else json.loads(text)
     except RecursionError:  # a nesting the scan did not see (it never should)
         raise TooDeep(f"nested too deep for Python's parser (over {MAX_DEPTH} levels)") from None
+
+
+def _not_json(constant: str) -> Any:
+    raise ValueError(f"{constant} is not JSON (JSON has no NaN or Infinity)")

@@ -48,10 +48,12 @@ class Deadline:
             raise CheckTimeout from None
 
 
-def schema_errors(schema: dict[str, Any], value: Any, deadline: Deadline, *, own_draft: bool = False) -> Iterator[Any]:
+def schema_errors(schema: dict[str, Any], value: Any, deadline: Deadline, *, own_draft: bool = False,
+                  formats: bool = False) -> Iterator[Any]:
     """jsonschema's Draft 2020-12 errors for ``value`` (``own_draft``: the draft its ``$schema``
     names, as ``jsonschema.validate`` reads it), its pattern keywords tested under ``deadline``
-    (``CheckTimeout`` past it)."""
+    (``CheckTimeout`` past it); ``formats`` checks ``format`` too (``email``, ``date``, ``ipv4``…:
+    what jsonschema has a checker for), as the grammar enforces it in-process."""
     from jsonschema import Draft202012Validator, validators
     from jsonschema.exceptions import ValidationError
 
@@ -82,4 +84,4 @@ def schema_errors(schema: dict[str, Any], value: Any, deadline: Deadline, *, own
     base = validators.validator_for(schema, default=Draft202012Validator) if own_draft else Draft202012Validator
     checked = validators.extend(base, {
         "pattern": pattern, "patternProperties": pattern_properties, "additionalProperties": additional_properties})
-    return checked(schema).iter_errors(value)
+    return checked(schema, format_checker=base.FORMAT_CHECKER if formats else None).iter_errors(value)

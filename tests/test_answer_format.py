@@ -185,3 +185,18 @@ def test_recall_with_history_in_json_mode(demo_backend):
     assert chat.ask("Hello").committed
     recall = chat.ask(RECALL)
     assert recall.answer == {"answer": "harbor 17"} and recall.committed
+
+
+def test_a_formatted_reply_cut_over_http_is_a_failure_that_says_so(tmp_path, monkeypatch):
+    from fakeserver import FakeServer, Reply, delta, sse
+
+    monkeypatch.setenv("LOCALCHAT_HOME", str(tmp_path / "home"))
+    fake = FakeServer()
+    fake.chat(Reply(chunks=sse(delta('{"answer": "a lo'), delta("ng", "length"))))
+    try:
+        done = runner.invoke(app, ["chat", "--backend", "server", "--base-url", fake.base_url, "--json",
+                                   "--max-tokens", "4", "Hi"])
+    finally:
+        fake.close()
+    assert done.exit_code == 1 and done.stdout == "", done.stdout
+    assert "no valid answer in the format asked for" in done.stderr and "raise --max-tokens" in done.stderr

@@ -150,3 +150,18 @@ def test_a_home_first_made_by_an_mcp_log_or_a_kv_cache_is_private_all_the_way(tm
     CacheFiles(tmp_path / "other" / "kv-cache", 1 << 20).prepare()
     assert mode(tmp_path / "other") == mode(tmp_path / "other" / "kv-cache") == 0o700
     assert mode(tmp_path / "other" / "kv-cache" / "writing") == 0o700
+
+
+def test_mcp_list_and_call_check_a_server_by_hand(home, tmp_path):
+    path = written(tmp_path, {"mcpServers": {"math": ADD}})
+    listed = runner.invoke(app, ["mcp", "list", "--mcp", str(path)])
+    assert listed.exit_code == 0 and "math: ready" in listed.stdout and "math_add" in listed.stdout, listed.stderr
+    called = runner.invoke(app, ["mcp", "call", "math", "add", '{"a": 12, "b": 30}', "--mcp", str(path)])
+    assert called.exit_code == 0 and called.stdout == "42\n", called.stderr
+    wrong = runner.invoke(app, ["mcp", "call", "math", "add", '{"a": "x", "b": 1}', "--mcp", str(path)])
+    assert wrong.exit_code == 1 and "do not fit math_add's parameters" in wrong.stderr
+    for arguments, needle in (("[1]", "must be a JSON object, not list"), ("{", "must be a JSON object")):
+        bad = runner.invoke(app, ["mcp", "call", "math", "add", arguments, "--mcp", str(path)])
+        assert bad.exit_code == 2 and needle in bad.stderr
+    unknown = runner.invoke(app, ["mcp", "call", "math", "mul", "{}", "--mcp", str(path)])
+    assert unknown.exit_code == 2 and "offers no tool 'mul' (offered as: math_add)" in unknown.stderr

@@ -37,6 +37,29 @@ app = typer.Typer(
     name="localchat", cls=OneLineErrors, no_args_is_help=True, add_completion=False, rich_markup_mode=None,
     help="Multi-turn chat with local MLX models: one history builder, honest per-turn figures.",
 )
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        def of(name: str) -> str:
+            try:
+                return version(name)
+            except PackageNotFoundError:
+                return "not installed"
+
+        typer.echo(f"localchat {of('localchat')} (mlx {of('mlx')}, mlx-lm {of('mlx-lm')})")
+        raise typer.Exit()
+
+
+@app.callback()
+def main_options(version: Annotated[bool, typer.Option("--version", callback=_show_version, is_eager=True,
+                                                       help="Print localchat's version (and MLX's) and exit.")] = False
+                 ) -> None:
+    """Multi-turn chat with local MLX models: one history builder, honest per-turn figures."""
+
+
 app.command()(chat)
 app.command()(bench)
 app.command(context_settings=SERVER_ARGS)(load)
@@ -181,7 +204,8 @@ def log_rm(
     conversation: Annotated[Optional[str], typer.Argument(metavar="[ID]", help="An id (or its start), or a name.")] = None,
     older_than: Annotated[Optional[str], typer.Option(metavar="AGE", help="Every conversation last kept before 30d, 12h… ago.")] = None,
     everything: Annotated[bool, typer.Option("--all", help="Every conversation.")] = False,
-    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask before removing many (--all, --older-than).")] = False,
+    yes: Annotated[bool, typer.Option("--yes", "-y",
+                                      help="Do not ask before removing many (--all, --older-than).")] = False,
 ) -> None:
     """Remove conversations from the log, with what resuming them needs and their KV caches."""
     run("localchat.cli.log:remove_entries", console=err_console(), key=conversation, older_than=older_than,
@@ -210,3 +234,38 @@ def models() -> None:
 def doctor(base_url: BaseUrlOpt = DEFAULT_BASE_URL) -> None:
     """Python, OS, chip, MLX device and versions, HF cache, models present, server port."""
     run("localchat.cli.doctor:run_doctor", console=out_console(), base_url=base_url)
+
+
+mcp_app = typer.Typer(help="MCP servers checked by hand, before a model sees them: list their tools, call one.",
+                      rich_markup_mode=None, no_args_is_help=True)
+app.add_typer(mcp_app, name="mcp")
+McpFilesOpt = Annotated[list[Path], typer.Option("--mcp", metavar="FILE", help="The servers' configuration "
+                                                 "(mcpServers or VS Code's servers, as chat --mcp reads it).")]
+
+
+@mcp_app.command("list")
+def mcp_list(
+    mcp: McpFilesOpt,
+    only: Annotated[Optional[str], typer.Option("--mcp-only", metavar="NAME,…", help="Only these servers.")] = None,
+    timeout: Annotated[float, typer.Option("--mcp-timeout", min=0.1, metavar="SECONDS",
+                                           help="Give a server this long to start.")] = 20.0,
+) -> None:
+    """Start the servers and list each one's state and the tools the model would be offered."""
+    names = tuple(n.strip() for n in only.split(",") if n.strip()) if only else ()
+    run("localchat.cli.mcp_commands:list_servers", files=mcp, only=names, timeout_s=timeout, console=out_console(),
+        err=err_console())
+
+
+@mcp_app.command("call")
+def mcp_call(
+    server: Annotated[str, typer.Argument(metavar="SERVER", help="A server of the --mcp file.")],
+    tool: Annotated[str, typer.Argument(metavar="TOOL", help="The tool, by the server's own name (add).")],
+    arguments: Annotated[str, typer.Argument(metavar="ARGUMENTS",
+                                             help="A JSON object: '{\"a\": 1, \"b\": 2}'.")] = "{}",
+    mcp: McpFilesOpt = ...,
+    timeout: Annotated[float, typer.Option("--tool-timeout", min=0.1, metavar="SECONDS",
+                                           help="Give the call this long.")] = 30.0,
+) -> None:
+    """Call one tool with ARGUMENTS, checked against its schema as a model's call is; its result on stdout."""
+    run("localchat.cli.mcp_commands:call_tool", files=mcp, server=server, tool=tool, arguments=arguments,
+        timeout_s=timeout, console=out_console(), err=err_console())

@@ -276,10 +276,11 @@ def run_chat(*, opts: ChatOptions, prompt: str | None, err: Console) -> int:
     """Answer ``prompt``, or run the REPL when it is None; the exit code."""
     ui = ChatUI(err=err, show_stats=opts.output.stats, show_thinking=opts.output.show_thinking,
                 json_mode=opts.output.formatted,
+                json_answers=opts.output.json_answer or opts.output.json_schema is not None,
                 markdown=opts.output.markdown and sys.stdout.isatty(),
                 hold_rounds=opts.tools.offered and not sys.stdout.isatty())
     status = chat_with_ui(opts=opts, prompt=prompt, ui=ui)
-    return outcomes.OK if status is None else outcomes.turn_exit(status)
+    return outcomes.OK if status is None else outcomes.turn_exit(status, opts.output.formatted)
 
 
 def chat_with_ui(*, opts: ChatOptions, prompt: str | None, ui: ChatUI) -> TurnStatus | None:

@@ -25,7 +25,11 @@ TURN_EXIT_CODES = {  # by TurnStatus value: this table is read before any turn m
 }
 
 
-def turn_exit(status: TurnStatus) -> int:
+def turn_exit(status: TurnStatus, formatted: bool = False) -> int:
+    """A turn's exit code; with an answer format asked for (``--json``, ``--regex``…), a reply cut
+    short or empty gave no valid answer (stdout got nothing): a failure."""
+    if formatted and status.value in ("cut", "empty"):
+        return FAILED
     return TURN_EXIT_CODES[status.value]
 
 

@@ -44,14 +44,15 @@ def _failed_before_first_token(result: TurnResult) -> bool:
 class ChatUI:
     def __init__(self, out: TextIO | None = None, err: Console | None = None, show_stats: bool = True,
                  json_mode: bool = False, show_thinking: bool = False, markdown: bool = False,
-                 hold_rounds: bool = False):
+                 hold_rounds: bool = False, json_answers: bool = True):
         self.out = out or sys.stdout
         self.shown = for_stream(self.out)  # answer text: exact through a pipe, made harmless on a terminal
         # answers rendered as Markdown as they stream (a terminal only; never in JSON mode)
         self.markdown = MarkdownStream(console(self.out)) if markdown and not json_mode else None
         self.err = err or console(stderr=True, soft_wrap=None)
         self.show_stats = show_stats
-        self.json_mode = json_mode  # stdout gets validated JSON only, pretty-printed, once complete
+        self.json_mode = json_mode  # stdout gets validated answers only, printed once complete
+        self.json_answers = json_answers  # they are JSON (--json, --json-schema), not --regex or --choice text
         self.show_thinking = show_thinking
         self._waiting: Status | None = None  # the spinner between Enter and the first token
         self._thinking = 0  # reasoning chunks shown (or counted) in this turn
@@ -221,6 +222,10 @@ class ChatUI:
         """Why a reply that did not stop was not kept: its length, a filter, or what the runtime said."""
         reason = result.stats.finish_reason
         where = " inside its reasoning" if result.reasoning and not result.text else ""
+        if reason in ("length", None) and self.json_mode:
+            return f"reply cut at max_tokens {max_tokens}{where} before its answer was complete: no valid answer in " \
+                   "the format asked for, not added to history (raise " + \
+                   ("/set max_tokens N)" if self.in_repl else "--max-tokens)")
         if reason in ("length", None):
             if self.in_repl:
                 return f"reply cut at max_tokens {max_tokens}{where}: not added to history (/set max_tokens N raises it)"
@@ -231,7 +236,7 @@ class ChatUI:
 
     def _json_reply(self, result: TurnResult) -> None:
         if result.accepted:
-            self.out.write(pretty(result.answer) + "\n")
+            self.out.write(self.shown(pretty(result.answer, self.json_answers)) + "\n")  # a format admits ESC too
             self.out.flush()
         elif result.text:
             self.err.print(f"reply: {result.text}", markup=False, highlight=False)

@@ -12,6 +12,7 @@ on the one clock (``[TTFT 0.21s · 38.5 tok/s · in 274 (cached 256) · out 52 �
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import time
@@ -32,6 +33,7 @@ from localchat.conversation.stats import TurnClock, stats_line
 from localchat.gateway import anthropic_api, passthrough, responses_api
 from localchat.gateway.names import APIS
 from localchat.gateway.shapes import MAX_BODY_BYTES, ApiError, Ended, GatewayRequest, Idle, invalid
+from localchat.gateway.stored import ResponseStore
 from localchat.gateway.upstream import Upstream
 
 LOOK_S = 1.0  # how often a whole reply in the making looks whether its client is still there
@@ -43,7 +45,7 @@ class Gateway:
     apis: tuple[str, ...] = APIS
     api_key: str | None = None  # what clients must present; None: loopback use without a key
     log: Callable[[str], None] = lambda _: None
-    store: responses_api.ResponseStore = field(default_factory=responses_api.ResponseStore)
+    store: ResponseStore = field(default_factory=ResponseStore)
     _said: set[str] = field(default_factory=set)
 
     def app(self) -> Starlette:
@@ -82,11 +84,27 @@ class Gateway:
         try:
             self._authorized(request)
             wanted = anthropic_api.read_request(await _body(request), counting=True)
-            tokens = await run_in_threadpool(self.upstream.count_tokens, wanted)
+            tokens = await self._counted_while_connected(request, wanted)
+            if tokens is None:
+                self.log(f"POST {request.url.path} · the client went away; the count upstream was closed")
+                return Response(status_code=499)  # (nobody reads it: the connection is gone)
         except ApiError as exc:
             return self._error(request, exc, anthropic_api.error_body, started)
         self.log(f"POST {request.url.path} 200 · {tokens} input tokens · {time.perf_counter() - started:.2f}s")
         return JSONResponse({"input_tokens": tokens})
+
+    async def _counted_while_connected(self, request: Request, wanted: GatewayRequest) -> int | None:
+        """The prompt's tokens; None when the client went away first (the count upstream is closed)."""
+        backend = await run_in_threadpool(self.upstream.backend, wanted)
+        counting = asyncio.ensure_future(run_in_threadpool(self.upstream.count_tokens, wanted, backend))
+        while not counting.done():
+            await asyncio.wait([counting], timeout=LOOK_S)
+            if not counting.done() and await request.is_disconnected():
+                backend.close()  # the thread's request fails at once
+                with contextlib.suppress(ApiError):
+                    await counting
+                return None
+        return counting.result()
 
     async def responses(self, request: Request) -> Response:
         clock = TurnClock()

@@ -7,8 +7,8 @@ take it first), function ``tools`` (others, such as web search, are left out and
 ``tool_choice``, ``reasoning`` (any effort but ``none`` turns thinking on), the samplers,
 ``max_output_tokens``. Written: a thinking model's reasoning as a reasoning item, the answer as a
 message item, each call as a ``function_call`` item. With ``store`` (the API's default) a
-response is kept in memory, the newest ``MAX_STORED`` within ``MAX_STORED_CHARS``, for
-``previous_response_id``; ``store: false`` keeps nothing.
+response is kept in memory (``stored``), for ``previous_response_id`` and to be read back or deleted;
+``store: false`` keeps nothing.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from localchat import bounded_json
 from localchat.backends import Event, GenerationParams, Message, ReasoningChunk, TextChunk, ToolCall
 from localchat.gateway.shapes import (
     ApiError,
@@ -36,10 +36,9 @@ from localchat.gateway.shapes import (
     read_number,
     wire_call_id,
 )
+from localchat.gateway.stored import ResponseStore
 from localchat.gateway.upstream import REASONING_KEY
 
-MAX_STORED = 256
-MAX_STORED_CHARS = 64 * 1024 * 1024
 TEXT_PARTS = {"input_text", "output_text", "text", "summary_text", "reasoning_text"}
 
 
@@ -49,48 +48,10 @@ def error_body(error: ApiError) -> dict[str, Any]:
                       "code": "previous_response_not_found" if error.param == "previous_response_id" else None}}
 
 
-@dataclass
-class ResponseStore:
-    """Stored responses (the object, and its conversation for ``previous_response_id``), by id:
-    bounded by count and size, the oldest dropped first."""
-
-    entries: OrderedDict[str, tuple[list[Message], dict[str, Any], int]] = field(default_factory=OrderedDict)
-    chars: int = 0
-
-    def keep(self, response_id: str, messages: list[Message], response: dict[str, Any]) -> None:
-        size = len(json.dumps(messages, ensure_ascii=False)) + len(json.dumps(response, ensure_ascii=False))
-        if size > MAX_STORED_CHARS:
-            return
-        self.entries[response_id] = (messages, response, size)
-        self.chars += size
-        while len(self.entries) > MAX_STORED or self.chars > MAX_STORED_CHARS:
-            self.chars -= self.entries.popitem(last=False)[1][2]
-
-    def conversation(self, response_id: str) -> list[Message]:
-        if response_id not in self.entries:
-            raise invalid(f"previous_response_id: no response {response_id!r} is stored by this gateway (it keeps "
-                          f"the last {MAX_STORED} responses made with store: true, in memory, until it restarts)",
-                          "previous_response_id")
-        return list(self.entries[response_id][0])
-
-    def response(self, response_id: str) -> dict[str, Any]:
-        """A stored response as it was returned; a 404 when it is not (or no longer) kept."""
-        return self._entry(response_id)[1]
-
-    def delete(self, response_id: str) -> None:
-        self.chars -= self._entry(response_id)[2]
-        del self.entries[response_id]
-
-    def _entry(self, response_id: str) -> tuple[list[Message], dict[str, Any], int]:
-        if response_id not in self.entries:
-            raise ApiError(404, "invalid_request_error", f"no response {response_id!r} is stored by this gateway "
-                           f"(it keeps the last {MAX_STORED} made with store: true, in memory, until it restarts)")
-        return self.entries[response_id]
-
-
 def read_request(body: Any, store: ResponseStore) -> GatewayRequest:
     if not isinstance(body, dict):
         raise invalid("the request body must be a JSON object")
+    _check_echoed(body)
     instructions = read(body, "instructions", str)
     earlier = store.conversation(previous) if (previous := read(body, "previous_response_id", str)) else []
     systems, messages = _input(body)
@@ -108,6 +69,17 @@ def read_request(body: Any, store: ResponseStore) -> GatewayRequest:
     return GatewayRequest(model=read(body, "model", str, required=True), system=system, messages=conversation,
                           params=params, stream=bool(read(body, "stream", bool)), tools=tools, tool_choice=choice,
                           dropped_tools=dropped)
+
+
+def _check_echoed(body: dict[str, Any]) -> None:
+    """The fields a response echoes back, of the types the API gives them (a client's SDK reads
+    the echo with its own strict types)."""
+    read(body, "store", bool)
+    read(body, "parallel_tool_calls", bool)
+    metadata = read(body, "metadata", dict, default={})
+    if len(metadata) > 16 or not all(isinstance(k, str) and len(k) <= 64 and isinstance(v, str) and len(v) <= 512
+                                     for k, v in metadata.items()):
+        raise invalid("metadata: at most 16 string values under keys of at most 64 characters", "metadata")
 
 
 def _input(body: dict[str, Any]) -> tuple[list[str], list[Message]]:
@@ -136,7 +108,7 @@ def _input(body: dict[str, Any]) -> tuple[list[str], list[Message]]:
             messages.append({"role": "tool", "tool_call_id": wire_call_id(client_id), "name": names.get(client_id, ""),
                              "content": _content(item.get("output"), f"{path}.output"), "_client_id": client_id})
         elif kind == "reasoning":
-            parts = [*(item.get("content") or []), *(item.get("summary") or [])]
+            parts = [*read(item, "content", list, path, default=[]), *read(item, "summary", list, path, default=[])]
             reasoning.append(_content(parts, f"{path}.content"))
         else:
             raise invalid(f"{path}.type: {kind!r} input items are not supported by this gateway", f"{path}.type")
@@ -156,7 +128,7 @@ def _call(item: dict[str, Any], path: str, names: dict[str, str], reasoning: lis
     client_id = read(item, "call_id", str, path, required=True)
     name = read(item, "name", str, path, required=True)
     try:
-        arguments = json.loads(read(item, "arguments", str, path, default="") or "{}")
+        arguments = bounded_json.loads(read(item, "arguments", str, path, default="") or "{}", strict=True)
     except ValueError:
         arguments = None
     if not isinstance(arguments, dict):
@@ -280,6 +252,7 @@ class ResponsesReply:
 
     def _call(self, call: ToolCall) -> list[dict[str, Any]]:
         out = self._close()
+        call = replace(call, arguments=json.dumps(arguments_object(call.arguments), ensure_ascii=False))
         self.calls.append(call)
         item = {"id": "fc_" + call.id, "type": "function_call", "status": "in_progress", "call_id": "call_" + call.id,
                 "name": call.name, "arguments": ""}

@@ -7,11 +7,11 @@ error shape. The readers here check a request's fields with their path in the me
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from localchat import bounded_json
 from localchat.backends import GenerationParams, Message
 from localchat.conversation.stats import TurnStats
 
@@ -64,9 +64,11 @@ class Idle:
 
 
 def arguments_object(text: str) -> dict[str, Any]:
-    """A call's arguments (JSON text, as the model wrote them) as an object; none when unreadable."""
+    """A call's arguments (JSON text, as the model wrote them) as an object; none when they are not
+    one (not JSON, NaN, a list): a client never gets invalid JSON in a call, and the tool's own
+    check then tells the model what is missing."""
     try:
-        value = json.loads(text) if text.strip() else {}
+        value = bounded_json.loads(text, strict=True) if text.strip() else {}
     except ValueError:
         return {}
     return value if isinstance(value, dict) else {}

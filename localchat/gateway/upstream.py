@@ -93,10 +93,11 @@ class Upstream:
             messages.append(message)
         return system_first(request.system, messages, bool(traits and traits.fold_system))
 
-    def count_tokens(self, request: GatewayRequest) -> int:
+    def count_tokens(self, request: GatewayRequest, backend: ServerBackend | None = None) -> int:
         """The prompt's tokens with the model's own template and tokenizer; without them on this
-        machine, the server's own count for a 1-token completion."""
-        backend = self.backend(request)
+        machine, the server's own count for a 1-token completion (closing ``backend`` from another
+        thread cancels that request at once)."""
+        backend = backend or self.backend(request)
         messages = self.shaped(request)
         try:
             if backend.template is not None:
@@ -110,6 +111,12 @@ class Upstream:
             return usage["prompt_tokens"]
         except TemplateError as exc:
             raise invalid(str(exc)) from None
+        except httpx.TimeoutException:
+            raise ApiError(504, "api_error", f"the server behind the gateway ({self.base_url}) did not answer within "
+                                             f"{self.timeout_s:g}s: the prompt could not be counted") from None
+        except httpx.HTTPError as exc:
+            raise ApiError(502, "api_error", f"the server behind the gateway ({self.base_url}): "
+                                             f"{type(exc).__name__}") from None
         except (LocalchatError, ValueError, OSError) as exc:
             raise ApiError(502, "api_error", f"the server behind the gateway: {exc}") from None
         finally:

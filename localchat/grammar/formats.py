@@ -81,10 +81,10 @@ class AnswerFormat:
             shown = ", ".join(self.choices)
             return (text.strip(), None) if text.strip() in self.choices else (None, f"it is not one of: {shown}")
         try:
-            value = bounded_json.loads(_strip_fence(text))
+            value = bounded_json.loads(_strip_fence(text), strict=True)
         except ValueError as exc:
             return None, f"not JSON: {exc}"
-        error = next(schema_errors(self.schema, value, deadline), None)
+        error = next(schema_errors(self.schema, value, deadline, formats=True), None)
         if error is not None:
             where = "/".join(str(p) for p in error.absolute_path) or "the reply"
             return None, f"schema: {where}: {error.message}"
@@ -148,8 +148,10 @@ def with_instruction(system: str | None, schema: AnswerFormat | None) -> str | N
     return f"{system}\n\n{schema.instruction}" if system else schema.instruction
 
 
-def pretty(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, indent=2) if not isinstance(value, str) else value
+def pretty(value: Any, as_json: bool = True) -> str:
+    """An accepted answer as printed: JSON (a string answer too, quoted: it is a JSON string), or
+    the text itself for ``--regex`` and ``--choice``."""
+    return json.dumps(value, ensure_ascii=False, indent=2) if as_json else str(value)
 
 
 def _strip_fence(text: str) -> str:
