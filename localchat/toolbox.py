@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from localchat.errors import UsageError
 from localchat.mcp.config import McpServerConfig, read_configs
-from localchat.tools.host import ToolHost, tool_files
+from localchat.tools.host import ToolHost, known_secrets, tool_files
 from localchat.tools.runner import Approve, ToolRunner, ToolSource, approve_all
 from localchat.tools.settings import ToolSettings
 
@@ -52,7 +52,7 @@ def open_tools(settings: ToolSettings, approve: Approve, *, hidden: list[str] = 
         for source in sources:
             source.close()
         raise
-    return ToolRunner(sources, approve, settings.max_rounds, on_notice=on_notice)
+    return ToolRunner(sources, approve, settings.max_rounds, on_notice=on_notice, secrets=known_secrets(list(hidden)))
 
 
 def unattended_tools(settings: ToolSettings, on_notice: Callable[[str], None] = lambda _: None) -> ToolRunner | None:

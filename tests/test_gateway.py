@@ -321,8 +321,9 @@ def test_an_upstream_that_is_down_is_a_502_in_each_shape():
             assert "cannot connect" in refused.json()["error"]["message"]
         down = gw.post("/v1/responses", json={"model": "m", "input": "Hi"})
         assert down.status_code == 502 and "cannot connect" in down.json()["error"]["message"]
-        passed = httpx.get(gw.url + "/v1/models")
+        passed = httpx.get(gw.url + "/health")
         assert passed.status_code == 502 and passed.json()["error"]["type"] == "api_error"
+        assert httpx.get(gw.url + "/v1/models").status_code == 200  # (the gateway's own list)
 
 
 def test_a_long_prefill_is_kept_alive_with_pings():

@@ -76,3 +76,25 @@ def test_a_client_that_goes_away_during_a_count_closes_the_count_upstream():
             assert fake.cut_short.wait(4.0), "the count upstream went on after the client left"
     finally:
         fake.close()
+
+
+def test_an_upstream_that_echoes_its_key_never_shows_it_to_the_gateway_s_clients():
+    key = "sk-upstream-" + "4" * 24
+    fake = FakeServer()
+    echo = Reply(500, [b'{"error": "boom"} '], {"Content-Type": "application/json"}, echo_headers=True)
+    fake.chat(echo)
+    fake.replies["/v1/models"] = echo
+    try:
+        with gateway_for(fake.base_url, ready=False) as gw:
+            gw.upstream.api_key = key  # the server's own key, which the gateway sends upstream
+            passed = gw.post("/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "x"}]})
+            messages = gw.post("/v1/messages", json={"model": "m", "max_tokens": 4, "messages": [
+                {"role": "user", "content": "x"}]})
+            listed = gw.get("/v1/models")
+    finally:
+        fake.close()
+    assert fake.requests and all(key in {k.lower(): v for k, v in headers.items()}.get("authorization", "")
+                                 for _, headers, _ in fake.requests)
+    for answer in (passed, messages, listed):
+        assert key not in answer.text, answer.text
+    assert passed.status_code == 500 and "[api key]" in passed.text

@@ -165,3 +165,26 @@ def test_mcp_list_and_call_check_a_server_by_hand(home, tmp_path):
         assert bad.exit_code == 2 and needle in bad.stderr
     unknown = runner.invoke(app, ["mcp", "call", "math", "mul", "{}", "--mcp", str(path)])
     assert unknown.exit_code == 2 and "offers no tool 'mul' (offered as: math_add)" in unknown.stderr
+
+
+def test_a_key_an_mcp_server_echoes_is_cut_before_it_is_shown_stored_or_sent(home, tmp_path, monkeypatch):
+    key = "sk-canary-" + "7" * 24
+    monkeypatch.setenv("LOCALCHAT_API_KEY", key)
+    hostile = Path(__file__).resolve().parent / "hostile_mcp.py"
+    entry = {"command": sys.executable, "args": [str(hostile), "env"],
+             "env": {"TOKEN": "${LOCALCHAT_API_KEY}", owned.MARK: owned.RUN}}
+    fake = FakeServer()
+    call = {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "x", "function": {
+        "name": "h_add", "arguments": json.dumps({"a": 1, "b": 2})}}]}, "finish_reason": "tool_calls"}]}
+    fake.chat([Reply(chunks=sse(call)), Reply(chunks=sse(delta("Done.", "stop")))])
+    try:
+        done = runner.invoke(app, ["chat", "--backend", "server", "--base-url", fake.base_url, "--mcp",
+                                   str(written(tmp_path, {"mcpServers": {"h": entry}})), "--approve-tools", "Go"])
+    finally:
+        fake.close()
+    assert done.exit_code == 0, done.stderr
+    sent = [json.loads(b) for p, _, b in fake.requests if p.endswith("completions")][-1]
+    result = next(m["content"] for m in sent["messages"] if m["role"] == "tool")
+    assert '"TOKEN": "[secret]"' in result and key not in result and key not in done.stderr + done.stdout
+    stored = b"".join(p.read_bytes() for p in home.rglob("*") if p.is_file())
+    assert key.encode() not in stored

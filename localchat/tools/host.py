@@ -29,7 +29,16 @@ from localchat.tools.schema import NAME
 from localchat.tools.settings import DEFAULT_TOOL_TIMEOUT_S
 
 MAX_ANSWER_BYTES = 1 << 20  # a call's answer is at most ~16,000 characters of result and 4,000 printed
-SECRET_VARIABLES = ("LOCALCHAT_API_KEY",)
+SECRET_VARIABLES = ("LOCALCHAT_API_KEY", "LOCALCHAT_GATEWAY_KEY", "OPENAI_API_KEY", "ANTHROPIC_API_KEY", "HF_TOKEN",
+                    "HUGGING_FACE_HUB_TOKEN")  # the keys localchat (and the SDKs and the Hub client it uses) read
+MIN_SECRET_CHARS = 8  # shorter "keys" would cut ordinary words out of results
+
+
+def known_secrets(hidden: list[str]) -> tuple[str, ...]:
+    """The secrets a tool result must never carry on: the keys given (``--api-key``) and those in
+    the variables localchat reads."""
+    found = [*hidden, *(os.environ.get(name, "") for name in SECRET_VARIABLES)]
+    return tuple(dict.fromkeys(s for s in found if len(s) >= MIN_SECRET_CHARS))
 
 
 def tool_files(paths: list[Path]) -> list[Path]:

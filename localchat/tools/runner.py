@@ -78,6 +78,7 @@ class ToolRunner:
     approve: Approve
     max_rounds: int = DEFAULT_MAX_TOOL_ROUNDS
     on_notice: Callable[[str], None] = lambda _: None  # a call that ran without asking because its source said so
+    secrets: tuple[str, ...] = ()  # cut out of every result before it is shown, stored or sent
 
     @property
     def specs(self) -> list[dict[str, Any]]:
@@ -120,10 +121,16 @@ class ToolRunner:
             done = source.call(call.name, checked)
         except LocalchatError as exc:  # the tool ran past its limit, or its process ended
             status = "timeout" if isinstance(exc, ToolTimeout) else "error"
-            return ToolResult(call, f"error: {exc}", status, time.perf_counter() - started)
+            return ToolResult(call, self._cut(f"error: {exc}"), status, time.perf_counter() - started)
         stopped = f"\n[localchat stopped {count(done.stopped, 'process', 'processes')} the tool left running]" \
             if done.stopped else ""
-        return ToolResult(call, done.content + stopped, "ok" if done.ok else "error", done.seconds, done.printed)
+        return ToolResult(call, self._cut(done.content) + stopped, "ok" if done.ok else "error", done.seconds,
+                          self._cut(done.printed))
+
+    def _cut(self, text: str) -> str:
+        for secret in self.secrets:
+            text = text.replace(secret, "[secret]")
+        return text
 
     def _preapproved(self, name: str) -> str | None:
         source = self.source_of(name)
