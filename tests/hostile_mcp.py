@@ -92,7 +92,8 @@ async def call_tool(ctx, params) -> types.CallToolResult:
 
 
 def raw_server() -> None:
-    """JSON-RPC by hand, for what the SDK's own server refuses to send: a schema that is no object's."""
+    """JSON-RPC by hand, for what the SDK's own server refuses to send: a schema that is no object's,
+    2,000 unknown notifications or a malformed progress one during a call, a tool list that is no list."""
     import json
 
     for line in sys.stdin:
@@ -104,18 +105,29 @@ def raw_server() -> None:
             result = {"protocolVersion": message["params"]["protocolVersion"], "capabilities": {"tools": {}},
                       "serverInfo": {"name": "raw", "version": "1"}}
         elif method == "tools/list":
-            result = {"tools": [{"name": "add", "description": "Add.", "inputSchema": schema("a", "b")},
-                                {"name": "listy", "description": "A list.", "inputSchema": {"type": "array"}},
-                                {"name": "broken", "description": "Bad.", "inputSchema": {"type": "object",
-                                                                                          "properties": 3}}]}
+            result = {"tools": [{"name": "add", "description": "Add.", "inputSchema": schema("a", "b")}]}
+            if MODE == "not-object":
+                result["tools"] += [{"name": "listy", "description": "A list.", "inputSchema": {"type": "array"}},
+                                    {"name": "broken", "description": "Bad.", "inputSchema": {"type": "object",
+                                                                                              "properties": 3}}]
+            if MODE == "bad-list-changed" and changed["done"]:
+                result = {"tools": 5}  # not a list: the SDK refuses it
         elif method == "tools/call":
             arguments = message["params"]["arguments"]
             result = {"content": [{"type": "text", "text": str(arguments["a"] + arguments["b"])}], "isError": False}
+            noise = {"notify-flood": [{"method": "notifications/whatever", "params": {"n": i}} for i in range(2000)],
+                     "bad-progress": [{"method": "notifications/progress", "params": {"progress": "x", "total": []}}],
+                     }.get(MODE, [])
+            for note in noise:
+                print(json.dumps({"jsonrpc": "2.0", **note}), flush=True)
         print(json.dumps({"jsonrpc": "2.0", "id": message["id"], "result": result}), flush=True)
+        if method == "tools/call" and MODE == "bad-list-changed":
+            changed["done"] = True
+            print(json.dumps({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}), flush=True)
 
 
 def main() -> None:
-    if MODE == "not-object":
+    if MODE in ("not-object", "notify-flood", "bad-progress", "bad-list-changed"):
         return raw_server()
     if MARKER and MODE in ("stubborn", "slow-start"):
         with open(MARKER, "w") as f:

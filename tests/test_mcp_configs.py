@@ -188,3 +188,28 @@ def test_a_key_an_mcp_server_echoes_is_cut_before_it_is_shown_stored_or_sent(hom
     assert '"TOKEN": "[secret]"' in result and key not in result and key not in done.stderr + done.stdout
     stored = b"".join(p.read_bytes() for p in home.rglob("*") if p.is_file())
     assert key.encode() not in stored
+
+
+@pytest.mark.parametrize("mode, said", [
+    ("notify-flood", None), ("bad-progress", None),
+    ("bad-list-changed", "said its tools changed, then sent a list that cannot be read"),
+])
+def test_a_server_s_noise_and_broken_notifications_are_one_line_at_most(home, tmp_path, mode, said):
+    hostile = Path(__file__).resolve().parent / "hostile_mcp.py"
+    entry = {"command": sys.executable, "args": [str(hostile), mode], "env": {owned.MARK: owned.RUN}}
+
+    def call(a: int) -> Reply:
+        return Reply(chunks=sse({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "x", "function": {
+            "name": "h_add", "arguments": json.dumps({"a": a, "b": 2})}}]}, "finish_reason": "tool_calls"}]}))
+
+    fake = FakeServer()
+    fake.chat([call(1), call(5), Reply(chunks=sse(delta("Done.", "stop")))])
+    try:
+        done = runner.invoke(app, ["chat", "--backend", "server", "--base-url", fake.base_url, "--mcp",
+                                   str(written(tmp_path, {"mcpServers": {"h": entry}})), "--approve-tools", "Go"])
+    finally:
+        fake.close()
+    assert done.exit_code == 0 and done.stdout == "Done.\n", done.stderr
+    assert "Traceback" not in done.stderr and "validation error" not in done.stderr.split("(")[0]
+    assert "← 3" in done.stderr and "← 7" in done.stderr
+    assert (said is None) or done.stderr.count(said) == 1

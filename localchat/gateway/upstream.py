@@ -211,7 +211,9 @@ def reach_upstream(base_url: str, ref: ModelRef | None, api_key: str | None = No
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
         listed = httpx.get(base_url.rstrip("/") + "/models", headers=headers, timeout=5.0)
-        entries = listed.json().get("data", []) if listed.status_code == 200 else []
+        answer = listed.json() if listed.status_code == 200 else {}
+        entries = answer.get("data") if isinstance(answer, dict) else []  # (a server may answer anything)
+        entries = entries if isinstance(entries, list) else []
     except httpx.HTTPError as exc:
         raise LocalchatError(f"cannot reach the server at {base_url} ({type(exc).__name__}): start one with "
                              "localchat serve, or pass its URL with --upstream") from None

@@ -142,6 +142,11 @@ class McpHub:
         if not any(link.changed for link in self.links):
             return False
         changed = self._wait(self._refresh_all())
+        for link in self.links:
+            if link.unreadable_listing:
+                self._say_once(f"MCP server '{link.name}' said its tools changed, then sent a list that cannot be "
+                               f"read ({link.unreadable_listing[:120]}): its earlier tools stay")
+                link.unreadable_listing = None
         if any(changed):
             self._expose()
         return any(changed)
@@ -219,7 +224,7 @@ def quiet_library_logs() -> None:
     user as one line of localchat's instead (a server's own stderr is in its log)."""
     import logging
 
-    for name in ("mcp", "httpx2", "httpx"):
+    for name in ("mcp", "client", "httpx2", "httpx"):  # ("client": the SDK's session logs under that name)
         logger = logging.getLogger(name)
         logger.addHandler(logging.NullHandler())
         logger.propagate = False

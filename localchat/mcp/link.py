@@ -53,6 +53,7 @@ class ServerLink:
         self.changed = False  # the server sent notifications/tools/list_changed
         self.refused: list[tuple[str, str]] = []  # (tool, why): tools its listing had that break the protocol
         self.restarts = 0
+        self.unreadable_listing: str | None = None  # why the last tools/list after list_changed could not be read
         self._session: Any = None
         self._task: asyncio.Task | None = None
         self._ready = asyncio.Event()
@@ -166,7 +167,10 @@ class ServerLink:
             raise refusal
         raw = await send("tools/list", params.model_dump(by_alias=True, exclude_none=True) if params else None, {})
         kept = []
-        for position, entry in enumerate(raw.get("tools") or [] if isinstance(raw, dict) else []):
+        entries = raw.get("tools") if isinstance(raw, dict) else None
+        if not isinstance(entries, list):
+            raise refusal  # not a list of tools at all: nothing of the page can be read
+        for position, entry in enumerate(entries):
             try:
                 kept.append(types.Tool.model_validate(entry, by_name=False))
             except ValidationError as exc:
@@ -199,7 +203,11 @@ class ServerLink:
             return False
         self.changed = False
         before = [t.model_dump() for t in self.tools]
-        self.tools = await self._listed(self._session)
+        try:
+            self.tools = await self._listed(self._session)
+        except Exception as exc:  # noqa: BLE001 - a listing that cannot be read leaves the tools as they were
+            self.unreadable_listing = describe(exc)
+            return False
         return [t.model_dump() for t in self.tools] != before
 
     async def call(self, tool: str, arguments: dict[str, Any], timeout_s: float) -> Any:
