@@ -108,3 +108,31 @@ def test_reading_the_sampler_or_the_token_list_masks_the_same_reply(demo):
     text = tokenizer.decode([t for t in replies[0] if t not in tokenizer.eos_token_ids])
     FORMAT.check(text)
     assert set(json.loads(text)) == {"answer", "score"}
+
+
+def test_a_tool_schema_with_defs_is_enforced_and_one_the_grammar_cannot_take_is_left_out_alone():
+    """pydantic writes nested models as ``$defs`` and ``$ref``: inside the call grammar's ``anyOf``
+    they pointed nowhere, and every in-process call failed ("Pointer '/$defs/Place' does not exist")."""
+    from mlx_lm import load
+
+    from localchat.backends import GenerationParams, ToolCall
+    from localchat.backends.inproc import InProcessBackend
+    from localchat.demo import MODEL_DIR
+
+    def tool(name: str, parameters: dict) -> dict:
+        return {"type": "function", "function": {"name": name, "description": f"{name}.", "parameters": parameters}}
+
+    add = tool("add", {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                       "required": ["a", "b"]})
+    travel = tool("travel", {"$defs": {"Place": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                 "required": ["city"]}},
+                             "type": "object", "properties": {"to": {"$ref": "#/$defs/Place"}}, "required": ["to"]})
+    broken = tool("broken", {"type": "object", "properties": {"x": {"$ref": "#/$defs/Nowhere"}}})
+    model, tokenizer = load(str(MODEL_DIR.parent / "demo_tools_model"))
+    backend = InProcessBackend(model, tokenizer, "demo-tools")
+    backend.offer_tools([add, travel, broken])
+    assert list(backend.refused_tools) == ["broken"] and "does not exist" in backend.refused_tools["broken"]
+    assert [t["function"]["name"] for t in backend.template.tools] == ["add", "travel"]
+    events = list(backend.stream([{"role": "user", "content": "What is 2 plus 3?"}], GenerationParams(max_tokens=48)))
+    calls = [e for e in events if isinstance(e, ToolCall)]
+    assert [(c.name, c.problem) for c in calls] == [("add", None)], events

@@ -159,6 +159,7 @@ class InProcessBackend:
         self._encoded: tuple[str | None, list[int]] = (None, [])
         self.fingerprint = fingerprint  # of the model's files (a saved cache is only used with the same)
         self.grammar = GrammarSetup(tokenizer, getattr(getattr(model, "args", None), "vocab_size", None))
+        self.refused_tools: dict[str, str] = {}  # offered tools the call grammar cannot take, and why
 
     def _new_cache(self) -> PromptCache:
         return PromptCache(self.model, self.draft_model, self.options.max_kv_size, checkpoints=self.checkpoints)
@@ -197,9 +198,14 @@ class InProcessBackend:
 
     def offer_tools(self, tools: list[dict[str, Any]]) -> None:
         """Render these tools into every prompt; a template that cannot take them, or whose calls
-        no parser reads, is refused in one line."""
+        no parser reads, is refused in one line. Where calls are decoded under a grammar, a tool
+        whose schema it cannot take is left out (``refused_tools`` says which and why), never the others."""
+        from localchat.grammar.compile import byte_tokenizer, refused_tools
+
         check_tool_support(self.template, self.model_id)
-        self.template.tools = list(tools)
+        masked = self.grammar.masks_calls and self.grammar.call_markers(self.template.traits) is not None
+        self.refused_tools = refused_tools(tools, byte_tokenizer()) if masked and tools else {}
+        self.template.tools = [t for t in tools if t["function"]["name"] not in self.refused_tools]
 
     def prepare_answer(self, fmt: AnswerFormat | None) -> None:
         """Check now, before any call, that the format can be enforced for this model, and read the

@@ -300,6 +300,8 @@ def chat_with_ui(*, opts: ChatOptions, prompt: str | None, ui: ChatUI) -> TurnSt
         ref, backend = open_backend(opts, ui)
         if tools:
             backend.offer_tools(tools.specs)
+            for name, why in getattr(backend, "refused_tools", {}).items():
+                ui.notice(f"tool {name} is left out: its schema cannot be enforced while decoding ({why})")
     except BaseException:
         if tools:
             tools.close()

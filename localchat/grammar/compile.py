@@ -94,10 +94,59 @@ def _lark_regex(pattern: str) -> str:
 
 
 def call_schema(tools: list[dict[str, Any]]) -> dict[str, Any]:
-    """The JSON of one call: one alternative a tool, its name fixed, its arguments its schema."""
-    return {"anyOf": [{"type": "object", "properties": {
-        "name": {"const": tool["function"]["name"]}, "arguments": tool["function"]["parameters"]},
-        "required": ["name", "arguments"], "additionalProperties": False} for tool in tools]}
+    """The JSON of one call: one alternative a tool, its name fixed, its arguments its schema. A
+    schema's own definitions (``$defs``, as pydantic writes nested models) move to the root under
+    the tool's number, and its ``$ref``s with them: they would point nowhere inside ``anyOf``."""
+    defs: dict[str, Any] = {}
+    alternatives = []
+    for number, tool in enumerate(tools):
+        arguments = _hoisted(tool["function"]["parameters"], f"t{number}", defs)
+        alternatives.append({"type": "object", "properties": {"name": {"const": tool["function"]["name"]},
+                                                              "arguments": arguments},
+                             "required": ["name", "arguments"], "additionalProperties": False})
+    return {"anyOf": alternatives, **({"$defs": defs} if defs else {})}
+
+
+def _hoisted(schema: dict[str, Any], prefix: str, defs: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` with its definitions put in ``defs`` as ``PREFIX_NAME`` and its references
+    rewritten to them (``#`` itself, a recursive schema, becomes ``#/$defs/PREFIX``)."""
+    own = {**schema.get("definitions", {}), **schema.get("$defs", {})}
+    if not own and not _refers(schema):
+        return schema
+
+    def moved(value: Any) -> Any:
+        if isinstance(value, dict):
+            out = {k: moved(v) for k, v in value.items() if k not in ("$defs", "definitions")}
+            ref = value.get("$ref")
+            if isinstance(ref, str) and (ref == "#" or ref.startswith(("#/$defs/", "#/definitions/"))):
+                out["$ref"] = f"#/$defs/{prefix}" if ref == "#" else f"#/$defs/{prefix}_{ref.split('/', 2)[2]}"
+            return out
+        return [moved(v) for v in value] if isinstance(value, list) else value
+
+    for name, definition in own.items():
+        defs[f"{prefix}_{name}"] = moved(definition)
+    defs[prefix] = moved(schema)
+    return {"$ref": f"#/$defs/{prefix}"}
+
+
+def _refers(value: Any) -> bool:
+    if isinstance(value, dict):
+        return "$ref" in value or any(_refers(v) for v in value.values())
+    return any(_refers(v) for v in value) if isinstance(value, list) else False
+
+
+def refused_tools(tools: list[dict[str, Any]], llg: Any | None) -> dict[str, str]:
+    """The tools whose arguments' schema the grammar cannot take (an unsupported keyword, a
+    reference to nothing), each with why: they are left out, never the others."""
+    from llguidance import LLMatcher
+
+    refused = {}
+    for tool in tools:
+        schema = json.dumps({**call_schema([tool]), "x-guidance": JSON_STYLE})
+        error = LLMatcher.validate_grammar(LLMatcher.grammar_from_lark(f"start: %json {schema}"), llg)
+        if error:
+            refused[tool["function"]["name"]] = _first_line(error)
+    return refused
 
 
 def call_rule(tools: list[dict[str, Any]], markers: CallMarkers, llg: Any | None) -> str:
