@@ -73,3 +73,13 @@ def test_in_front_of_a_server_it_was_not_told_about_the_list_holds_the_server_s_
             assert [m["id"] for m in gw.get("/v1/models").json()["data"]] == ["qwen3-8b"]
     finally:
         fake.close()
+
+
+def test_a_prompt_past_the_model_s_window_is_a_400_in_each_api_s_shape(gateway):
+    long = "harbor " * 1600  # ~1,600 tokens: the demo's window is 1,024
+    messages = gateway.post("/v1/messages", json={"model": "demo", "max_tokens": 8,
+                                                  "messages": [{"role": "user", "content": long}]})
+    responses = gateway.post("/v1/responses", json={"model": "demo", "input": long, "max_output_tokens": 8})
+    assert messages.status_code == 400 and messages.json()["error"]["type"] == "invalid_request_error"
+    assert "over demo's context window of 1,024" in messages.json()["error"]["message"]
+    assert responses.status_code == 400 and "context window" in responses.json()["error"]["message"]

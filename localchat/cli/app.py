@@ -22,6 +22,7 @@ from localchat.cli.options import (
     check_base_url,
 )
 from localchat.cli.serve_options import (
+    AllowOriginOpt,
     ApiOpt,
     DistributedBackend,
     DistributedBackendOpt,
@@ -81,6 +82,7 @@ def serve(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the command that would run, and start nothing.")] = False,
     api: ApiOpt = None,
     api_key: GatewayKeyOpt = None,
+    allow_origin: AllowOriginOpt = None,
 ) -> None:
     """Launch mlx_lm.server (extra server args after --), ready when a completion succeeds; on
     several ranks with --ranks N (this machine) or --hostfile FILE (mlx.launch's); with --api, behind
@@ -88,7 +90,8 @@ def serve(
     spread = ranks_of(ranks, hostfile, distributed_backend, pipeline)
     if api is not None and not dry_run:
         run("localchat.cli.gateway:run_serve_api", model=model, host=host, port=port, log=log, smoke=smoke,
-            extra=tuple(ctx.args), console=out_console(), err=err_console(), apis=api, api_key=api_key, ranks=spread)
+            extra=tuple(ctx.args), console=out_console(), err=err_console(), apis=api, api_key=api_key, ranks=spread,
+            origins=allow_origin)
         return
     run("localchat.cli.serve:run_serve", model=model, host=host, port=port, log=log, smoke=smoke,
         extra=tuple(ctx.args), console=out_console(), dry_run=dry_run, ranks=spread)
@@ -105,12 +108,13 @@ def gateway(
     api_key: GatewayKeyOpt = None,
     upstream_api_key: ApiKeyOpt = None,
     timeout: TimeoutOpt = DEFAULT_TIMEOUT_S,
+    allow_origin: AllowOriginOpt = None,
 ) -> None:
     """The Anthropic Messages and OpenAI Responses APIs in front of a running server (chat
     completions, models and health passed through)."""
     run("localchat.cli.gateway:run_gateway", upstream_url=upstream, model=model, host=host, port=port,
         console=out_console(), err=err_console(), apis=api, api_key=api_key, upstream_key=upstream_api_key,
-        timeout_s=timeout)
+        timeout_s=timeout, origins=allow_origin)
 
 
 @app.command("smoke")

@@ -21,7 +21,7 @@ from localchat.server.launch import LOOPBACK, free_port, port_is_free, start_rea
 
 def run_serve_api(*, model: str | None, host: str, port: int, log: Path | None, extra: tuple[str, ...],
                   console: Console, err: Console, apis: tuple[str, ...], api_key: str | None,
-                  ranks: Ranks | None = None, smoke: bool = False) -> int:
+                  ranks: Ranks | None = None, smoke: bool = False, origins: tuple[str, ...] = ()) -> int:
     ref = resolve(model or DEFAULT_MODEL)
     _check_public(host, port, api_key, err)
     terminated = raise_on_sigterm()
@@ -33,7 +33,7 @@ def run_serve_api(*, model: str | None, host: str, port: int, log: Path | None, 
     try:
         upstream = reach_upstream(server.base_url, ref, None)
         with console.status("starting the gateway …") as status:
-            running = serve_gateway(upstream, host, port, apis, api_key, _logger(err), status.update)
+            running = serve_gateway(upstream, host, port, apis, api_key, _logger(err), status.update, origins)
         console.print(f"[green]ready[/green] {running.url} · {', '.join(apis)} · model {ref.id} · mlx_lm.server on "
                       f"{server.base_url} (loaded in {server.load_s:.1f}s) · log {server.log_path}")
         if smoke:
@@ -54,7 +54,8 @@ def run_serve_api(*, model: str | None, host: str, port: int, log: Path | None, 
 
 
 def run_gateway(*, upstream_url: str, model: str | None, host: str, port: int, console: Console, err: Console,
-                apis: tuple[str, ...], api_key: str | None, upstream_key: str | None, timeout_s: float) -> int:
+                apis: tuple[str, ...], api_key: str | None, upstream_key: str | None, timeout_s: float,
+                origins: tuple[str, ...] = ()) -> int:
     ref = resolve(model) if model else None
     _check_public(host, port, api_key, err)
     terminated = raise_on_sigterm()
@@ -62,7 +63,7 @@ def run_gateway(*, upstream_url: str, model: str | None, host: str, port: int, c
     running = None
     try:
         with console.status("starting the gateway …") as status:
-            running = serve_gateway(upstream, host, port, apis, api_key, _logger(err), status.update)
+            running = serve_gateway(upstream, host, port, apis, api_key, _logger(err), status.update, origins)
         console.print(f"[green]ready[/green] {running.url} · {', '.join(apis)} · in front of {upstream_url} "
                       f"(model {upstream.model_id})")
         _show_use(console, running, apis)

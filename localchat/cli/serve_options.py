@@ -46,6 +46,21 @@ GatewayKeyOpt = Annotated[Optional[str], typer.Option(envvar="LOCALCHAT_GATEWAY_
                                                       help="The key clients must send (x-api-key or Bearer) [default: none: loopback use].")]
 
 
+def check_origins(value: str | None) -> tuple[str, ...]:
+    """``--allow-origin http://localhost:3000,https://app.example`` (or ``*``): exact origins."""
+    origins = tuple(o.strip().rstrip("/") for o in (value or "").split(",") if o.strip())
+    wrong = [o for o in origins if o != "*" and not o.startswith(("http://", "https://", "app://", "file://"))]
+    if wrong:
+        raise typer.BadParameter(f"{wrong[0]!r} is not an origin such as http://localhost:3000 (or * for any)")
+    return origins
+
+
+AllowOriginOpt = Annotated[Optional[str], typer.Option(
+    "--allow-origin", envvar="LOCALCHAT_ORIGINS", callback=check_origins, metavar="ORIGIN[,ORIGIN]", show_default=False,
+    help="Web pages allowed to call the gateway from a browser, beside this machine's own (localhost) [default: "
+         "none: a page elsewhere is refused].")]
+
+
 class DistributedBackend(str, Enum):
     """mlx.launch's backends: TCP ring, Thunderbolt 5 RDMA, MPI, NCCL (CUDA)."""
 

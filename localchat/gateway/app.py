@@ -146,6 +146,7 @@ class Gateway:
         every other stream's deltas go out as they come."""
         self._say_dropped(wanted)
         started = clock.submitted
+        await run_in_threadpool(self.upstream.check_window, wanted)
         backend = await run_in_threadpool(self.upstream.backend, wanted)
         items = self.upstream.replies(wanted, backend, clock)
         first = await anext(items)

@@ -17,6 +17,7 @@ import httpx
 
 from localchat.errors import LocalchatError
 from localchat.gateway.app import Gateway
+from localchat.gateway.browsers import BrowserPolicy, guarded, header_deadline_protocol
 from localchat.gateway.upstream import Upstream
 from localchat.server.launch import port_is_free
 
@@ -46,13 +47,16 @@ class RunningGateway:
             self.thread.join(2.0)
 
 
-def start_gateway(gateway: Gateway, host: str, port: int) -> RunningGateway:
+def start_gateway(gateway: Gateway, host: str, port: int, origins: tuple[str, ...] = ()) -> RunningGateway:
+    """The gateway listening, behind the browser checks (``browsers``): its Host, the Origin of a
+    web page's request, headers that never finish."""
     import uvicorn
 
     if not port_is_free(host, port):
         raise GatewayStartError(f"port {port} on {host} is already in use: pick another with --port N")
-    config = uvicorn.Config(gateway.app(), host=host, port=port, log_level="critical", access_log=False,
-                            lifespan="off", timeout_graceful_shutdown=5, server_header=False)
+    app = guarded(gateway.app(), BrowserPolicy(host=host, port=port, origins=origins), lambda line: gateway.log(line))
+    config = uvicorn.Config(app, host=host, port=port, log_level="critical", access_log=False, lifespan="off",
+                            timeout_graceful_shutdown=5, server_header=False, http=header_deadline_protocol())
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="gateway", daemon=True)
     thread.start()
@@ -98,11 +102,12 @@ def wait_ready(running: RunningGateway, apis: tuple[str, ...], api_key: str | No
 
 
 def serve_gateway(upstream: Upstream, host: str, port: int, apis: tuple[str, ...], api_key: str | None,
-                  log: Callable[[str], None], on_poll: Callable[[str], None] = lambda _: None) -> RunningGateway:
+                  log: Callable[[str], None], on_poll: Callable[[str], None] = lambda _: None,
+                  origins: tuple[str, ...] = ()) -> RunningGateway:
     """The gateway in front of ``upstream``, started and ready (or stopped, and the error raised).
     Its own readiness probes are not traffic: the log starts once it is ready."""
     gateway = Gateway(upstream, apis=apis, api_key=api_key)
-    running = start_gateway(gateway, host, port)
+    running = start_gateway(gateway, host, port, origins)
     try:
         wait_ready(running, apis, api_key, upstream.model_field, on_poll=on_poll)
     except BaseException:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 import threading
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field, replace
@@ -28,7 +29,7 @@ from localchat.conversation.stats import TurnClock
 from localchat.errors import LocalchatError
 from localchat.gateway.shapes import ApiError, Ended, GatewayRequest, Idle, invalid
 from localchat.gateway.stops import StopWatch
-from localchat.registry import ModelRef, local_tokenizer_loader
+from localchat.registry import ModelRef, context_length_of, local_tokenizer_loader
 from localchat.templates.render import ChatTemplate, TemplateError, template_of
 
 IDLE_S = 5.0  # a client hears a ping when the server has sent nothing for this long
@@ -48,6 +49,7 @@ class Upstream:
     served: frozenset[str] = frozenset()  # the ids the server's /v1/models lists
     idle_s: float = IDLE_S
     named: bool = True  # the gateway was told its model (-m); else it serves whatever the server lists
+    context: int | None = None  # the model's window, from its config on this machine
     template: ChatTemplate | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
@@ -92,6 +94,19 @@ class Upstream:
                 message[field_name] = reasoning
             messages.append(message)
         return system_first(request.system, messages, bool(traits and traits.fold_system))
+
+    def check_window(self, request: GatewayRequest) -> None:
+        """A 400 for a prompt longer than the model's window (the server would answer past it with
+        noise). Counted only when it could be: a prompt's tokens are never more than its bytes."""
+        if self.context is None or self.template is None:
+            return
+        size = len(json.dumps([request.system, request.messages, request.tools], ensure_ascii=False).encode())
+        if size + 64 * len(request.messages) + 4096 <= self.context:
+            return
+        tokens = self.count_tokens(request)
+        if tokens > self.context:
+            raise invalid(f"the prompt is {tokens:,} tokens, over {self.model_id}'s context window of "
+                          f"{self.context:,}: shorten it, or serve a model with a longer window", "messages")
 
     def count_tokens(self, request: GatewayRequest, backend: ServerBackend | None = None) -> int:
         """The prompt's tokens with the model's own template and tokenizer; without them on this
@@ -225,4 +240,5 @@ def reach_upstream(base_url: str, ref: ModelRef | None, api_key: str | None = No
                     model_id=ref.id if ref else "the server's model", api_key=api_key,
                     tokenizer=loader() if loader else None,
                     chat_template_kwargs=dict(ref.chat_template_kwargs or {}) if ref else {},
-                    timeout_s=timeout_s, served=served, named=ref is not None)
+                    timeout_s=timeout_s, served=served, named=ref is not None,
+                    context=context_length_of(ref) if ref else None)
