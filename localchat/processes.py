@@ -23,6 +23,7 @@ from pathlib import Path
 GRACE_S = 5.0
 POLL_S = 0.05
 PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
 
 
 def die_with_parent() -> None:
@@ -31,6 +32,17 @@ def die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     except (OSError, AttributeError):
         pass
+
+
+def become_subreaper() -> bool:
+    """Linux: what this process's descendants leave orphaned (a double fork, a ``setsid``) becomes
+    its child, not init's, so it can stop them; False where there is no such thing (macOS)."""
+    if sys.platform != "linux":
+        return False
+    try:
+        return ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
 
 
 def child_preexec() -> Callable[[], None] | None:

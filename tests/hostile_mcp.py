@@ -142,6 +142,14 @@ def main() -> None:
     if MODE == "stubborn":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         subprocess.Popen(["sleep", "3600"])  # a child of its own, in its group
+    if MODE == "setsid" and MARKER:  # a child in a session of its own, by a double fork: out of any group's reach
+        if os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:
+                os.execvp("sleep", ["sleep", "3600"])
+            os._exit(0)
+        with open(MARKER, "w") as f:
+            f.write(str(os.getpid()))
     if MODE == "slow-start":
         time.sleep(60)
     server = Server("hostile", on_list_tools=list_tools, on_call_tool=call_tool)

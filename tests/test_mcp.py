@@ -375,14 +375,16 @@ def test_ctrl_c_during_start_up_or_a_call_is_130_and_leaves_no_server(home, tmp_
     assert chat.returncode == 130 and "interrupted" in err and "Traceback" not in err, err
 
 
-def test_a_server_killed_with_the_chat_leaves_nothing(home, tmp_path):
-    """Whatever kills the chat (SIGKILL here), each server's guard takes its group with it."""
+@pytest.mark.parametrize("mode", ["stubborn", "setsid"] if sys.platform == "linux" else ["stubborn"])
+def test_a_server_killed_with_the_chat_leaves_nothing(home, tmp_path, mode):
+    """Whatever kills the chat (SIGKILL here), each server's guard takes its group with it, and on
+    Linux (a subreaper) what the server started in a session of its own."""
     marker = tmp_path / "pid"
     fake = FakeServer()
     fake.chat(Reply(chunks=sse(delta("x", None)), pause_s=30))
     try:
         chat = subprocess.Popen([sys.executable, "-m", "localchat", "chat", "--backend", "server", "--base-url",
-                                 fake.base_url, "--mcp", str(config(tmp_path, {"h": hostile("stubborn", marker)})),
+                                 fake.base_url, "--mcp", str(config(tmp_path, {"h": hostile(mode, marker)})),
                                  "--approve-tools", "Hi"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                 env={**os.environ, "LOCALCHAT_HOME": str(home)})
         deadline = time.monotonic() + 30

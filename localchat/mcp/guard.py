@@ -5,7 +5,10 @@ pipes. It starts the server with exactly the environment localchat allows (the c
 named in ``LOCALCHAT_MCP_KEEP``, over ``PATH``, ``HOME``, ``LANG`` and ``TMPDIR``: never the whole
 environment, never localchat's API key), writes its own pid where localchat asked, and waits. When
 the server exits, whatever it left in the group is stopped too; when localchat has gone, even by
-SIGKILL, the whole group goes at once. The SDK's SIGTERM to the group reaches the server itself.
+SIGKILL, the whole group goes at once. On Linux the guard is a subreaper: what the server starts in a
+session of its own (``setsid``, a double fork) stays below the guard and goes with it too (macOS has
+no such thing: there such a process can outlive the chat). The SDK's SIGTERM to the group reaches
+the server itself.
 """
 
 from __future__ import annotations
@@ -17,7 +20,14 @@ import signal
 import subprocess
 import sys
 
-from localchat.processes import kill_pids, signal_group, stray_members, watch_parent
+from localchat.processes import (
+    become_subreaper,
+    descendants,
+    kill_pids,
+    signal_group,
+    stray_members,
+    watch_parent,
+)
 
 BASE = ("PATH", "HOME", "LANG", "TMPDIR")
 KEEP, PIDFILE = "LOCALCHAT_MCP_KEEP", "LOCALCHAT_MCP_PIDFILE"
@@ -36,10 +46,14 @@ def write_pid(path: str) -> None:
 
 
 def orphaned(pidfile: str | None) -> None:
-    """localchat is gone (even by SIGKILL): the pid file goes, then the whole group."""
+    """localchat is gone (even by SIGKILL): the pid file goes, then whatever the server started in
+    sessions of its own (ours, as their subreaper), then the whole group."""
     if pidfile:
         with contextlib.suppress(OSError):
             os.unlink(pidfile)
+    for pid in descendants(os.getpid()):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
     signal_group(os.getpgrp(), signal.SIGKILL)
 
 
@@ -47,6 +61,7 @@ def main() -> None:
     pidfile = os.environ.get(PIDFILE)
     if pidfile:
         write_pid(pidfile)
+    become_subreaper()  # Linux: a double fork or a setsid cannot take a server's children out of reach
     signal.signal(signal.SIGTERM, lambda *_: None)  # a handler, not SIG_IGN: the server gets the default back
     try:
         server = subprocess.Popen(sys.argv[1:], env=server_environment())
