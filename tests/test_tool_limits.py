@@ -447,3 +447,22 @@ def test_dash_reads_stdin_without_its_final_line_break(home):
         server.close()
     assert done.exit_code == 0
     assert bodies(server)[0]["messages"][-1]["content"] == "What is 2 plus 3?"
+
+
+def test_a_result_with_a_lone_surrogate_goes_back_to_the_model_readable(home, tmp_path):
+    tools = tool_file(tmp_path, 'def add(a: int, b: int) -> str:\n    """Add."""\n    return "sum \\ud800 " + str(a + b)\n')
+    server = FakeServer()
+    server.chat([Reply(chunks=sse(call_chunk("add", '{"a": 2, "b": 3}'))), Reply(chunks=sse(delta("Five.", "stop")))])
+    try:
+        done = runner.invoke(app, ["chat", "--backend", "server", "--base-url", server.base_url, "--tools", str(tools),
+                                   "--approve-tools", "What is 2 plus 3?"])
+    finally:
+        server.close()
+    assert done.exit_code == 0 and done.stdout == "Five.\n", done.stderr
+    assert [m["content"] for m in bodies(server)[-1]["messages"] if m["role"] == "tool"] == ["sum \ufffd 5"]
+
+
+def test_a_tool_file_with_ten_thousand_functions_is_refused_saying_so(home, tmp_path):
+    body = "\n".join(f'def f{i}(a: int) -> int:\n    """F."""\n    return a\n' for i in range(10_000))
+    done = runner.invoke(app, ["chat", "--tools", str(tool_file(tmp_path, body)), "Hi"])
+    assert done.exit_code == 2 and "10,000 public functions, over the 128 tools a request can offer" in done.stderr

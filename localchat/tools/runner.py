@@ -128,9 +128,11 @@ class ToolRunner:
                           self._cut(done.printed))
 
     def _cut(self, text: str) -> str:
+        """A result as it may go on: the known secrets cut out, a lone surrogate (not Unicode, and
+        it cannot be sent or stored) replaced by U+FFFD."""
         for secret in self.secrets:
             text = text.replace(secret, "[secret]")
-        return text
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
     def _preapproved(self, name: str) -> str | None:
         source = self.source_of(name)

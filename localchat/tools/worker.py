@@ -30,6 +30,7 @@ from localchat.tools.schema import ToolDefinitionError, describe
 
 MAX_RESULT_CHARS = 16_000  # what goes back to the model of a tool's result
 MAX_PRINTED_CHARS = 4_000  # what the user is shown of what a call printed
+MAX_TOOLS = 128  # what an OpenAI-style request takes (the MCP hub offers as many at most)
 
 
 class CappedText:
@@ -195,6 +196,9 @@ def main() -> None:
     try:
         functions = load_functions(first["files"])
         channel.guard()
+        if len(functions) > MAX_TOOLS:
+            raise ToolDefinitionError(f"{', '.join(first['files'])}: {len(functions):,} public functions, over the "
+                                      f"{MAX_TOOLS} tools a request can offer (name helpers _like_this)")
         specs = _described(functions, first["files"])
     except ToolDefinitionError as exc:
         channel.answer({"refused": str(exc)})
