@@ -96,7 +96,7 @@ def test_json_mode_sends_the_instruction_and_judges_the_reply(smollm2, tmp_path)
     response = json.loads(next(tmp_path.glob("*-response.json")).read_text())
     assert request["messages"][0]["content"].endswith('Answer in JSON: {"answer": "..."}')
     assert response["status"] in ("committed", "invalid-json", "cut")
-    assert result.exit_code == (1 if response["status"] == "invalid-json" else 0)
+    assert result.exit_code == (1 if response["status"] in ("invalid-json", "cut") else 0)  # cut: no valid answer
     if response["status"] == "committed":
         assert isinstance(json.loads(result.stdout)["answer"], str)
 

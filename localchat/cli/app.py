@@ -241,7 +241,7 @@ def doctor(base_url: BaseUrlOpt = DEFAULT_BASE_URL) -> None:
 
 
 mcp_app = typer.Typer(help="MCP servers checked by hand, before a model sees them: list their tools, call one.",
-                      rich_markup_mode=None, no_args_is_help=True)
+                      cls=OneLineErrors, rich_markup_mode=None, no_args_is_help=True)
 app.add_typer(mcp_app, name="mcp")
 McpFilesOpt = Annotated[list[Path], typer.Option("--mcp", metavar="FILE", help="The servers' configuration "
                                                  "(mcpServers or VS Code's servers, as chat --mcp reads it).")]

@@ -20,7 +20,7 @@ from typing import Any
 
 from localchat.backends import Finished
 
-RESOLVED_S = 1e-4  # arrivals closer than this came together (parsing a burst takes ~20 µs a chunk)
+RESOLVED_S = 5e-4  # arrivals closer than this came together (a burst is parsed at 20-200 µs a chunk)
 STATS_VERSION = 5  # 2: ttfa_s, reasoning_tokens, reasoning_estimated; 3: budget_tokens; 4: draft_tokens,
 # cache_rebuilt; 5: mask_s, masked_tokens
 
