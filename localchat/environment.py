@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import subprocess
 import sys
@@ -101,3 +102,30 @@ def collect() -> Environment:
         localchat_version=__version__,
         git_commit=git_commit(),
     )
+
+
+def conditions() -> dict:
+    """What the machine was doing: its load average over a minute against its cores, and its
+    thermal state where the OS gives it without privileges (macOS's ``pmset -g therm``)."""
+    try:
+        load = round(os.getloadavg()[0], 2)
+    except OSError:
+        load = None
+    return {"load_1m": load, "cores": os.cpu_count(), "thermal": thermal_state()}
+
+
+def thermal_state() -> str:
+    """macOS: ``pmset -g therm``'s warning level or CPU speed limit; elsewhere, that none is given."""
+    if sys.platform != "darwin":
+        return "not given by this OS without privileges"
+    try:
+        out = subprocess.run(["pmset", "-g", "therm"], capture_output=True, text=True, timeout=5).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return "pmset did not answer"
+    said = [line.strip() for line in out.splitlines() if "=" in line or "warning" in line.lower()]
+    return "; ".join(said)[:200] or "pmset gave nothing"
+
+
+def busy(state: dict) -> bool:
+    """Load above half the cores: figures then run slower and noisier than the machine can."""
+    return state.get("load_1m") is not None and bool(state.get("cores")) and state["load_1m"] > state["cores"] / 2

@@ -75,14 +75,16 @@ def test_kv_reuse_caches_from_turn_two_and_no_reuse_caches_nothing(inproc_run):
 def test_files_parse_and_agree(inproc_run):
     data, out = inproc_run
     saved = json.loads((out / "results.json").read_text())
-    assert saved["turns"] == data["turns"] and saved["schema"] == "localchat.bench.arms/1"
+    assert saved["turns"] == data["turns"] and saved["schema"] == "localchat.bench.arms/2"
     rows = list(csv.DictReader((out / "turns.csv").open()))
     assert len(rows) == len(data["turns"])
     assert [r["answer"] for r in rows] == [t["answer"] for t in data["turns"]]
     assert [int(r["prompt_tokens"]) for r in rows] == [t["prompt_tokens"] for t in data["turns"]]
     md = (out / "summary.md").read_text()
     for arm, s in data["summary"]["arms"].items():
-        assert f"| {arm} | {s['accuracy']:.0%} ({s['correct']}/{s['scored']}) |" in md
+        interval = data["summary"]["intervals"][arm]["accuracy"]  # two repeats: with its 95 % interval
+        assert f"| {arm} | {s['accuracy']:.0%} ({s['correct']}/{s['scored']}) " \
+               f"[{interval['low']:.0%}, {interval['high']:.0%}] |" in md
     command = data["environment"]["command"]
     assert command.startswith("localchat bench --model demo") and "--no-cache-reuse" in command
     assert "--repeat 2" in command and f"    {command}" in md

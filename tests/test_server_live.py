@@ -186,8 +186,10 @@ def serve_process():
                                 env=os.environ | {"COLUMNS": "80"})
         proc.port = port
         procs.append(proc)
+        proc.seen = ""  # what it printed up to "Ctrl+C stops the server.": it is then serving, done talking
         for line in proc.stdout:
-            if "ready" in line:
+            proc.seen += line
+            if "Ctrl+C stops the server" in line:
                 break
         children = mlx_children(proc.pid)
         assert len(children) == 1
@@ -213,7 +215,7 @@ def test_serve_stops_its_child_on_sigterm_and_ctrl_c(serve_process, sig):
     proc, child = serve_process()
     proc.send_signal(sig)
     assert proc.wait(30) == 0
-    output = proc.stdout.read()
+    output = proc.seen + proc.stdout.read()
     assert "server stopped" in output
     assert wait_gone(child)
     # at 80 columns the command to copy is still one whole line

@@ -52,7 +52,8 @@ def test_a_reply_that_came_in_one_burst_has_no_decode_speed_and_none_is_printed(
 
 def test_tokens_of_an_opening_burst_are_not_counted_in_the_decode_speed():
     """Three chunks together (a stalled reader), then six 50 ms apart: six tokens over 0.3 s,
-    not eight; speculative decoding's groups (four tokens a step) count the same way."""
+    not eight; speculative decoding's groups (four tokens a step) count the same way; a reply read
+    in two gulps has no rate at all."""
     times = [1.0, 1.00002, 1.00004] + [1.0 + 0.05 * i for i in range(1, 7)]
     clock = TurnClock(now=FakeClock(0.5, *times, 2.0))
     for _ in times:
@@ -62,7 +63,13 @@ def test_tokens_of_an_opening_burst_are_not_counted_in_the_decode_speed():
     clock = TurnClock(now=FakeClock(1.0, *steps, 3.0))
     for _ in steps:
         clock.on_text("x")
-    assert clock.finish(finished(completion_tokens=12)).decode_tps == pytest.approx(8 / (steps[-1] - steps[0]))
+    drafted = clock.finish(finished(completion_tokens=12, draft_tokens=8))  # speculative decoding: groups
+    assert drafted.decode_tps == pytest.approx(8 / (steps[-1] - steps[0]))
+    gulps = [3.0 + k * 1e-5 for k in range(4)] + [3.002 + k * 1e-5 for k in range(5)]  # a stalled reader, twice
+    clock = TurnClock(now=FakeClock(2.9, *gulps, 4.0))
+    for _ in gulps:
+        clock.on_text("x")
+    assert clock.finish(finished(completion_tokens=9)).decode_tps is None  # 2 moments for 9 tokens: not seen
 
 
 def test_a_turn_that_broke_before_any_text_has_no_ttft_and_no_counts():

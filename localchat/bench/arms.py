@@ -16,6 +16,7 @@ from typing import Any
 from localchat.backends import Backend, GenerationParams
 from localchat.bench.policies import policy_summary
 from localchat.bench.script import BenchScript, plan
+from localchat.bench.uncertainty import arm_intervals, no_interval, paired
 from localchat.conversation.history import Conversation
 from localchat.conversation.policy import HistoryPolicy
 from localchat.conversation.settings import TrimPolicy
@@ -278,17 +279,22 @@ class BenchResult:
         for label, arm in self._arm_settings().items():
             key = label.replace(" history-on", "")
             if arm.history and arm.cache_reuse and (off := replace(arm, history=False).label) in arms:
-                comparisons[key] = compare(arms[label], arms[off])
+                comparisons[key] = compare(arms[label], arms[off]) | {"paired": self._paired(label, off)}
             if arm.history and arm.cache_reuse and (plain := replace(arm, cache_reuse=False).label) in arms:
-                savings[key] = reuse_savings(arms[label], arms[plain])
+                savings[key] = reuse_savings(arms[label], arms[plain]) | {"paired": self._paired(label, plain)}
             if arm.think is True and (off := replace(arm, think=False).label) in arms:
-                thinking[arm.family] = thinking_cost(arms[label], arms[off])
+                thinking[arm.family] = thinking_cost(arms[label], arms[off]) | {"paired": self._paired(label, off)}
         return {"arms": arms, "growth": growth, "history_on_vs_off": comparisons, "kv_reuse": savings,
-                "think_on_vs_off": thinking, "policies": policy_summary(self.turns)}
+                "think_on_vs_off": thinking, "policies": policy_summary(self.turns),
+                "intervals": {arm: arm_intervals(self.records(arm)) for arm in self.arms},
+                "no_interval": no_interval(self.turns)}
+
+    def _paired(self, a: str, b: str) -> dict:
+        return paired(self.records(a), self.records(b))
 
     def _arm_settings(self) -> dict[str, Arm]:
         return {r.arm: Arm(r.backend, r.history, r.cache_reuse, r.think) for r in self.turns if r.policy is None}
 
     def as_dict(self) -> dict:
-        return {"schema": "localchat.bench.arms/1", "environment": self.environment, "settings": self.settings,
+        return {"schema": "localchat.bench.arms/2", "environment": self.environment, "settings": self.settings,
                 "summary": self.summary(), "turns": [asdict(r) for r in self.turns]}

@@ -10,17 +10,32 @@ from __future__ import annotations
 import csv
 import io
 import json
+from collections.abc import Callable
 from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
 from localchat import files
 from localchat.bench.arms import BenchResult, TurnRecord
+from localchat.environment import busy
+from localchat.intervals import p_text
 from localchat.plots import finish_figure
 
 
 def _f(value: Any, spec: str = ".3f", scale: float = 1.0) -> str:
     return "–" if value is None else format(value * scale, spec)
+
+
+def interval_text(interval: dict, spec: str, scale: float = 1.0) -> str:
+    """``37.2 [35.1, 40.3]``: a figure and its interval (the figure alone when there is none)."""
+    return _f(interval["value"], spec, scale) + _bounds(interval, spec, scale)
+
+
+def _bounds(interval: dict, spec: str, scale: float = 1.0) -> str:
+    """`` [35.1, 40.3]``: a 95 % interval after its figure; nothing when there is none."""
+    if interval["low"] is None:
+        return ""
+    return f" [{_f(interval['low'], spec, scale)}, {_f(interval['high'], spec, scale)}]"
 
 
 def points(difference: float | None) -> str:
@@ -36,13 +51,17 @@ THINKING_HEADERS = ("TTFA med ms", "think tok/turn")  # shown only when some tur
 def summary_table(result: BenchResult) -> tuple[list[str], list[list[str]]]:
     """The summary's headers and one row an arm; without reasoning, no thinking columns."""
     rows = []
-    for arm, s in result.summary()["arms"].items():
-        acc = f"{_f(s['accuracy'], '.0%')} ({s['correct']}/{s['scored']})"
+    summary = result.summary()
+    for arm, s in summary["arms"].items():
+        i = summary["intervals"][arm]
+        acc = f"{_f(s['accuracy'], '.0%')} ({s['correct']}/{s['scored']}){_bounds(i['accuracy'], '.0%')}"
         think = f"{'~' if s['reasoning_estimated'] else ''}{_f(s['reasoning_tokens_mean'], '.1f')}"
-        rows.append([arm, acc, _f(s["ttft_median_s"], ".1f", 1e3), _f(s["ttft_p90_s"], ".1f", 1e3),
-                     _f(s["ttfa_median_s"], ".1f", 1e3), think, _f(s["total_s_median"], ".2f"),
-                     _f(s["decode_tps_median"], ".1f"), _f(s["decode_tps_p90"], ".1f"),
-                     str(s["prompt_tokens_total"]), str(s["cached_tokens_total"]), str(s["cache_misses"])])
+        rows.append([arm, acc, _f(s["ttft_median_s"], ".1f", 1e3) + _bounds(i["ttft_median_s"], ".1f", 1e3),
+                     _f(s["ttft_p90_s"], ".1f", 1e3), _f(s["ttfa_median_s"], ".1f", 1e3), think,
+                     _f(s["total_s_median"], ".2f") + _bounds(i["total_s_median"], ".2f"),
+                     _f(s["decode_tps_median"], ".1f") + _bounds(i["decode_tps_median"], ".1f"),
+                     _f(s["decode_tps_p90"], ".1f"), str(s["prompt_tokens_total"]), str(s["cached_tokens_total"]),
+                     str(s["cache_misses"])])
     if any(t.reasoning_tokens for t in result.turns):
         return SUMMARY_HEADERS, rows
     keep = [i for i, header in enumerate(SUMMARY_HEADERS) if header not in THINKING_HEADERS]
@@ -70,12 +89,43 @@ def _table(headers: list[str], rows: list[list[str]]) -> str:
     return head + "".join("| " + " | ".join(row) + " |\n" for row in rows)
 
 
+def _ranged(interval: dict, text: Callable[[float], str]) -> str:
+    """``+48 points [+39, +57]``, or the figure alone when there is no interval."""
+    if interval["value"] is None:
+        return "–"
+    if interval["low"] is None:
+        return text(interval["value"])
+    return f"{text(interval['value'])} [{text(interval['low'])}, {text(interval['high'])}]"
+
+
+def paired_line(label: str, p: dict, ratios: tuple[tuple[str, str], ...] = (("prompt_token_ratio", "prompt tokens"),
+                                                                           ("ttft_ratio", "TTFT"))) -> str:
+    """``history on vs off: accuracy +48 points [+39, +57] (McNemar p < 0.001) · TTFT ×1.32 [1.21, 1.44]``,
+    saying plainly where the run cannot tell a difference from noise."""
+    parts = []
+    accuracy = p["accuracy_difference"]
+    if accuracy["value"] is not None:
+        shown = f"{accuracy['value'] * 100:+.0f} points" + ("" if accuracy["low"] is None else
+                                                           f" [{accuracy['low'] * 100:+.0f}, {accuracy['high'] * 100:+.0f}]")
+        test = "" if accuracy["low"] is None or p["discordant_turns"] is None else f" ({p_text(p['mcnemar_p'])})"
+        unsure = ": no difference this run can show" if accuracy["low"] is not None and \
+            accuracy["low"] <= 0 <= accuracy["high"] else ""
+        parts.append(f"accuracy {shown}{test}{unsure}")
+    for key, name in ratios:
+        ratio = p[key]
+        unsure = ": no difference this run can show" if ratio["low"] is not None and \
+            ratio["low"] <= 1 <= ratio["high"] else ""
+        parts.append(f"{name} ×{_ranged(ratio, lambda v: f'{v:.2f}')}{unsure}")
+    return f"{label}: " + " · ".join(parts)
+
+
 def comparison_lines(result: BenchResult) -> list[str]:
     summary = result.summary()
-    lines = []
+    lines = [f"intervals: {summary['no_interval']}"] if summary["no_interval"] else []
+    if said := busy_line(result.environment.get("conditions")):
+        lines.append(said)
     for backend, c in summary["history_on_vs_off"].items():
-        lines.append(f"{backend}: history on vs off: accuracy {points(c['accuracy_difference'])}, "
-                     f"prompt tokens ×{_f(c['prompt_token_ratio'], '.2f')}, TTFT ×{_f(c['ttft_ratio'], '.2f')}")
+        lines.append(paired_line(f"{backend}: history on vs off", c["paired"]))
     for arm, g in summary["growth"].items():
         if arm in summary["policies"]:
             continue  # a trimmed history has no one growth to fit
@@ -93,14 +143,25 @@ def comparison_lines(result: BenchResult) -> list[str]:
                          f"{_f(a['tool_prompt_tokens_mean'], '.0f')} prompt tokens a turn")
     for backend, k in summary["kv_reuse"].items():
         lines.append(f"{backend}: KV reuse prefilled {_f(k['prefilled_ratio'], '.0%')} of the tokens "
-                     f"no-reuse did ({k['prefilled_tokens_saved']} saved), TTFT ×{_f(k['ttft_ratio'], '.2f')}")
+                     f"no-reuse did ({k['prefilled_tokens_saved']} saved); "
+                     + paired_line("reuse vs none", k["paired"], (("ttft_ratio", "TTFT"),)))
     for family, t in summary["think_on_vs_off"].items():
         lines.append(f"{family}: thinking on vs off: accuracy {points(t['accuracy_difference'])}, "
                      f"TTFT ×{_f(t['ttft_ratio'], '.2f')}, time to first answer ×{_f(t['ttfa_ratio'], '.2f')}, "
                      f"output tokens ×{_f(t['completion_token_ratio'], '.2f')} "
                      f"({_f(t['reasoning_tokens_per_turn'], '.1f')} reasoning tokens a turn), "
-                     f"total time a turn ×{_f(t['total_time_ratio'], '.2f')}")
+                     f"total time a turn ×{_f(t['total_time_ratio'], '.2f')}; "
+                     + paired_line("paired", t["paired"], (("ttft_ratio", "TTFT"),)))
     return lines
+
+
+def busy_line(conditions: dict | None) -> str | None:
+    """One line when the machine was busy at the start or the end: the figures are flagged."""
+    if not conditions:
+        return None
+    busy_at = [f"{when} (load {c['load_1m']} on {c['cores']} cores)" for when, c in conditions.items() if busy(c)]
+    return f"caution: the machine was busy at the {' and the '.join(busy_at)}: timings may be slower and noisier " \
+           "than this machine gives when idle" if busy_at else None
 
 
 def environment_line(result: BenchResult) -> str:

@@ -1,6 +1,6 @@
 """``localchat bench`` around the core: open the arms' backends, show progress, render and write.
 
-``--out DIR`` writes ``results.json`` (schema ``localchat.bench.arms/1``: environment, settings, summary
+``--out DIR`` writes ``results.json`` (schema ``localchat.bench.arms/2``: environment, settings, summary
 and every turn), ``turns.csv`` (one row per turn, the same fields as ``turns`` in the JSON) and
 ``summary.md`` (the tables and the command that re-runs the run); ``--plot`` adds a PNG.
 """
@@ -28,7 +28,7 @@ from localchat.bench.script import (
     script_path,
 )
 from localchat.conversation.policy import parse_policies
-from localchat.environment import collect
+from localchat.environment import collect, conditions
 from localchat.errors import LocalchatError, UsageError
 from localchat.registry import (
     DEFAULT_MODEL,
@@ -261,6 +261,7 @@ def run_bench(prepared: PreparedBench, *, on_start: Callable[[int], None] = lamb
     per_arm = (bench.repeat + bench.warmup) * sum(len(t) for s in scripts for t in s.conversations)
     backends = ArmBackends(ref, opts, on_status, tools)
     on_start(per_arm * len(arms))
+    at_start = conditions()
 
     def turn_started(arm: str, repeat: int, script: str, turn: int) -> None:
         label = "warm-up" if repeat < 0 else f"repeat {repeat + 1}/{bench.repeat}"
@@ -277,7 +278,8 @@ def run_bench(prepared: PreparedBench, *, on_start: Callable[[int], None] = lamb
             tools.close()
     settings = asdict(opts) | {"arms": [a.label for a in arms], "scripts": [s.path for s in scripts]}
     settings = json.loads(json.dumps(settings, default=str))
-    return BenchResult(environment_block(ref, tokenizer, opts), settings, turns)
+    environment = environment_block(ref, tokenizer, opts) | {"conditions": {"start": at_start, "end": conditions()}}
+    return BenchResult(environment, settings, turns)
 
 
 def _local_tokenizer(ref: ModelRef):

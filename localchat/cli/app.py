@@ -10,7 +10,7 @@ import typer
 
 from localchat.backends import DEFAULT_BASE_URL, DEFAULT_TIMEOUT_S
 from localchat.cli.chat_command import chat
-from localchat.cli.dispatch import ListsByDefault, OneLineErrors, err_console, out_console, run
+from localchat.cli.dispatch import ListsByDefault, OneLineErrors, RunsByDefault, err_console, out_console, run
 from localchat.cli.measure_commands import SERVER_ARGS, bench, load
 from localchat.cli.options import (
     ApiKeyOpt,
@@ -62,7 +62,23 @@ def main_options(version: Annotated[bool, typer.Option("--version", callback=_sh
 
 
 app.command()(chat)
-app.command()(bench)
+bench_app = typer.Typer(help="Benchmark what history costs and buys: run (the default), compare two runs.",
+                        cls=RunsByDefault, rich_markup_mode=None)
+app.add_typer(bench_app, name="bench")
+bench_app.command("run")(bench)
+
+
+@bench_app.command("compare")
+def bench_compare(
+    first: Annotated[Path, typer.Argument(metavar="A", help="A bench results.json (or the --out directory).")],
+    second: Annotated[Path, typer.Argument(metavar="B", help="Another, compared with A.")],
+    force: Annotated[bool, typer.Option("--force", help="Compare runs whose scripts or temperature differ.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print a machine-readable result.")] = False,
+) -> None:
+    """Two runs side by side: each figure with its 95 % interval, B against A tested (paired when
+    both drew the same conversations)."""
+    run("localchat.cli.bench:run_compare", first=first, second=second, force=force, as_json=as_json,
+        console=out_console())
 app.command(context_settings=SERVER_ARGS)(load)
 
 

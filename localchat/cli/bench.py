@@ -109,3 +109,18 @@ def report_failures(result: BenchResult, err: Console) -> int:
     err.print(f"[red]error:[/red] {len(failed)} of {len(result.turns)} turns failed; the first, in "
               f"{failed[0].arm} ({failed[0].script} turn {failed[0].turn}): {escape(failed[0].error or '?')}")
     return outcomes.FAILED
+
+
+def run_compare(*, first, second, force: bool, as_json: bool, console: Console) -> int:
+    """``bench compare A B``: the two runs side by side, B against A tested."""
+    import json
+
+    from localchat.bench.compare import compare_lines, compare_runs
+
+    report = compare_runs(first, second, force)
+    if as_json:
+        console.print_json(json.dumps(report))
+        return outcomes.OK
+    for line in compare_lines(report):
+        console.print(escape(line), highlight=False)
+    return outcomes.OK

@@ -117,6 +117,17 @@ class ListsByDefault(OneLineErrors):
         return super().parse_args(ctx, args)
 
 
+class RunsByDefault(OneLineErrors):
+    """A group whose ``run`` subcommand is the default: ``localchat bench --repeat 5`` is ``localchat
+    bench run --repeat 5``, and ``bench --help`` shows run's options; ``bench compare A B`` is the
+    other subcommand."""
+
+    def parse_args(self, ctx, args):
+        if not args or args[0] not in self.commands:
+            args = ["run", *args]
+        return super().parse_args(ctx, args)
+
+
 def err_console() -> TerminalConsole:
     """stderr, for errors, notices and progress (Rich is loaded only when something is printed)."""
     from localchat.cli.terminal import console

@@ -5,8 +5,9 @@ first visible text of any kind, reasoning or answer; TTFA (time to first answer)
 answer text, so a thinking model's TTFA - TTFT is how long it thought before answering. Decode
 speed is (completion_tokens - 1) / (t_last - t_first) over both kinds, over the moments the clock
 saw text arrive apart: chunks that came in one burst (one read of a socket) are one moment, the
-first moment's tokens are not in the rate, and a reply that came in one burst has no decode speed,
-for the clock never saw it decode (a server's burst once printed 46,258 tok/s for the demo). The runtime's own figures (mlx_lm's prompt_tps/generation_tps)
+first moment's tokens are not in the rate, and a reply that came in bursts (fewer moments than half
+its tokens) has no decode speed, for the clock never saw it decode (a server's burst once printed
+46,258 tok/s for the demo). The runtime's own figures (mlx_lm's prompt_tps/generation_tps)
 travel beside ours, labelled as the runtime's.
 """
 
@@ -144,15 +145,18 @@ class TurnClock:
         """Inter-chunk latencies (ITL): one gap between consecutive chunks, about one a token."""
         return tuple(b - a for a, b in zip(self.arrivals, self.arrivals[1:]))
 
-    def decode_tps(self, tokens: int) -> float | None:
+    def decode_tps(self, tokens: int, grouped: bool = False) -> float | None:
         """The tokens that came after the first moment, over the time from the first arrival to the
         last. A moment is a run of arrivals closer than ``RESOLVED_S`` (a burst); the first one holds
         its share of the tokens (one, when every chunk came on its own: (n-1)/span). None when the
-        clock saw fewer than two moments: a reply that came whole was never seen decoding."""
+        clock saw the reply come in bursts: fewer moments than half its tokens (a reply read in one
+        or two gulps was never seen decoding), unless the runtime decodes in groups (``grouped``:
+        speculative decoding's accepted drafts come a few at once)."""
         gaps = self.gaps()
-        opening = next((i + 1 for i, gap in enumerate(gaps) if gap >= RESOLVED_S), None)  # arrivals of moment 1
-        if opening is None or tokens < 2:
+        moments = 1 + sum(gap >= RESOLVED_S for gap in gaps) if self.arrivals else 0
+        if tokens < 2 or moments < 2 or (not grouped and moments < min(tokens, len(self.arrivals)) / 2):
             return None
+        opening = next(i + 1 for i, gap in enumerate(gaps) if gap >= RESOLVED_S)  # arrivals of moment 1
         later = tokens - max(1, round(tokens * opening / len(self.arrivals)))
         return later / (self.last - self.first) if later > 0 else None
 
@@ -162,7 +166,7 @@ class TurnClock:
         ttft = self.first - self.submitted if self.first is not None else None
         ttfa = self.first_answer - self.submitted if self.first_answer is not None else None
         prefilled = (done.prompt_tokens - done.cached_tokens) if done else 0
-        decode = self.decode_tps(done.completion_tokens) if done else None
+        decode = self.decode_tps(done.completion_tokens, grouped=done.draft_tokens is not None) if done else None
         return TurnStats(
             prompt_tokens=done.prompt_tokens if done else 0,
             cached_tokens=done.cached_tokens if done else 0,

@@ -1,0 +1,73 @@
+"""bench tells a real difference from noise: intervals on its figures once there are repeats, the
+paired test of history on vs off, the conditions of the run, and ``bench compare``."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from localchat.bench.script import SCRIPTS_DIR
+from localchat.cli.app import app
+
+runner = CliRunner()
+RECALL = ["--script", str(SCRIPTS_DIR / "recall-en.yaml")]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Two repeats with seed 0, the same again (the same draws), and two with seed 1 (other draws)."""
+    out = {}
+    for name, seed in (("a", "0"), ("same", "0"), ("other", "1")):
+        path = tmp_path_factory.mktemp(name)
+        done = runner.invoke(app, ["bench", *RECALL, "--repeat", "2", "--seed", seed, "--out", str(path)])
+        assert done.exit_code == 0, done.stderr
+        out[name] = (path, done.stdout)
+    return out
+
+
+def test_repeats_give_intervals_and_the_paired_test_of_history(runs):
+    path, shown = runs["a"]
+    data = json.loads((path / "results.json").read_text())
+    assert data["schema"] == "localchat.bench.arms/2"
+    paired = data["summary"]["history_on_vs_off"]["inproc"]["paired"]
+    accuracy = paired["accuracy_difference"]
+    assert accuracy["low"] > 0 and accuracy["value"] > 0.3 and paired["mcnemar_p"] < 0.05
+    assert "history on vs off: accuracy +" in shown and "(McNemar p " in shown and "points [+" in shown
+    interval = data["summary"]["intervals"]["inproc history-on"]["ttft_median_s"]
+    assert interval["low"] <= interval["value"] <= interval["high"]
+    conditions = data["environment"]["conditions"]
+    assert set(conditions) == {"start", "end"} and conditions["start"]["cores"] >= 1
+    assert "thermal" in conditions["start"]
+
+
+def test_one_repeat_says_no_interval_can_be_given_and_how_many_would():
+    done = runner.invoke(app, ["bench", *RECALL, "--format", "json"])
+    data = json.loads(done.stdout)
+    assert "--repeat 5 gives 95 % intervals" in data["summary"]["no_interval"]
+    assert data["summary"]["history_on_vs_off"]["inproc"]["paired"]["accuracy_difference"]["low"] is None
+
+
+def test_compare_pairs_runs_of_the_same_draws_and_calls_no_seed_change_different(runs):
+    same = runner.invoke(app, ["bench", "compare", str(runs["a"][0]), str(runs["same"][0]), "--json"])
+    report = json.loads(same.stdout)
+    arm = report["arms"]["inproc history-on"]
+    assert same.exit_code == 0 and arm["paired"] and arm["b_vs_a"]["discordant_turns"] == 0
+    other = runner.invoke(app, ["bench", "compare", str(runs["a"][0]), str(runs["other"][0])])
+    assert other.exit_code == 0 and "different draws: run against run" in other.stdout, other.stderr
+    accuracy = json.loads(runner.invoke(app, ["bench", "compare", str(runs["a"][0]), str(runs["other"][0]),
+                                              "--json"]).stdout)["arms"]["inproc history-on"]["b_vs_a"]
+    assert accuracy["accuracy_difference"]["low"] <= 0 <= accuracy["accuracy_difference"]["high"]
+
+
+def test_compare_refuses_runs_of_other_scripts_or_temperature_unless_forced(runs, tmp_path):
+    changed = json.loads((runs["other"][0] / "results.json").read_text())
+    changed["environment"]["temperature"] = 0.7
+    (tmp_path / "results.json").write_text(json.dumps(changed))
+    refused = runner.invoke(app, ["bench", "compare", str(runs["a"][0]), str(tmp_path)])
+    assert refused.exit_code == 2 and "temperature: 0.0 vs 0.7" in refused.stderr and "--force" in refused.stderr
+    assert runner.invoke(app, ["bench", "compare", str(runs["a"][0]), str(tmp_path), "--force"]).exit_code == 0
+    (tmp_path / "results.json").write_text("{}")
+    bad = runner.invoke(app, ["bench", "compare", str(runs["a"][0]), str(tmp_path)])
+    assert bad.exit_code == 2 and "not a bench results.json" in bad.stderr
