@@ -14,7 +14,7 @@ import secrets
 import stat
 from pathlib import Path
 
-from localchat.errors import LocalchatError
+from localchat.errors import LocalchatError, UsageError
 
 MAX_SETTINGS_BYTES = 16 * 1024**2  # a schema, a host file, an MCP or YAML file: far past any real one
 
@@ -95,3 +95,22 @@ def private_dirs(path: Path) -> Path:
             continue
         os.chmod(directory, 0o700)
     return path
+
+
+def read_json_setting(path: Path, flag: str) -> object:
+    """A JSON settings file the user names with ``flag`` (``--mcp``, ``--hostfile``…), parsed
+    (nesting bounded); anything wrong is one usage line naming the flag and the file."""
+    from localchat import bounded_json
+
+    try:
+        return bounded_json.loads(read_text(path))
+    except FileNotFoundError:
+        raise UsageError(f"{flag} {path}: no such file") from None
+    except IsADirectoryError:
+        raise UsageError(f"{flag} {path}: a directory, not a file") from None
+    except OSError as exc:
+        raise UsageError(f"{flag} {path}: cannot be read ({exc.strerror or exc})") from None
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{flag} {path}: not UTF-8 text (byte {exc.start})") from None
+    except ValueError as exc:
+        raise UsageError(f"{flag} {path}: not JSON ({exc})") from None

@@ -91,7 +91,8 @@ def test_smoke_api_passes_every_check_for_demo_tools(tools_gateway):
     assert done.exit_code == 0 and len(reports) == 2 and all(r["ok"] for r in reports), done.stdout
     for report in reports:
         rows = {row["name"]: row for row in report["checks"]}
-        assert rows["tool call round trip"]["ok"] and "called add({'a': 12, 'b': 30})" in rows["tool call round trip"]["detail"]
+        call = rows["tool call round trip"]
+        assert call["ok"] and "called add({'a': 12, 'b': 30})" in call["detail"]
         assert rows["prompt cache hit on turn 2"]["ok"]
         recall = rows["two-turn recall (not required)"]  # judged on the answer all the same
         assert recall["ok"] == ("harbor 17" in recall["detail"].split("answered")[1]) and not recall["required"]

@@ -87,7 +87,8 @@ def test_an_upstream_that_echoes_its_key_never_shows_it_to_the_gateway_s_clients
     try:
         with gateway_for(fake.base_url, ready=False) as gw:
             gw.upstream.api_key = key  # the server's own key, which the gateway sends upstream
-            passed = gw.post("/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "x"}]})
+            passed = gw.post("/v1/chat/completions", json={"model": "m",
+                                                           "messages": [{"role": "user", "content": "x"}]})
             messages = gw.post("/v1/messages", json={"model": "m", "max_tokens": 4, "messages": [
                 {"role": "user", "content": "x"}]})
             listed = gw.get("/v1/models")

@@ -6,7 +6,6 @@ run against run otherwise. Runs whose scripts or temperature differ are not comp
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -14,7 +13,7 @@ from typing import Any
 
 from localchat.bench.uncertainty import arm_intervals, paired
 from localchat.errors import UsageError
-from localchat.files import read_text
+from localchat.files import read_json_setting
 from localchat.intervals import cluster_mean, unpaired_difference, unpaired_ratio
 
 SCHEMAS = ("localchat.bench.arms/1", "localchat.bench.arms/2")
@@ -43,16 +42,12 @@ class Run:
 
 def load_run(path: Path) -> Run:
     """A ``results.json`` of any bench version (schema 1 or 2), or one usage line."""
-    try:
-        data = json.loads(read_text(path))
-    except FileNotFoundError:
-        raise UsageError(f"bench compare: {path}: no such file") from None
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise UsageError(f"bench compare: {path}: not a bench results.json ({exc})") from None
+    data = read_json_setting(path, "bench compare")
     if not isinstance(data, dict) or data.get("schema") not in SCHEMAS or not isinstance(data.get("turns"), list):
         raise UsageError(f"bench compare: {path}: not a bench results.json (its schema: "
                          f"{data.get('schema') if isinstance(data, dict) else type(data).__name__})")
-    turns = [SimpleNamespace(**t) for t in data["turns"] if isinstance(t, dict) and {"arm", "script", "repeat"} <= set(t)]
+    turns = [SimpleNamespace(**t) for t in data["turns"]
+             if isinstance(t, dict) and {"arm", "script", "repeat"} <= set(t)]
     return Run(path=path, environment=data.get("environment") or {}, settings=data.get("settings") or {}, turns=turns)
 
 
@@ -134,7 +129,8 @@ def compare_lines(report: dict) -> list[str]:
     lines += [f"caution: run {run.upper()} {said.removeprefix('caution: ')}; its timings do not compare"
               for run in ("a", "b") if (said := report[run].get("busy"))]
     for arm, c in report["arms"].items():
-        lines.append(f"{arm} ({'the same conversations: turn by turn' if c['paired'] else 'different draws: run against run'})")
+        how = "the same conversations: turn by turn" if c["paired"] else "different draws: run against run"
+        lines.append(f"{arm} ({how})")
         for run in ("a", "b"):
             i = c[run]
             lines.append(f"  {run.upper()}: accuracy {interval_text(i['accuracy'], '.0%')} · TTFT median "

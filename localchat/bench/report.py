@@ -105,8 +105,9 @@ def paired_line(label: str, p: dict, ratios: tuple[tuple[str, str], ...] = (("pr
     parts = []
     accuracy = p["accuracy_difference"]
     if accuracy["value"] is not None:
-        shown = f"{accuracy['value'] * 100:+.0f} points" + ("" if accuracy["low"] is None else
-                                                           f" [{accuracy['low'] * 100:+.0f}, {accuracy['high'] * 100:+.0f}]")
+        shown = f"{accuracy['value'] * 100:+.0f} points"
+        if accuracy["low"] is not None:
+            shown += f" [{accuracy['low'] * 100:+.0f}, {accuracy['high'] * 100:+.0f}]"
         test = "" if accuracy["low"] is None or p["discordant_turns"] is None else f" ({p_text(p['mcnemar_p'])})"
         unsure = ": no difference this run can show" if accuracy["low"] is not None and \
             accuracy["low"] <= 0 <= accuracy["high"] else ""

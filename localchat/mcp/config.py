@@ -25,9 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from localchat import bounded_json
 from localchat.errors import UsageError
-from localchat.files import read_text
+from localchat.files import read_json_setting
 
 VARIABLE = re.compile(r"\$\{(?:(env:)|(input:))?([A-Za-z_][A-Za-z0-9_.-]*)(?::-([^}]*))?\}")
 STDIO_KEYS = {"command", "args", "env", "cwd", "type"}
@@ -124,18 +123,7 @@ class _FileReader:
 
     def _data(self) -> dict:
         path = self.path
-        try:
-            data = bounded_json.loads(read_text(path))
-        except FileNotFoundError:
-            raise UsageError(f"--mcp {path}: no such file") from None
-        except IsADirectoryError:
-            raise UsageError(f"--mcp {path}: a directory, not a file") from None
-        except OSError as exc:
-            raise UsageError(f"--mcp {path}: cannot be read ({exc.strerror or exc})") from None
-        except UnicodeDecodeError as exc:
-            raise UsageError(f"--mcp {path}: not UTF-8 text (byte {exc.start})") from None
-        except ValueError as exc:
-            raise UsageError(f"--mcp {path}: not JSON ({exc})") from None
+        data = read_json_setting(path, "--mcp")
         if not isinstance(data, dict):
             raise UsageError(f"--mcp {path}: expected an object with mcpServers (or VS Code's servers), not "
                              f"{type(data).__name__}")

@@ -17,9 +17,9 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any, TextIO
 
-from localchat.mcp.config import HttpServer, McpServerConfig, StdioServer
 from localchat.files import private_dirs
 from localchat.log_lines import error_line
+from localchat.mcp.config import HttpServer, McpServerConfig, StdioServer
 from localchat.mcp.guard import KEEP, PIDFILE
 
 MAX_PAGES = 50  # tools/list pages read, at most

@@ -19,9 +19,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from localchat import bounded_json
 from localchat.errors import UsageError
-from localchat.files import read_text
+from localchat.files import read_json_setting
 from localchat.registry import read_config
 
 BACKENDS = ("ring", "jaccl", "mpi", "nccl")
@@ -51,16 +50,7 @@ def hosts_of(hostfile: Path | None) -> list[dict]:
     an ``ssh`` name, and ``ips`` for the ring backend."""
     if hostfile is None:
         return []
-    try:
-        data = bounded_json.loads(read_text(hostfile))
-    except FileNotFoundError:
-        raise UsageError(f"--hostfile {hostfile}: no such file") from None
-    except OSError as exc:
-        raise UsageError(f"--hostfile {hostfile}: cannot be read ({exc.strerror or exc})") from None
-    except UnicodeDecodeError as exc:
-        raise UsageError(f"--hostfile {hostfile}: not UTF-8 text (byte {exc.start})") from None
-    except ValueError as exc:
-        raise UsageError(f"--hostfile {hostfile}: not JSON ({exc})") from None
+    data = read_json_setting(hostfile, "--hostfile")
     hosts = data.get("hosts") if isinstance(data, dict) else data
     if not isinstance(hosts, list) or not hosts:
         raise UsageError(f"--hostfile {hostfile}: expected a list of hosts, e.g. "
