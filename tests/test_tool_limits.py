@@ -228,7 +228,9 @@ def test_a_canary_key_in_every_field_a_server_sends_appears_nowhere(home, tmp_pa
         done = runner.invoke(app, ["chat", "--backend", "server", "--base-url", server.base_url, "--tools",
                                    str(tool_file(tmp_path, ENVIRONMENT_TOOL)), "--approve-tools", "--record",
                                    str(tmp_path / "r"), "--max-tool-rounds", "3"],
-                             input="What is 2 plus 3?\nAgain?\n", env={"LOCALCHAT_API_KEY": KEY})
+                             input="What is 2 plus 3?\nAgain?\n",
+                             env={"LOCALCHAT_API_KEY": KEY, "OPENAI_API_KEY": "sk-openai-" + "3" * 24,
+                                  "ANTHROPIC_API_KEY": "sk-ant-" + "2" * 24, "HF_TOKEN": "hf_" + "1" * 30})
     finally:
         server.close()
     assert done.exit_code == 0, done.stderr
@@ -241,6 +243,7 @@ def test_a_canary_key_in_every_field_a_server_sends_appears_nowhere(home, tmp_pa
     results = [m["content"] for b in bodies(server) for m in b["messages"] if m["role"] == "tool"]
     environment = json.loads(results[0])
     assert "LOCALCHAT_API_KEY" not in environment and KEY not in results[0]
+    assert not {"OPENAI_API_KEY", "ANTHROPIC_API_KEY", "HF_TOKEN"} & set(environment)  # the keys localchat reads
 
 
 @pytest.mark.parametrize("when", ["import", "call"])
