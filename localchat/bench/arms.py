@@ -262,6 +262,7 @@ class BenchResult:
     environment: dict
     settings: dict
     turns: list[TurnRecord] = field(default_factory=list)
+    depth: list = field(default_factory=list)  # bench.depth.DepthPoint: the --depth sweep
 
     @property
     def arms(self) -> list[str]:
@@ -284,10 +285,13 @@ class BenchResult:
                 savings[key] = reuse_savings(arms[label], arms[plain]) | {"paired": self._paired(label, plain)}
             if arm.think is True and (off := replace(arm, think=False).label) in arms:
                 thinking[arm.family] = thinking_cost(arms[label], arms[off]) | {"paired": self._paired(label, off)}
+        from localchat.bench.depth import summarize
+
         return {"arms": arms, "growth": growth, "history_on_vs_off": comparisons, "kv_reuse": savings,
                 "think_on_vs_off": thinking, "policies": policy_summary(self.turns),
                 "intervals": {arm: arm_intervals(self.records(arm)) for arm in self.arms},
-                "no_interval": no_interval(self.turns)}
+                "no_interval": no_interval(self.turns) if self.turns else None,
+                "depth": summarize(self.depth) if self.depth else None}
 
     def _paired(self, a: str, b: str) -> dict:
         return paired(self.records(a), self.records(b))
@@ -297,4 +301,5 @@ class BenchResult:
 
     def as_dict(self) -> dict:
         return {"schema": "localchat.bench.arms/2", "environment": self.environment, "settings": self.settings,
-                "summary": self.summary(), "turns": [asdict(r) for r in self.turns]}
+                "summary": self.summary(), "turns": [asdict(r) for r in self.turns],
+                "depth": [asdict(p) for p in self.depth]}

@@ -173,7 +173,29 @@ def environment_line(result: BenchResult) -> str:
             f"seed {e['seed']}, max tokens {e['max_tokens']}, {e['date']}")
 
 
+DEPTH_HEADERS = ["backend · prompt", "depth", "context tokens", "TTFT med ms", "prefill tok/s", "decode tok/s"]
+
+
+def depth_rows(result: BenchResult) -> list[list[str]]:
+    """One row per backend, kind and depth of a ``--depth`` sweep, medians with their intervals."""
+    sweep = result.summary()["depth"] or {}
+    return [[series, str(p["depth"]), str(p["context_tokens"]), interval_text(p["ttft_s"], ".1f", 1e3),
+             interval_text(p["prefill_tps"], ".0f"), interval_text(p["decode_tps"], ".1f")]
+            for series, s in sweep.items() for p in s["points"]]
+
+
+def depth_lines(result: BenchResult) -> list[str]:
+    """TTFT's fitted growth with the context, uncached against cached."""
+    sweep = result.summary()["depth"] or {}
+    return [f"{series}: TTFT grows {_f(s['growth_ms_per_1k'], '+.1f')} ms per 1,000 tokens of context "
+            "(least squares over every point)" for series, s in sweep.items()]
+
+
 def to_markdown(result: BenchResult) -> str:
+    if result.depth:
+        return "\n".join(["# localchat bench --depth", "", f"Measured on: {environment_line(result)}", "",
+                          _table(DEPTH_HEADERS, depth_rows(result)), *[f"- {line}" for line in depth_lines(result)],
+                          "", "Re-run with:", "", f"    {result.environment['command']}", ""])
     policies = policy_rows(result)
     table = _table(*summary_table(result))
     if policies:
@@ -219,6 +241,8 @@ def write_plot(result: BenchResult, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    if result.depth:
+        return write_depth_plot(result, path, plt)
     if result.summary()["policies"]:
         return write_policy_plot(result, path, plt)
     thinking = any(r.reasoning_tokens for r in result.turns)
@@ -233,6 +257,27 @@ def write_plot(result: BenchResult, path: Path) -> None:
             ax.plot(list(values), [v * scale for v in values.values()], marker="o", label=arm)
         ax.set(title=title, xlabel="turn", ylabel=unit)
     _finish(fig, axes, f"localchat bench · {environment_line(result)}", path, plt)
+
+
+def write_depth_plot(result: BenchResult, path: Path, plt) -> None:
+    """TTFT and prefill speed against the context already there, uncached and cached, error bars
+    from the repeats."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for series, s in (result.summary()["depth"] or {}).items():
+        for ax, key, scale in ((axes[0], "ttft_s", 1e3), (axes[1], "prefill_tps", 1)):
+            points = [p for p in s["points"] if p[key]["value"] is not None]
+            x = [p["context_tokens"] for p in points]
+            y = [p[key]["value"] * scale for p in points]
+            low = [(p[key]["value"] - (p[key]["low"] if p[key]["low"] is not None else p[key]["value"])) * scale
+                   for p in points]
+            high = [((p[key]["high"] if p[key]["high"] is not None else p[key]["value"]) - p[key]["value"]) * scale
+                    for p in points]
+            ax.errorbar(x, y, yerr=[low, high], marker="o", capsize=3, label=series)
+    axes[0].set(title="TTFT of the next turn (median, 95 % interval)", xlabel="tokens of conversation in context",
+                ylabel="ms")
+    axes[1].set(title="prefill speed (median, 95 % interval)", xlabel="tokens of conversation in context",
+                ylabel="tokens/s")
+    _finish(fig, axes, f"localchat bench --depth · {environment_line(result)}", path, plt)
 
 
 def write_outputs(result: BenchResult, out: Path) -> list[Path]:

@@ -61,6 +61,7 @@ class BenchOptions:
     think: str | None = None  # on | off | both; None: the model's default, nothing sent
     policy: str | None = None  # history policies side by side: full,window:N,budget:N,compact:N,pin:N
     tools: ToolSettings = field(default_factory=ToolSettings)  # --tools, --mcp: what every arm offers
+    depth: str | None = None  # --depth 0,256,512: the context-depth sweep instead of the scripts
 
 
 def arms_for(opts: BenchOptions) -> list[Arm]:
@@ -139,6 +140,8 @@ def rerun_command(opts: BenchOptions) -> str:
         args += ["--think", opts.think]
     if opts.policy:
         args += ["--policy", opts.policy]
+    if opts.depth:
+        args += ["--depth", opts.depth]
     for path in opts.tools.files:
         args += ["--tools", str(path)]
     for path in opts.tools.mcp:
@@ -231,6 +234,7 @@ class PreparedBench:
     ref: ModelRef
     plan: BenchPlan
     arms: list[Arm]
+    depths: tuple[int, ...] = ()  # --depth: the sweep instead of the scripts
 
 
 def prepare_bench(opts: BenchOptions) -> PreparedBench:
@@ -244,9 +248,17 @@ def prepare_bench(opts: BenchOptions) -> PreparedBench:
         raise UsageError("no bench scripts: pass --script FILE")
     ref = resolve(opts.model or DEFAULT_MODEL)
     check_tools(opts.tools, unattended=True)
+    depths = ()
+    if opts.depth is not None:
+        from localchat.bench.depth import parse_depths
+        from localchat.registry import context_length_of
+
+        if opts.policy or opts.think or opts.tools.offered:
+            raise UsageError("--depth measures one thing: leave out --policy, --think and tools")
+        depths = parse_depths(opts.depth, context_length_of(ref) if ref.kind != "hub" else None)
     params = GenerationParams(temperature=opts.temperature, max_tokens=opts.max_tokens, seed=opts.seed)
     return PreparedBench(opts=opts, ref=ref, plan=BenchPlan(scripts, opts.repeat, opts.warmup, params, opts.seed),
-                         arms=arms)
+                         arms=arms, depths=depths)
 
 
 def run_bench(prepared: PreparedBench, *, on_start: Callable[[int], None] = lambda _: None,
@@ -260,17 +272,22 @@ def run_bench(prepared: PreparedBench, *, on_start: Callable[[int], None] = lamb
     scripts = bench.scripts
     per_arm = (bench.repeat + bench.warmup) * sum(len(t) for s in scripts for t in s.conversations)
     backends = ArmBackends(ref, opts, on_status, tools)
-    on_start(per_arm * len(arms))
+    on_start(len(prepared.depths) * opts.repeat * len({a.backend for a in arms}) if prepared.depths
+             else per_arm * len(arms))
     at_start = conditions()
 
     def turn_started(arm: str, repeat: int, script: str, turn: int) -> None:
         label = "warm-up" if repeat < 0 else f"repeat {repeat + 1}/{bench.repeat}"
         on_turn(f"{arm} · {label} · {script} turn {turn}")
 
+    depth_points: list = []
     try:
         turns: list[TurnRecord] = []
-        for arm in arms:
-            turns += run_arm(backends.for_arm(arm), arm, bench, turn_started)
+        if prepared.depths:
+            depth_points = _depth_sweep(backends, arms, prepared, on_turn)
+        else:
+            for arm in arms:
+                turns += run_arm(backends.for_arm(arm), arm, bench, turn_started)
         tokenizer = backends.tokenizer or _local_tokenizer(ref)
     finally:
         backends.close()
@@ -279,7 +296,19 @@ def run_bench(prepared: PreparedBench, *, on_start: Callable[[int], None] = lamb
     settings = asdict(opts) | {"arms": [a.label for a in arms], "scripts": [s.path for s in scripts]}
     settings = json.loads(json.dumps(settings, default=str))
     environment = environment_block(ref, tokenizer, opts) | {"conditions": {"start": at_start, "end": conditions()}}
-    return BenchResult(environment, settings, turns)
+    return BenchResult(environment, settings, turns, depth=depth_points)
+
+
+def _depth_sweep(backends: ArmBackends, arms: list[Arm], prepared: PreparedBench,
+                 on_turn: Callable[[str], None]) -> list:
+    """The depth sweep on each backend the arms name (history on, KV reuse on)."""
+    from localchat.bench.depth import measure
+
+    points = []
+    for name in dict.fromkeys(a.backend for a in arms):
+        points += measure(backends.for_arm(Arm(name, True)), name, prepared.depths, prepared.opts.repeat,
+                          prepared.plan.params, lambda b, d, r: on_turn(f"{b} · depth {d} · repeat {r + 1}"))
+    return points
 
 
 def _local_tokenizer(ref: ModelRef):

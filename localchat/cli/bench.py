@@ -19,8 +19,11 @@ from rich.table import Table
 
 from localchat.bench.arms import BenchResult
 from localchat.bench.report import (
+    DEPTH_HEADERS,
     POLICY_HEADERS,
     comparison_lines,
+    depth_lines,
+    depth_rows,
     environment_line,
     policy_rows,
     summary_table,
@@ -62,7 +65,14 @@ def _show(title: str, headers: list[str], rows: list[list[str]], console: Consol
 
 
 def show_table(result: BenchResult, console: Console) -> None:
-    """The summary, the history policies (when the run had some) and the comparisons."""
+    """The summary, the history policies (when the run had some) and the comparisons; a depth
+    sweep's table and fitted growth."""
+    if result.depth:
+        _show("localchat bench --depth", DEPTH_HEADERS, depth_rows(result), console)
+        for line in depth_lines(result):
+            console.print(line, markup=False, highlight=False, soft_wrap=False)
+        console.print(environment_line(result), style="dim", markup=False, highlight=False, soft_wrap=False)
+        return
     _show("localchat bench", *summary_table(result), console)
     policies = policy_rows(result)
     if policies:

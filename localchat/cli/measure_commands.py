@@ -64,14 +64,16 @@ def bench(
     mcp_only: McpOnlyOpt = None,
     approve_tools: UnattendedApproveOpt = False,
     tool_timeout: ToolTimeoutOpt = None,
+    depth: Annotated[Optional[str], typer.Option(metavar="D,D,…", help="Instead of the scripts: a turn's TTFT, prefill and decode speed with D tokens of conversation already in the context, uncached and cached (0,256,512,768).")] = None,
 ) -> None:
-    """History on vs off at a fixed temperature: what history costs (tokens, TTFT) and buys (answers)."""
+    """History on vs off at a fixed temperature: what history costs (tokens, TTFT) and buys (answers).
+    Compare two runs: localchat bench compare A B."""
     tool_choice = tool_settings(files=tools, mcp=mcp, mcp_only=mcp_only, approve=approve_tools, timeout_s=tool_timeout)
     opts = dict(model=model, backend=backend.value, history=history.value, scripts=tuple(script or ()),
                         repeat=repeat, warmup=warmup, temperature=temperature, seed=seed, max_tokens=max_tokens,
                         no_cache_reuse=no_cache_reuse, base_url=base_url, out=out, format=format.value,
                         plot=plot, replay=tuple(replay or ()), think=think.value if think else None, policy=policy,
-                        tools=tool_choice)
+                        tools=tool_choice, depth=depth)
     run("localchat.cli.bench:run_bench_cmd", options=opts, console=out_console(), err=err_console())
 
 
