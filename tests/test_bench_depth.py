@@ -41,3 +41,20 @@ def test_a_depth_past_the_window_or_beside_policies_is_one_line():
     assert both.exit_code == 2 and "--depth measures one thing" in both.stderr
     bad = runner.invoke(app, ["bench", "--depth", "a,b"])
     assert bad.exit_code == 2 and "token counts" in bad.stderr
+
+
+def test_recall_by_distance_shows_where_a_window_forgets():
+    done = runner.invoke(app, ["bench", "--distance", "0,4", "--policy", "full,window:2", "--repeat", "2",
+                               "--format", "json"])
+    assert done.exit_code == 0, done.stderr
+    data = json.loads(done.stdout)
+    sweep = data["summary"]["distance"]
+    assert set(sweep) == {"inproc full", "inproc window:2"}
+    by_k = {arm: {row["distance"]: row for row in rows} for arm, rows in sweep.items()}
+    assert by_k["inproc window:2"][4]["correct"] == 0  # the code left the window two turns after it was told
+    assert by_k["inproc full"][0]["correct"] == by_k["inproc full"][0]["asked"] == 2
+    assert all(row["accuracy"]["low"] is not None for rows in sweep.values() for row in rows)
+    assert {t["script"] for t in data["turns"]} == {"distance-0", "distance-4"}
+    assert "--distance 0,4" in data["environment"]["command"]
+    refused = runner.invoke(app, ["bench", "--distance", "0,99"])
+    assert refused.exit_code == 2 and "from 0 to 64" in refused.stderr

@@ -286,12 +286,13 @@ class BenchResult:
             if arm.think is True and (off := replace(arm, think=False).label) in arms:
                 thinking[arm.family] = thinking_cost(arms[label], arms[off]) | {"paired": self._paired(label, off)}
         from localchat.bench.depth import summarize
+        from localchat.bench.distance import distance_summary
 
         return {"arms": arms, "growth": growth, "history_on_vs_off": comparisons, "kv_reuse": savings,
                 "think_on_vs_off": thinking, "policies": policy_summary(self.turns),
                 "intervals": {arm: arm_intervals(self.records(arm)) for arm in self.arms},
                 "no_interval": no_interval(self.turns) if self.turns else None,
-                "depth": summarize(self.depth) if self.depth else None}
+                "depth": summarize(self.depth) if self.depth else None, "distance": distance_summary(self.turns)}
 
     def _paired(self, a: str, b: str) -> dict:
         return paired(self.records(a), self.records(b))

@@ -184,6 +184,21 @@ def depth_rows(result: BenchResult) -> list[list[str]]:
             for series, s in sweep.items() for p in s["points"]]
 
 
+def distance_table(result: BenchResult) -> tuple[list[str], list[list[str]]] | None:
+    """Recall by distance: one row an arm, one column a distance, accuracy with its interval."""
+    sweep = result.summary()["distance"]
+    if not sweep:
+        return None
+    distances = sorted({row["distance"] for rows in sweep.values() for row in rows})
+    headers = ["recall after k turns", *[f"k={k}" for k in distances]]
+    rows = []
+    for arm, found in sweep.items():
+        by_k = {row["distance"]: row for row in found}
+        rows.append([arm, *[f"{by_k[k]['correct']}/{by_k[k]['asked']}{_bounds(by_k[k]['accuracy'], '.0%')}"
+                            if k in by_k else "–" for k in distances]])
+    return headers, rows
+
+
 def depth_lines(result: BenchResult) -> list[str]:
     """TTFT's fitted growth with the context, uncached against cached."""
     sweep = result.summary()["depth"] or {}
@@ -200,6 +215,8 @@ def to_markdown(result: BenchResult) -> str:
     table = _table(*summary_table(result))
     if policies:
         table = "## History policies\n\n" + _table(POLICY_HEADERS, policies) + "\n## Every arm\n\n" + table
+    if (distances := distance_table(result)) is not None:
+        table += "\n## Recall by distance\n\n" + _table(*distances)
     per_script = ["", "| arm | script | accuracy |", "|---|---|---|"]
     for arm, s in result.summary()["arms"].items():
         for script, a in s["per_script_accuracy"].items():

@@ -62,6 +62,7 @@ class BenchOptions:
     policy: str | None = None  # history policies side by side: full,window:N,budget:N,compact:N,pin:N
     tools: ToolSettings = field(default_factory=ToolSettings)  # --tools, --mcp: what every arm offers
     depth: str | None = None  # --depth 0,256,512: the context-depth sweep instead of the scripts
+    distance: str | None = None  # --distance 0,2,4: recall by distance, the built-in family as the scripts
 
 
 def arms_for(opts: BenchOptions) -> list[Arm]:
@@ -142,6 +143,8 @@ def rerun_command(opts: BenchOptions) -> str:
         args += ["--policy", opts.policy]
     if opts.depth:
         args += ["--depth", opts.depth]
+    if opts.distance:
+        args += ["--distance", opts.distance]
     for path in opts.tools.files:
         args += ["--tools", str(path)]
     for path in opts.tools.mcp:
@@ -222,6 +225,11 @@ def bench_scripts(opts: BenchOptions) -> list[BenchScript]:
     for name in opts.replay:
         saved = default_store().load(name)
         replays.append(script_from_session(saved.name, saved.system, [t.user for t in saved.turns]))
+    if opts.distance is not None:
+        from localchat.bench.distance import distance_scripts, parse_distances
+
+        distances = distance_scripts(parse_distances(opts.distance))
+        return [*(load_script(script_path(p)) for p in opts.scripts), *distances, *replays]
     paths = opts.scripts or (() if replays else tuple(builtin_scripts(long=opts.policy is not None)))
     return [load_script(script_path(p)) for p in paths] + replays
 

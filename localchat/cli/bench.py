@@ -24,6 +24,7 @@ from localchat.bench.report import (
     comparison_lines,
     depth_lines,
     depth_rows,
+    distance_table,
     environment_line,
     policy_rows,
     summary_table,
@@ -77,6 +78,8 @@ def show_table(result: BenchResult, console: Console) -> None:
     policies = policy_rows(result)
     if policies:
         _show("history policies", POLICY_HEADERS, policies, console)
+    if (distances := distance_table(result)) is not None:
+        _show("recall by distance (correct/asked, 95 % interval)", *distances, console)
     for line in comparison_lines(result):  # prose: wrapped between words
         console.print(line, markup=False, highlight=False, soft_wrap=False)
     console.print(environment_line(result), style="dim", markup=False, highlight=False, soft_wrap=False)

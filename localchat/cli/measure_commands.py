@@ -64,6 +64,7 @@ def bench(
     mcp_only: McpOnlyOpt = None,
     approve_tools: UnattendedApproveOpt = False,
     tool_timeout: ToolTimeoutOpt = None,
+    distance: Annotated[Optional[str], typer.Option(metavar="K,K,…", help="Recall by distance: a code told, K small-talk turns, the code asked for, for each K (0,2,4,8), through every arm (--policy arms too).")] = None,
     depth: Annotated[Optional[str], typer.Option(metavar="D,D,…", help="Instead of the scripts: a turn's TTFT, prefill and decode speed with D tokens of conversation already in the context, uncached and cached (0,256,512,768).")] = None,
 ) -> None:
     """History on vs off at a fixed temperature: what history costs (tokens, TTFT) and buys (answers).
@@ -73,7 +74,7 @@ def bench(
                         repeat=repeat, warmup=warmup, temperature=temperature, seed=seed, max_tokens=max_tokens,
                         no_cache_reuse=no_cache_reuse, base_url=base_url, out=out, format=format.value,
                         plot=plot, replay=tuple(replay or ()), think=think.value if think else None, policy=policy,
-                        tools=tool_choice, depth=depth)
+                        tools=tool_choice, depth=depth, distance=distance)
     run("localchat.cli.bench:run_bench_cmd", options=opts, console=out_console(), err=err_console())
 
 
