@@ -55,6 +55,8 @@ def test_recall_by_distance_shows_where_a_window_forgets():
     assert by_k["inproc full"][0]["correct"] == by_k["inproc full"][0]["asked"] == 2
     assert all(row["accuracy"]["low"] is not None for rows in sweep.values() for row in rows)
     assert {t["script"] for t in data["turns"]} == {"distance-0", "distance-4"}
+    versus = data["summary"]["policy_vs_full"]["inproc window:2"]  # a policy against full, turn by turn
+    assert versus["accuracy_difference"]["value"] < 0 and versus["discordant_turns"] >= 2
     assert "--distance 0,4" in data["environment"]["command"]
     refused = runner.invoke(app, ["bench", "--distance", "0,99"])
     assert refused.exit_code == 2 and "from 0 to 64" in refused.stderr

@@ -292,7 +292,15 @@ class BenchResult:
                 "think_on_vs_off": thinking, "policies": policy_summary(self.turns),
                 "intervals": {arm: arm_intervals(self.records(arm)) for arm in self.arms},
                 "no_interval": no_interval(self.turns) if self.turns else None,
-                "depth": summarize(self.depth) if self.depth else None, "distance": distance_summary(self.turns)}
+                "depth": summarize(self.depth) if self.depth else None, "distance": distance_summary(self.turns),
+                "policy_vs_full": self._policies_vs_full()}
+
+    def _policies_vs_full(self) -> dict:
+        """Each history policy against ``full`` on the same backend, turn by turn."""
+        full = {r.backend: r.arm for r in self.turns if r.policy == "full"}
+        return {arm: self._paired(arm, full[backend]) for arm, backend in
+                dict.fromkeys((r.arm, r.backend) for r in self.turns if r.policy not in (None, "full"))
+                if backend in full}
 
     def _paired(self, a: str, b: str) -> dict:
         return paired(self.records(a), self.records(b))

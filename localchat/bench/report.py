@@ -127,6 +127,8 @@ def comparison_lines(result: BenchResult) -> list[str]:
         lines.append(said)
     for backend, c in summary["history_on_vs_off"].items():
         lines.append(paired_line(f"{backend}: history on vs off", c["paired"]))
+    for arm, p in summary["policy_vs_full"].items():
+        lines.append(paired_line(f"{arm} vs full", p))
     for arm, g in summary["growth"].items():
         if arm in summary["policies"]:
             continue  # a trimmed history has no one growth to fit
