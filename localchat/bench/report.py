@@ -18,7 +18,7 @@ from typing import Any
 from localchat import files
 from localchat.bench.arms import BenchResult, TurnRecord
 from localchat.environment import busy
-from localchat.intervals import p_text
+from localchat.intervals import Interval, bootstrap, p_text
 from localchat.plots import finish_figure
 
 
@@ -243,15 +243,15 @@ def to_json(result: BenchResult) -> str:
     return json.dumps(result.as_dict(), indent=2, ensure_ascii=False)
 
 
-def per_turn_medians(records: list[TurnRecord], key: str) -> dict[int, float]:
-    import statistics
-
-    by_turn: dict[int, list[float]] = {}
+def per_turn_medians(records: list[TurnRecord], key: str) -> dict[int, Interval]:
+    """Each turn number's median over the conversations that reached it, with its bootstrap
+    interval (each conversation's turn is one value; one value gives none)."""
+    by_turn: dict[int, list[list[float]]] = {}
     for r in records:
         value = getattr(r, key)
         if value is not None:
-            by_turn.setdefault(r.turn, []).append(value)
-    return {n: statistics.median(v) for n, v in sorted(by_turn.items())}
+            by_turn.setdefault(r.turn, []).append([value])
+    return {n: bootstrap(v) for n, v in sorted(by_turn.items())}
 
 
 def write_plot(result: BenchResult, path: Path) -> None:
@@ -273,8 +273,11 @@ def write_plot(result: BenchResult, path: Path) -> None:
     for ax, (key, scale, title, unit) in zip(axes, panels):
         for arm in result.arms:
             values = per_turn_medians(result.records(arm), key)
-            ax.plot(list(values), [v * scale for v in values.values()], marker="o", label=arm)
-        ax.set(title=title, xlabel="turn", ylabel=unit)
+            y = [v.value * scale for v in values.values()]
+            below = [(v.value - v.low) * scale if v.known else 0.0 for v in values.values()]
+            above = [(v.high - v.value) * scale if v.known else 0.0 for v in values.values()]
+            ax.errorbar(list(values), y, yerr=[below, above], marker="o", capsize=2, label=arm)
+        ax.set(title=title + " · 95 % interval", xlabel="turn", ylabel=unit)
     _finish(fig, axes, f"localchat bench · {environment_line(result)}", path, plt)
 
 
