@@ -46,6 +46,18 @@ def call_chunk(name: str, arguments: str, finish: str | None = "tool_calls", **e
         "name": name, "arguments": arguments}}]}, "finish_reason": finish}], **extra}
 
 
+def chat_calling_add(tools: Path, answer: str):
+    """A chat whose (fake) model calls add(2, 3) once, then answers ``answer``; the run and the server."""
+    server = FakeServer()
+    server.chat([Reply(chunks=sse(call_chunk("add", '{"a": 2, "b": 3}'))), Reply(chunks=sse(delta(answer, "stop")))])
+    try:
+        done = runner.invoke(app, ["chat", "--backend", "server", "--base-url", server.base_url, "--tools", str(tools),
+                                   "--approve-tools", "What is 2 plus 3?"])
+    finally:
+        server.close()
+    return done, server
+
+
 def bodies(server: FakeServer) -> list[dict]:
     return [json.loads(b) for p, _, b in server.requests if p.endswith("completions")]
 
@@ -265,14 +277,7 @@ def add(a: int, b: int) -> int:
     {"_forge()" if when == "call" else "pass"}
     return a + b
 '''
-    path = tool_file(tmp_path, body, "forger.py")
-    server = FakeServer()
-    server.chat([Reply(chunks=sse(call_chunk("add", '{"a": 2, "b": 3}'))), Reply(chunks=sse(delta("Done.", "stop")))])
-    try:
-        done = runner.invoke(app, ["chat", "--backend", "server", "--base-url", server.base_url, "--tools", str(path),
-                                   "--approve-tools", "What is 2 plus 3?"])
-    finally:
-        server.close()
+    done, server = chat_calling_add(tool_file(tmp_path, body, "forger.py"), "Done.")
     assert "Traceback" not in done.stderr, done.stderr
     if when == "import":
         errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
@@ -454,13 +459,7 @@ def test_dash_reads_stdin_without_its_final_line_break(home):
 
 def test_a_result_with_a_lone_surrogate_goes_back_to_the_model_readable(home, tmp_path):
     tools = tool_file(tmp_path, 'def add(a: int, b: int) -> str:\n    """Add."""\n    return "sum \\ud800 " + str(a + b)\n')
-    server = FakeServer()
-    server.chat([Reply(chunks=sse(call_chunk("add", '{"a": 2, "b": 3}'))), Reply(chunks=sse(delta("Five.", "stop")))])
-    try:
-        done = runner.invoke(app, ["chat", "--backend", "server", "--base-url", server.base_url, "--tools", str(tools),
-                                   "--approve-tools", "What is 2 plus 3?"])
-    finally:
-        server.close()
+    done, server = chat_calling_add(tools, "Five.")
     assert done.exit_code == 0 and done.stdout == "Five.\n", done.stderr
     assert [m["content"] for m in bodies(server)[-1]["messages"] if m["role"] == "tool"] == ["sum \ufffd 5"]
 
