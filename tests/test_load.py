@@ -57,7 +57,7 @@ def test_every_request_succeeds_and_history_buys_the_recall(demo_load):
     assert on["accuracy"]["scored"] == 4 and on["accuracy"]["correct"] >= 3
     assert off["accuracy"] == {"correct": 0, "scored": 4, "rate": 0.0}
     assert len(rows) == 1 + 24
-    assert data["schema"] == "localchat.load/1" and not data["partial"]
+    assert data["schema"] == "localchat.load/2" and not data["partial"]
     assert data["environment"]["seed_sent"] is False and "may batch" in data["environment"]["batching"]
 
 
@@ -196,3 +196,23 @@ def test_bad_input_is_one_line(args, needle):
     assert result.exit_code in (1, 2), result.stdout + result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and needle in errors[0], result.stderr
+
+
+def test_repeated_passes_give_each_run_an_interval(tmp_path):
+    (tmp_path / "recall-3.yaml").write_text(SCRIPT)
+    fake = FakeServer()
+    fake.chat(Reply(chunks=GOOD, pause_s=0.01))
+    try:
+        result = load("--base-url", fake.base_url, "--users", "2", "--conversations", "1", "--repeat", "3",
+                      "--history", "on", "--warmup", "0", "--script", str(tmp_path / "recall-3.yaml"),
+                      "--out", str(tmp_path / "out"))
+    finally:
+        fake.close()
+    assert result.exit_code == 0, result.stdout + result.stderr
+    data = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert [r["repeat"] for r in data["runs"]] == [0, 1, 2]
+    (repeated,) = data["repeated"]
+    assert repeated["passes"] == 3 and repeated["users"] == 2
+    assert repeated["output_tps"]["low"] <= repeated["output_tps"]["value"] <= repeated["output_tps"]["high"]
+    assert "2 users, history on, 3 passes (median [95 % interval]): out tok/s" in result.stdout
+    assert "(pass 3)" in result.stdout

@@ -19,7 +19,7 @@ from localchat.cli import outcomes
 from localchat.cli.terminal import wrap_parts
 from localchat.errors import TerminationRequested, raise_on_sigterm
 from localchat.load.metrics import RequestRecord
-from localchat.load.report import environment_line, load_table, sweep_lines, write_outputs, write_plot
+from localchat.load.report import environment_line, load_table, repeated_lines, sweep_lines, write_outputs, write_plot
 from localchat.load.run import Run
 from localchat.load.sweep import LoadOptions, LoadResult, Target, check_options, make_plan, new_result, run_load
 from localchat.wording import count
@@ -68,7 +68,7 @@ def show(result: LoadResult, console: Console) -> None:
                           markup=False)
             console.print(wrap_parts([f"{h} {v}" for h, v in zip(headers[2:], row[2:])], console.width),
                           markup=False)
-    for line in sweep_lines(result):  # prose: wrapped between words
+    for line in [*sweep_lines(result), *repeated_lines(result)]:  # prose: wrapped between words
         console.print(line, markup=False, highlight=False, soft_wrap=False)
     console.print(environment_line(result), style="dim", markup=False, highlight=False, soft_wrap=False)
 

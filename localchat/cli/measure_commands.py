@@ -92,6 +92,7 @@ def load(
     duration: Annotated[Optional[float], typer.Option(callback=check_seconds, help="No request starts after this many seconds of a run.")] = None,
     conversations: Annotated[int, typer.Option(min=1, help="Conversations each user plays in a run.")] = 2,
     warmup: Annotated[int, typer.Option(min=0, help="Unmeasured conversations first (a fresh server's first requests are slow).")] = 1,
+    repeat: Annotated[int, typer.Option(min=1, max=50, help="Run the whole sweep this many times (new draws each time): each figure then has a 95 % interval.")] = 1,
     temperature: Annotated[float, typer.Option(callback=check_temperature, help="Fixed for the whole run.")] = 0.0,
     max_tokens: Annotated[int, typer.Option(min=1, help="Longest reply, in tokens.")] = 64,
     seed: Annotated[Optional[int], typer.Option(callback=check_seed, help="Send this seed (mlx_lm.server then serves requests one at a time) [default: none sent].")] = None,
@@ -120,7 +121,8 @@ def load(
         counts = parse_sweep(sweep) if sweep is not None else (users,)
     opts = LoadOptions(base_url=base_url, model=model, api_key=api_key, users=counts, script=script, turns=turns,
                        think_time_s=think_time, history=history.value, duration_s=duration,
-                       conversations=conversations, warmup=warmup, temperature=temperature, max_tokens=max_tokens, seed=seed,
+                       conversations=conversations, warmup=warmup, repeat=repeat, temperature=temperature,
+                       max_tokens=max_tokens, seed=seed,
                        slo_ttft_s=slo_ttft, slo_tpot_s=slo_tpot, out=out, plot=plot, launch=launch,
                        server_args=tuple(ctx.args), timeout_s=timeout, max_context_tokens=max_context_tokens,
                        trim_to=trim_to, compact=compact is Compact.auto, tools=tool_choice,

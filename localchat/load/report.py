@@ -1,7 +1,8 @@
 """A load result rendered: the sweep table, Markdown, CSV, JSON and the plot.
 
-``--out DIR`` writes ``results.json`` (schema ``localchat.load/1``: environment fingerprint, settings,
-every run's figures, the sweep's knee and batching gain, and ``partial`` when the run was stopped),
+``--out DIR`` writes ``results.json`` (schema ``localchat.load/2``: environment fingerprint, settings,
+every run's figures with its pass, the sweep's knee and batching gain, with ``--repeat`` each run's
+figures over the passes with intervals, and ``partial`` when the run was stopped),
 ``requests.csv`` (one row per request) and ``summary.md``; ``--plot`` adds a PNG.
 """
 
@@ -32,9 +33,12 @@ def load_table(result: LoadResult) -> tuple[list[str], list[list[str]]]:
     """The table's headers and one row a run; goodput only when an SLO was given (without one
     every request would count as good)."""
     rows = []
+    passes = result.settings.get("repeat", 1) > 1
     for s in result.summaries():
         acc = s["accuracy"]
-        rows.append([str(s["users"]) + (" (partial)" if s["partial"] else ""), s["history"], str(s["requests"]),
+        shown = str(s["users"]) + (f" (pass {s['repeat'] + 1})" if passes else "") \
+            + (" (partial)" if s["partial"] else "")
+        rows.append([shown, s["history"], str(s["requests"]),
                      str(s["requests"] - s["ok"]), _f(s["request_rate"], ".2f"), _f(s["output_tps"]),
                      _f(s["ttft_s"]["p50"], ".0f", 1e3), _f(s["ttft_s"]["p99"], ".0f", 1e3),
                      _f(s["tpot_s"]["p50"], ".1f", 1e3), _f(s["itl_s"]["p50"], ".1f", 1e3),
@@ -70,6 +74,21 @@ def sweep_lines(result: LoadResult) -> list[str]:
     return lines
 
 
+def repeated_lines(result: LoadResult) -> list[str]:
+    """With ``--repeat``: each run's figures over the passes, median [95 % interval]."""
+    def shown(interval: dict, spec: str, scale: float = 1.0) -> str:
+        if interval["value"] is None:
+            return "–"
+        bounds = f" [{_f(interval['low'], spec, scale)}, {_f(interval['high'], spec, scale)}]" \
+            if interval["low"] is not None else ""
+        return _f(interval["value"], spec, scale) + bounds
+
+    return [f"{count(r['users'], 'user')}, history {r['history']}, {r['passes']} passes (median [95 % interval]): "
+            f"out tok/s {shown(r['output_tps'], '.1f')} · req/s {shown(r['request_rate'], '.2f')} · TTFT p50 "
+            f"{shown(r['ttft_p50_s'], '.0f', 1e3)} ms · TTFT p99 {shown(r['ttft_p99_s'], '.0f', 1e3)} ms · "
+            f"accuracy {shown(r['accuracy'], '.0%')}" for r in result.repeated() or []]
+
+
 def environment_line(result: LoadResult) -> str:
     e = result.environment
     return (f"{e['model']} at {e['server']}{' (launched here)' if e['launched'] else ''}, on {e['hardware']}, "
@@ -83,7 +102,7 @@ def to_markdown(result: LoadResult) -> str:
     body = "".join("| " + " | ".join(row) + " |\n" for row in rows)
     status = ["", "**Partial: the run was stopped before it finished.**"] if result.partial else []
     return "\n".join(["# localchat load", *status, "", f"Measured on: {environment_line(result)}", "",
-                      head + body, *[f"- {line}" for line in sweep_lines(result)], ""])
+                      head + body, *[f"- {line}" for line in [*sweep_lines(result), *repeated_lines(result)]], ""])
 
 
 def to_csv(result: LoadResult) -> str:

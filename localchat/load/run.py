@@ -65,6 +65,7 @@ class LoadPlan:
 class RunResult:
     users: int
     history: bool
+    repeat: int = 0  # which pass of the sweep (--repeat)
     wall_s: float = 0.0
     records: list[RequestRecord] = field(default_factory=list)
     gaps: list[float] = field(default_factory=list)
@@ -75,10 +76,10 @@ class Run:
     """One concurrency level with one history setting; ``stop`` ends it early (Ctrl+C)."""
 
     def __init__(self, plan: LoadPlan, users: int, history: bool, make_backend: Callable[[], Any],
-                 on_request: Callable[[RequestRecord], None] = lambda _: None):
+                 on_request: Callable[[RequestRecord], None] = lambda _: None, repeat: int = 0):
         self.plan, self.users, self.history = plan, users, history
         self.make_backend, self.on_request = make_backend, on_request
-        self.result = RunResult(users, history)
+        self.result = RunResult(users, history, repeat)
         self.stopped = threading.Event()
         self._lock = threading.Lock()
         self._backends: list[Any] = []

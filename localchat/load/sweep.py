@@ -23,9 +23,10 @@ from localchat.registry import DEFAULT_MODEL, ModelRef, local_tokenizer_loader, 
 from localchat.toolbox import check_tools, unattended_tools
 from localchat.tools.settings import ToolSettings
 
-SCHEMA = "localchat.load/1"
+SCHEMA = "localchat.load/2"  # 2: runs carry their repeat; "repeated" holds the intervals
 DEFAULT_SCRIPT = SCRIPTS_DIR / "recall-en.yaml"
 WARMUP_SEED = 104_729  # added to the run's seed for the warm-up's draws
+REPEAT_SEED = 7_919  # added once more for each pass of --repeat
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class LoadOptions:
     duration_s: float | None = None
     conversations: int = 2  # per user
     warmup: int = 1  # unmeasured conversations first (one user): a fresh server's first requests are slow
+    repeat: int = 1  # passes of the whole sweep, new draws each (intervals across them)
     temperature: float = 0.0
     max_tokens: int = 64
     seed: int | None = None  # sent only when given: a seeded request is not batched by mlx_lm.server
@@ -72,8 +74,27 @@ class LoadResult:
 
     def summaries(self) -> list[dict]:
         slo = Slo(self.settings["slo_ttft_s"], self.settings["slo_tpot_s"])
-        return [{"users": run.users, "history": "on" if run.history else "off", "partial": run.partial,
-                 **summarize(run.records, run.gaps, run.wall_s, slo)} for run in self.runs]
+        return [{"users": run.users, "history": "on" if run.history else "off", "repeat": run.repeat,
+                 "partial": run.partial, **summarize(run.records, run.gaps, run.wall_s, slo)} for run in self.runs]
+
+    def repeated(self) -> list[dict] | None:
+        """With ``--repeat``: each (users, history)'s figures across the passes, the median with its
+        95 % interval (each pass one value, resampled); None with one pass."""
+        from localchat.intervals import bootstrap
+
+        summaries = [s for s in self.summaries() if not s["partial"]]
+        if len({s["repeat"] for s in summaries}) < 2:
+            return None
+        groups: dict[tuple, list[dict]] = {}
+        for s in summaries:
+            groups.setdefault((s["users"], s["history"]), []).append(s)
+        figures = {"output_tps": lambda s: s["output_tps"], "request_rate": lambda s: s["request_rate"],
+                   "ttft_p50_s": lambda s: s["ttft_s"]["p50"], "ttft_p99_s": lambda s: s["ttft_s"]["p99"],
+                   "accuracy": lambda s: s["accuracy"]["rate"]}
+        return [{"users": users, "history": history, "passes": len(runs),
+                 **{name: bootstrap([[v] for r in runs if (v := pick(r)) is not None]).as_dict()
+                    for name, pick in figures.items()}}
+                for (users, history), runs in groups.items()]
 
     def sweep(self) -> dict:
         """Per history setting: the knee (fewest users whose TTFT p99 exceeds the SLO) and the
@@ -84,6 +105,7 @@ class LoadResult:
         slo = self.settings["slo_ttft_s"]
         figures = {}
         for history, runs in by_history.items():
+            runs = _medians_by_users(runs)
             single = next((r["output_tps"] for r in runs if r["users"] == 1), None)
             over = [r["users"] for r in runs if slo is not None and (r["ttft_s"]["p99"] or 0) > slo]
             figures[history] = {
@@ -95,7 +117,24 @@ class LoadResult:
 
     def as_dict(self) -> dict:
         return {"schema": SCHEMA, "partial": self.partial, "environment": self.environment,
-                "settings": self.settings, "runs": self.summaries(), "sweep": self.sweep()}
+                "settings": self.settings, "runs": self.summaries(), "sweep": self.sweep(),
+                "repeated": self.repeated()}
+
+
+def _medians_by_users(runs: list[dict]) -> list[dict]:
+    """One entry a number of users: its output tok/s and TTFT p99, the median over the passes."""
+    import statistics
+
+    by_users: dict[int, list[dict]] = {}
+    for r in runs:
+        by_users.setdefault(r["users"], []).append(r)
+
+    def median(values: list) -> float | None:
+        known = [v for v in values if v is not None]
+        return statistics.median(known) if known else None
+
+    return [{"users": users, "output_tps": median([r["output_tps"] for r in group]),
+             "ttft_s": {"p99": median([r["ttft_s"]["p99"] for r in group])}} for users, group in by_users.items()]
 
 
 def parse_sweep(text: str) -> tuple[int, ...]:
@@ -241,12 +280,14 @@ def run_load(opts: LoadOptions, result: LoadResult, target: Target, plan: LoadPl
     if opts.warmup:  # its own draws, so that it warms the server but not its prompt cache for the runs
         warmup = replace(plan, conversations=opts.warmup, duration_s=None, seed=plan.seed + WARMUP_SEED)
         Run(warmup, 1, True, target.backend).execute()
-    for users in opts.users:
-        for history in history_settings(opts):
-            run = Run(plan, users, history, target.backend)
-            on_run(run)
-            result.runs.append(run.result)
-            run.execute()
+    for repeat in range(opts.repeat):  # each pass draws new codes, as bench's repeats do
+        drawn = replace(plan, seed=plan.seed + repeat * REPEAT_SEED)
+        for users in opts.users:
+            for history in history_settings(opts):
+                run = Run(drawn, users, history, target.backend, repeat=repeat)
+                on_run(run)
+                result.runs.append(run.result)
+                run.execute()
     return result
 
 
