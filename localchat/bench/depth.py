@@ -11,7 +11,7 @@ speed, with intervals over the repeats; the fitted growth of TTFT with depth, fo
 
 from __future__ import annotations
 
-import secrets
+import hashlib
 import statistics
 from dataclasses import asdict, dataclass, replace
 from typing import Any
@@ -39,6 +39,7 @@ class DepthPoint:
     ttft_s: float | None
     prefill_tps: float | None
     decode_tps: float | None
+    status: str = "committed"  # what became of the turn (an empty reply has no TTFT)
 
 
 def parse_depths(text: str, window: int | None) -> tuple[int, ...]:
@@ -71,23 +72,26 @@ def _tokens(backend: Any, system: str, turns: list[Turn]) -> int:
 
 
 def measure(backend: Any, name: str, depths: tuple[int, ...], repeats: int, params: GenerationParams,
-            on_point: Any = lambda *_: None) -> list[DepthPoint]:
+            on_point: Any = lambda *_: None, seed: int = 0) -> list[DepthPoint]:
     """Every depth, ``repeats`` times, in an order that alternates direction between repeats (so a
     slow spell of the machine does not fall on one end of the sweep)."""
     points: list[DepthPoint] = []
     for repeat in range(repeats):
         for depth in depths if repeat % 2 == 0 else tuple(reversed(depths)):
             on_point(name, depth, repeat)
-            system = f"{secrets.token_hex(6)} You are a helpful assistant."  # a prefix no other point shares
+            salt = hashlib.sha256(f"{seed}/{name}/{depth}/{repeat}".encode()).hexdigest()[:12]
+            system = f"{salt} You are a helpful assistant."  # a prefix no other point shares; the same every run
             turns = filler(backend, system, depth)
             context = _tokens(backend, system, turns)
             session = ChatSession(backend, Conversation.for_backend(backend, system, turns),
                                   replace(params, max_tokens=min(params.max_tokens, 32))).prepare()
             for kind, question in zip(("uncached", "cached"), QUESTIONS):
-                s = session.ask(question).stats
+                result = session.ask(question)
+                s = result.stats
                 points.append(DepthPoint(backend=name, depth=depth, context_tokens=context, repeat=repeat, kind=kind,
                                          prompt_tokens=s.prompt_tokens, cached_tokens=s.cached_tokens,
-                                         ttft_s=s.ttft_s, prefill_tps=s.prefill_tps, decode_tps=s.decode_tps))
+                                         ttft_s=s.ttft_s, prefill_tps=s.prefill_tps, decode_tps=s.decode_tps,
+                                         status=result.status.value))
     return points
 
 

@@ -315,7 +315,8 @@ def _depth_sweep(backends: ArmBackends, arms: list[Arm], prepared: PreparedBench
     points = []
     for name in dict.fromkeys(a.backend for a in arms):
         points += measure(backends.for_arm(Arm(name, True)), name, prepared.depths, prepared.opts.repeat,
-                          prepared.plan.params, lambda b, d, r: on_turn(f"{b} · depth {d} · repeat {r + 1}"))
+                          prepared.plan.params, lambda b, d, r: on_turn(f"{b} · depth {d} · repeat {r + 1}"),
+                          seed=prepared.opts.seed)
     return points
 
 
