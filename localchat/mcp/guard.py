@@ -45,12 +45,17 @@ def write_pid(path: str) -> None:
         f.write(str(os.getpid()))
 
 
-def orphaned(pidfile: str | None) -> None:
-    """localchat is gone (even by SIGKILL): the pid file goes, then whatever the server started in
-    sessions of its own (ours, as their subreaper), then the whole group."""
+def forget(pidfile: str | None) -> None:
+    """The pid file goes with the guard, however the guard ends (localchat may be gone already)."""
     if pidfile:
         with contextlib.suppress(OSError):
             os.unlink(pidfile)
+
+
+def orphaned(pidfile: str | None) -> None:
+    """localchat is gone (even by SIGKILL): the pid file goes, then whatever the server started in
+    sessions of its own (ours, as their subreaper), then the whole group."""
+    forget(pidfile)
     for pid in descendants(os.getpid()):
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
@@ -67,10 +72,12 @@ def main() -> None:
         server = subprocess.Popen(sys.argv[1:], env=server_environment())
     except OSError as exc:
         sys.stderr.write(f"cannot start {sys.argv[1]!r}: {exc.strerror or exc}\n")
+        forget(pidfile)
         sys.exit(127)
     watch_parent(lambda: orphaned(pidfile), every_s=0.2)
     code = server.wait()
     kill_pids(stray_members())  # what the server left running goes with it
+    forget(pidfile)
     sys.exit(code if code >= 0 else 128 - code)
 
 
