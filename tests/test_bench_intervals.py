@@ -71,3 +71,28 @@ def test_compare_refuses_runs_of_other_scripts_or_temperature_unless_forced(runs
     (tmp_path / "results.json").write_text("{}")
     bad = runner.invoke(app, ["bench", "compare", str(runs["a"][0]), str(tmp_path)])
     assert bad.exit_code == 2 and "not a bench results.json" in bad.stderr
+
+
+@pytest.mark.parametrize("turns, needle", [
+    ([{"arm": "a", "script": "s", "repeat": 0}], "turn 1: user must be str"),
+    ([1], "turn 1 is not an object"),
+    ("many", "not a bench results.json"),
+])
+def test_compare_refuses_a_damaged_results_file_in_one_line(runs, tmp_path, turns, needle):
+    (tmp_path / "results.json").write_text(json.dumps({"schema": "localchat.bench.arms/2", "turns": turns}))
+    refused = runner.invoke(app, ["bench", "compare", str(runs["a"][0]), str(tmp_path), "--force"])
+    assert refused.exit_code == 2 and needle in refused.stderr and "Traceback" not in refused.stderr, refused.stderr
+
+
+def test_compare_refuses_wrong_types_and_non_finite_figures(runs, tmp_path):
+    saved = json.loads((runs["a"][0] / "results.json").read_text())
+    for field, value, needle in (("ttft_s", "fast", "ttft_s must be"), ("correct", "yes", "correct must be"),
+                                 ("prompt_tokens", True, "prompt_tokens must be")):
+        damaged = dict(saved, turns=[dict(saved["turns"][0], **{field: value}), *saved["turns"][1:]])
+        (tmp_path / "results.json").write_text(json.dumps(damaged))
+        refused = runner.invoke(app, ["bench", "compare", str(runs["a"][0]), str(tmp_path)])
+        assert refused.exit_code == 2 and needle in refused.stderr, refused.stderr
+    nan = dict(saved, turns=[dict(saved["turns"][0], ttft_s=float("nan")), *saved["turns"][1:]])
+    (tmp_path / "results.json").write_text(json.dumps(nan))  # Python writes NaN, which its reader takes
+    refused = runner.invoke(app, ["bench", "compare", str(runs["a"][0]), str(tmp_path)])
+    assert refused.exit_code == 2 and "not nan" in refused.stderr, refused.stderr

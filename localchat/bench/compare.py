@@ -17,6 +17,7 @@ from localchat.files import read_json_setting
 from localchat.intervals import cluster_mean, unpaired_difference, unpaired_ratio
 
 SCHEMAS = ("localchat.bench.arms/1", "localchat.bench.arms/2")
+MAX_TURNS = 20_000  # a long bench (--repeat 100 of the built-in scripts) writes ~8,000
 
 
 @dataclass
@@ -46,9 +47,37 @@ def load_run(path: Path) -> Run:
     if not isinstance(data, dict) or data.get("schema") not in SCHEMAS or not isinstance(data.get("turns"), list):
         raise UsageError(f"bench compare: {path}: not a bench results.json (its schema: "
                          f"{data.get('schema') if isinstance(data, dict) else type(data).__name__})")
-    turns = [SimpleNamespace(**t) for t in data["turns"]
-             if isinstance(t, dict) and {"arm", "script", "repeat"} <= set(t)]
+    if len(data["turns"]) > MAX_TURNS:
+        raise UsageError(f"bench compare: {path}: {len(data['turns']):,} turns, over the {MAX_TURNS:,} a comparison "
+                         "bootstraps in reasonable time")
+    for key in ("environment", "settings"):
+        if not isinstance(data.get(key, {}), dict):
+            raise UsageError(f"bench compare: {path}: {key} must be an object")
+    turns = [SimpleNamespace(**_checked_turn(t, i, path)) for i, t in enumerate(data["turns"], 1)]
     return Run(path=path, environment=data.get("environment") or {}, settings=data.get("settings") or {}, turns=turns)
+
+
+TURN_FIELDS: dict[str, tuple[type, ...]] = {  # what compare reads of a turn, and what each must be
+    "arm": (str,), "script": (str,), "user": (str,), "repeat": (int,), "conversation": (int,), "turn": (int,),
+    "prompt_tokens": (int,), "scored": (bool,), "correct": (bool, type(None)), "ttft_s": (float, int, type(None)),
+    "decode_tps": (float, int, type(None)), "total_s": (float, int)}
+
+
+def _checked_turn(turn: Any, number: int, path: Path) -> dict:
+    """A turn of a results.json as compare reads it; anything else is one usage line naming it."""
+    import math
+
+    if not isinstance(turn, dict):
+        raise UsageError(f"bench compare: {path}: turn {number} is not an object")
+    for name, kinds in TURN_FIELDS.items():
+        value = turn.get(name)
+        number_ok = not isinstance(value, bool) or bool in kinds
+        finite = not isinstance(value, float) or math.isfinite(value)
+        if name not in turn or not isinstance(value, kinds) or not number_ok or not finite:
+            wanted = " or ".join("null" if k is type(None) else k.__name__ for k in kinds)
+            raise UsageError(f"bench compare: {path}: turn {number}: {name} must be {wanted} (a finite number where "
+                             "one is asked), not {!r}".format(value)[:300])
+    return turn
 
 
 def comparable(a: Run, b: Run, force: bool) -> list[str]:

@@ -23,6 +23,7 @@ from localchat.errors import UsageError
 from localchat.intervals import bootstrap
 
 MAX_DEPTHS = 16
+MAX_DEPTH_TOKENS = 262_144  # a model's window is smaller still; one whose window is not known here stops here
 QUESTIONS = ("What is the first note about? Answer briefly.", "And the last note? Answer briefly.")
 WORDS = ("harbor", "river", "falcon", "maple", "copper", "violet", "lantern", "meadow", "anchor", "cedar")
 
@@ -48,8 +49,8 @@ def parse_depths(text: str, window: int | None) -> tuple[int, ...]:
         depths = tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
     except ValueError:
         raise UsageError(f"--depth takes token counts separated by commas (0,256,512), not {text!r}") from None
-    if not depths or len(depths) > MAX_DEPTHS or depths[0] < 0:
-        raise UsageError(f"--depth takes 1 to {MAX_DEPTHS} token counts of 0 or more")
+    if not depths or len(depths) > MAX_DEPTHS or depths[0] < 0 or depths[-1] > MAX_DEPTH_TOKENS:
+        raise UsageError(f"--depth takes 1 to {MAX_DEPTHS} token counts from 0 to {MAX_DEPTH_TOKENS:,}")
     if window is not None and depths[-1] + 256 > window:
         raise UsageError(f"--depth {depths[-1]} does not leave room for a turn in the model's window of {window} "
                          "tokens: keep every depth below the window less 256")
@@ -57,13 +58,23 @@ def parse_depths(text: str, window: int | None) -> tuple[int, ...]:
 
 
 def filler(backend: Any, system: str, depth: int) -> list[Turn]:
-    """Accepted turns (a note, then ``OK``) until the prompt holds ``depth`` tokens (or just over)."""
-    turns: list[Turn] = []
-    while depth and _tokens(backend, system, turns) < depth:
-        i = len(turns)
-        turns.append(Turn(user=f"Note {i + 1}: the {WORDS[i % 10]} by the {WORDS[(i * 3 + 1) % 10]} is "
-                               f"{WORDS[(i * 7 + 2) % 10]} number {i * 13 % 97}. Reply only OK.", assistant="OK"))
+    """Accepted turns (a note, then ``OK``) until the prompt holds ``depth`` tokens (or just over):
+    as many as the first turns' size says at once, then one at a time (a prompt is tokenized a few
+    times, not once a turn)."""
+    if not depth:
+        return []
+    turns = [_note(0), _note(1)]
+    per_turn = max(1, (_tokens(backend, system, turns) - _tokens(backend, system, turns[:1])))
+    missing = depth - _tokens(backend, system, turns)
+    turns += [_note(i) for i in range(2, 2 + max(0, missing // per_turn - 1))]
+    while _tokens(backend, system, turns) < depth:
+        turns.append(_note(len(turns)))
     return turns
+
+
+def _note(i: int) -> Turn:
+    return Turn(user=f"Note {i + 1}: the {WORDS[i % 10]} by the {WORDS[(i * 3 + 1) % 10]} is "
+                     f"{WORDS[(i * 7 + 2) % 10]} number {i * 13 % 97}. Reply only OK.", assistant="OK")
 
 
 def _tokens(backend: Any, system: str, turns: list[Turn]) -> int:

@@ -10,6 +10,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
+from localchat import bounded_json
 from localchat.backends import ToolCall
 from localchat.cli import outcomes
 from localchat.errors import LocalchatError, UsageError
@@ -39,7 +40,7 @@ def call_tool(*, files: list[Path], server: str, tool: str, arguments: str, time
     """One call of SERVER's TOOL with ARGUMENTS (a JSON object), checked against its schema as a
     model's call is; its result on stdout, exit 1 when the tool says it failed."""
     try:
-        parsed = json.loads(arguments)
+        parsed = bounded_json.loads(arguments, strict=True)
     except ValueError as exc:
         raise UsageError(f"ARGUMENTS must be a JSON object, e.g. '{{\"a\": 1}}' ({exc})") from None
     if not isinstance(parsed, dict):
