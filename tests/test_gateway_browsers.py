@@ -54,7 +54,7 @@ def test_allow_origin_lets_a_named_page_in():
     assert policy.origin_allowed("https://app.example") and not policy.origin_allowed("https://other.example")
     assert browsers.BrowserPolicy(host="127.0.0.1", port=1, origins=("*",)).origin_allowed("https://any.example")
     assert policy.host_allowed("localhost:8081") and policy.host_allowed("[::1]:8081")
-    assert not policy.host_allowed("127.0.0.1.evil.example:8081")
+    assert not policy.host_allowed("127.0.0.1.evil.example:8081") and policy.host_allowed("")
     assert browsers.BrowserPolicy(host="0.0.0.0", port=1).host_allowed("my-mac.local:1")  # (its key guards it)
 
 

@@ -37,7 +37,7 @@ class BrowserPolicy:
 
     def host_allowed(self, header: str) -> bool:
         """A loopback gateway answers only to its own names; one bound elsewhere to any (its key guards it)."""
-        if not self.loopback:
+        if not self.loopback or not header:  # (no Host at all: HTTP/1.0, never a browser's request)
             return True
         name = header[:header.find("]") + 1] if header.startswith("[") else header.rsplit(":", 1)[0]
         return _loopback(name)
