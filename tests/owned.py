@@ -28,6 +28,7 @@ class Owned:
     pid: int
     parent: int
     command: str
+    session: int = 0
 
 
 def owned(*needles: str) -> list[Owned]:
@@ -71,17 +72,17 @@ def _from_proc() -> list[Owned]:
         except OSError:
             continue  # gone meanwhile, or not ours to read
         if stat[0] != "Z":
-            found.append(Owned(int(entry.name), int(stat[1]), command))
+            found.append(Owned(int(entry.name), int(stat[1]), command, int(stat[3])))
     return found
 
 
 def _from_ps() -> list[Owned]:
     """macOS: ``ps -E`` appends each process's environment to its command (one's own user's)."""
-    out = subprocess.run(["ps", "-E", "-ww", "-o", "pid=,ppid=,stat=,command="], capture_output=True, text=True,
-                         check=False).stdout if sys.platform == "darwin" else ""
+    out = subprocess.run(["ps", "-E", "-ww", "-o", "pid=,ppid=,sess=,stat=,command="], capture_output=True,
+                         text=True, check=False).stdout if sys.platform == "darwin" else ""
     found = []
     for line in out.splitlines():
-        pid, parent, state, command = (line.split(None, 3) + [""] * 4)[:4]
+        pid, parent, session, state, command = (line.split(None, 4) + [""] * 5)[:5]
         if TAG.decode() in command.split() and not state.startswith("Z"):
-            found.append(Owned(int(pid), int(parent), command))
+            found.append(Owned(int(pid), int(parent), command, int(session) if session.isdigit() else 0))
     return found

@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import owned
 import pytest
 from typer.testing import CliRunner
 
@@ -28,27 +29,15 @@ def home(tmp_path, monkeypatch):
     return tmp_path / "home"
 
 
-def processes() -> list[tuple[int, int, int, str]]:
-    """(pid, parent, session, state) of every process."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            found.append((int(entry.name), int(fields[1]), int(fields[3]), fields[0]))
-    return found
-
-
 def session_processes(sid: int) -> list[int]:
-    """Every live process of a session (a serve started with start_new_session, and its ranks)."""
-    return [pid for pid, _, session, state in processes() if session == sid and state != "Z"]
+    """The live processes of a session that this test run started (a serve started with
+    start_new_session, and its ranks: they carry the run's mark)."""
+    return [p.pid for p in owned.owned() if p.session == sid]
 
 
 def launcher_session(serve_pid: int) -> int:
     """The session of the ranks: ``serve`` starts mlx.launch in a session of its own."""
-    return next(session for _, parent, session, _ in processes() if parent == serve_pid)
+    return next(p.session for p in owned.owned() if p.parent == serve_pid)
 
 
 def rank_of(pid: int) -> int | None:
