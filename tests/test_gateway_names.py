@@ -83,3 +83,12 @@ def test_a_prompt_past_the_model_s_window_is_a_400_in_each_api_s_shape(gateway):
     assert messages.status_code == 400 and messages.json()["error"]["type"] == "invalid_request_error"
     assert "over demo's context window of 1,024" in messages.json()["error"]["message"]
     assert responses.status_code == 400 and "context window" in responses.json()["error"]["message"]
+
+
+def test_a_stored_streamed_response_closes_its_items_and_is_kept_as_streamed(oai):
+    events = list(oai.responses.create(model="demo", input="Hello", max_output_tokens=8, stream=True))  # store: default
+    kinds = [e.type for e in events]
+    assert {"response.output_text.done", "response.content_part.done", "response.output_item.done"} <= set(kinds)
+    completed = events[-1].response
+    assert kinds[-1] == "response.completed" and oai.responses.retrieve(completed.id).output_text == \
+        completed.output_text

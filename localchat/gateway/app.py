@@ -114,19 +114,22 @@ class Gateway:
             wanted = responses_api.read_request(body, self.store)
             reply = responses_api.ResponsesReply(request=wanted, body=body)
 
-            def final(ended: Ended) -> dict[str, Any]:
+            def final(ended: Ended) -> dict[str, Any]:  # a whole reply: made once, kept as it was returned
                 response = reply.final(ended)
-                self._keep(body, reply, ended)
+                self._keep(body, reply, response)
                 return response
 
-            return await self._reply(request, wanted, reply, final, clock,
-                                     on_end=lambda ended: self._keep(body, reply, ended))
+            def streamed(ended: Ended) -> None:
+                if ended.error is None:
+                    self._keep(body, reply, reply.final(ended))
+
+            return await self._reply(request, wanted, reply, final, clock, on_end=streamed)
         except ApiError as exc:
             return self._error(request, exc, responses_api.error_body, clock.submitted)
 
-    def _keep(self, body: dict[str, Any], reply: responses_api.ResponsesReply, ended: Ended) -> None:
-        if body.get("store", True) is not False and ended.error is None:
-            self.store.keep(reply.id, reply.conversation(), reply.final(ended))
+    def _keep(self, body: dict[str, Any], reply: responses_api.ResponsesReply, response: dict[str, Any]) -> None:
+        if body.get("store", True) is not False:
+            self.store.keep(reply.id, reply.conversation(), response)
 
     async def _estimate(self, wanted: GatewayRequest) -> int:
         """The prompt's tokens counted here for ``message_start`` (the server's count comes last)."""
@@ -196,9 +199,9 @@ class Gateway:
                     yield _sse({"type": "ping"}) if isinstance(reply, anthropic_api.MessagesReply) else ": ping\n\n"
                 elif isinstance(item, Ended):
                     ended = item
-                    on_end(item)
                     for event in reply.end(item):
                         yield _sse(event)
+                    on_end(item)  # after the end's events: what it keeps is the response they closed
                     return
                 else:
                     for event in reply.events(item):
