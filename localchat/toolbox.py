@@ -9,6 +9,7 @@ files first (their names are taken), the MCP servers in parallel.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from localchat.errors import UsageError
 from localchat.mcp.config import McpServerConfig, read_configs
@@ -74,3 +75,11 @@ def _mcp_hub(configs: list[McpServerConfig], settings: ToolSettings, *, taken: s
 
 def _names(source: ToolSource) -> list[str]:
     return [spec["function"]["name"] for spec in source.specs]
+
+
+def offer_tools(backend: Any, runner: ToolRunner, on_notice: Callable[[str], None]) -> None:
+    """The runner's tools offered to ``backend``; a tool the in-process call grammar cannot take
+    is left out there, and said."""
+    backend.offer_tools(runner.specs)
+    for name, why in getattr(backend, "refused_tools", {}).items():
+        on_notice(f"tool {name} is left out: its schema cannot be enforced while decoding ({why})")

@@ -11,7 +11,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from localchat.bench.uncertainty import arm_intervals, paired
+from localchat.bench.uncertainty import arm_intervals, clusters, paired
 from localchat.errors import UsageError
 from localchat.files import read_json_setting
 from localchat.intervals import cluster_mean, unpaired_difference, unpaired_ratio
@@ -113,12 +113,12 @@ def unpaired(b: list[Any], a: list[Any]) -> dict:
     ratio of medians and the prompt-token ratio of means, each run bootstrapped on its own."""
     import statistics
 
-    accuracy = unpaired_difference(cluster_mean(_clusters(b, _correct), share=True),
-                                   cluster_mean(_clusters(a, _correct), share=True))
+    accuracy = unpaired_difference(cluster_mean(_values(b, _correct), share=True),
+                                   cluster_mean(_values(a, _correct), share=True))
     return {"accuracy_difference": accuracy.as_dict(),
-            "ttft_ratio": unpaired_ratio(_clusters(b, lambda r: r.ttft_s), _clusters(a, lambda r: r.ttft_s)).as_dict(),
-            "prompt_token_ratio": unpaired_ratio(_clusters(b, lambda r: r.prompt_tokens),
-                                                 _clusters(a, lambda r: r.prompt_tokens), statistics.fmean).as_dict(),
+            "ttft_ratio": unpaired_ratio(_values(b, lambda r: r.ttft_s), _values(a, lambda r: r.ttft_s)).as_dict(),
+            "prompt_token_ratio": unpaired_ratio(_values(b, lambda r: r.prompt_tokens),
+                                                 _values(a, lambda r: r.prompt_tokens), statistics.fmean).as_dict(),
             "mcnemar_p": None, "discordant_turns": None}
 
 
@@ -126,12 +126,9 @@ def _correct(record: Any) -> float | None:
     return float(bool(record.correct)) if record.scored else None
 
 
-def _clusters(records: list[Any], value: Any) -> list[list[float]]:
-    found: dict = {}
-    for r in records:
-        if (v := value(r)) is not None:
-            found.setdefault((r.script, r.repeat, r.conversation), []).append(v)
-    return list(found.values())
+def _values(records: list[Any], value: Any) -> list[list[float]]:
+    """Each conversation's values (the unit every interval resamples)."""
+    return list(clusters(records, value).values())
 
 
 def compare_runs(first: Path, second: Path, force: bool = False) -> dict:

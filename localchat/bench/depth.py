@@ -124,11 +124,8 @@ def summarize(points: list[DepthPoint]) -> dict:
 
 
 def _median(points: list[DepthPoint], name: str) -> dict:
-    values = [[getattr(p, name)] for p in points if getattr(p, name) is not None]
-    if len(values) < 2:
-        return bootstrap(values).as_dict() | ({"why": "one repeat: no interval (--repeat 5 gives one)"}
-                                               if values else {})
-    return bootstrap(values).as_dict()
+    """The median over the repeats (each one value) with its bootstrap interval."""
+    return bootstrap([[getattr(p, name)] for p in points if getattr(p, name) is not None]).as_dict()
 
 
 def _slope(points: list[DepthPoint]) -> float | None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import Callable
 from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
@@ -89,15 +88,6 @@ def _table(headers: list[str], rows: list[list[str]]) -> str:
     return head + "".join("| " + " | ".join(row) + " |\n" for row in rows)
 
 
-def _ranged(interval: dict, text: Callable[[float], str]) -> str:
-    """``+48 points [+39, +57]``, or the figure alone when there is no interval."""
-    if interval["value"] is None:
-        return "–"
-    if interval["low"] is None:
-        return text(interval["value"])
-    return f"{text(interval['value'])} [{text(interval['low'])}, {text(interval['high'])}]"
-
-
 def paired_line(label: str, p: dict, ratios: tuple[tuple[str, str], ...] = (("prompt_token_ratio", "prompt tokens"),
                                                                            ("ttft_ratio", "TTFT"))) -> str:
     """``history on vs off: accuracy +48 points [+39, +57] (McNemar p < 0.001) · TTFT ×1.32 [1.21, 1.44]``,
@@ -116,7 +106,7 @@ def paired_line(label: str, p: dict, ratios: tuple[tuple[str, str], ...] = (("pr
         ratio = p[key]
         unsure = ": no difference this run can show" if ratio["low"] is not None and \
             ratio["low"] <= 1 <= ratio["high"] else ""
-        parts.append(f"{name} ×{_ranged(ratio, lambda v: f'{v:.2f}')}{unsure}")
+        parts.append(f"{name} ×{interval_text(ratio, '.2f')}{unsure}")
     return f"{label}: " + " · ".join(parts)
 
 

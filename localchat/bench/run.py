@@ -37,7 +37,7 @@ from localchat.registry import (
     quantization_bits,
     resolve,
 )
-from localchat.toolbox import check_tools, unattended_tools
+from localchat.toolbox import check_tools, offer_tools, unattended_tools
 from localchat.tools.settings import ToolSettings
 
 
@@ -175,7 +175,7 @@ class ArmBackends:
         if key not in self.opened:
             backend = self._inproc(arm.cache_reuse) if arm.backend == "inproc" else self._server()
             if self.tools is not None:
-                backend.offer_tools(self.tools.specs)
+                offer_tools(backend, self.tools, self.on_status)
             self.opened[key] = backend
         return self.opened[key]
 

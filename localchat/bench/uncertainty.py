@@ -28,7 +28,7 @@ def no_interval(records: Sequence[Any]) -> str | None:
     return None
 
 
-def _clusters(records: Sequence[Any], value: Callable[[Any], float | None]) -> dict[Key, list[float]]:
+def clusters(records: Sequence[Any], value: Callable[[Any], float | None]) -> dict[Key, list[float]]:
     found: dict[Key, list[float]] = {}
     for r in records:
         v = value(r)
@@ -44,9 +44,9 @@ def arm_intervals(records: Sequence[Any]) -> dict[str, dict]:
     def shown(interval: Interval) -> dict:
         return Interval(interval.value, why=why).as_dict() if why else interval.as_dict()
 
-    accuracy = cluster_mean(list(_clusters(records, lambda r: float(r.correct) if r.scored else None).values()),
+    accuracy = cluster_mean(list(clusters(records, lambda r: float(r.correct) if r.scored else None).values()),
                             share=True)
-    medians = {name: bootstrap(list(_clusters(records, pick).values()))
+    medians = {name: bootstrap(list(clusters(records, pick).values()))
                for name, pick in (("ttft_median_s", lambda r: r.ttft_s), ("decode_tps_median", lambda r: r.decode_tps),
                                   ("total_s_median", lambda r: r.total_s))}
     return {"accuracy": shown(accuracy), **{name: shown(i) for name, i in medians.items()}}

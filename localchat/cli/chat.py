@@ -275,8 +275,7 @@ def line_reader(opts: ChatOptions, ui: ChatUI) -> Callable[[str], str]:
 def run_chat(*, opts: ChatOptions, prompt: str | None, err: Console) -> int:
     """Answer ``prompt``, or run the REPL when it is None; the exit code."""
     ui = ChatUI(err=err, show_stats=opts.output.stats, show_thinking=opts.output.show_thinking,
-                json_mode=opts.output.formatted,
-                json_answers=opts.output.json_answer or opts.output.json_schema is not None,
+                json_mode=opts.output.formatted, json_answers=opts.output.answers_are_json,
                 markdown=opts.output.markdown and sys.stdout.isatty(),
                 hold_rounds=opts.tools.offered and not sys.stdout.isatty())
     status = chat_with_ui(opts=opts, prompt=prompt, ui=ui)
@@ -299,9 +298,9 @@ def chat_with_ui(*, opts: ChatOptions, prompt: str | None, ui: ChatUI) -> TurnSt
     try:
         ref, backend = open_backend(opts, ui)
         if tools:
-            backend.offer_tools(tools.specs)
-            for name, why in getattr(backend, "refused_tools", {}).items():
-                ui.notice(f"tool {name} is left out: its schema cannot be enforced while decoding ({why})")
+            from localchat.toolbox import offer_tools
+
+            offer_tools(backend, tools, ui.notice)
     except BaseException:
         if tools:
             tools.close()

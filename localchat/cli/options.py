@@ -242,6 +242,11 @@ class OutputOptions:
     def formatted(self) -> bool:
         """An answer format is asked for: stdout gets validated answers only."""
         return self.json_answer or self.json_schema is not None or self.regex is not None or self.choice is not None
+
+    @property
+    def answers_are_json(self) -> bool:
+        """The format's answers are JSON (--json, --json-schema), printed as JSON; not --regex or --choice text."""
+        return self.json_answer or self.json_schema is not None
     show_thinking: bool = False
     markdown: bool = True  # render answers on a terminal (--plain: raw text)
     input_history: bool = True  # the REPL's line history, kept across sessions

@@ -24,8 +24,8 @@ from typing import Any
 from localchat import bounded_json
 from localchat.conversation.history import ToolStep, Turn
 from localchat.conversation.stats import stats_from_dict, stats_to_dict
-from localchat.files import private_dirs
 from localchat.errors import LocalchatError, UsageError
+from localchat.files import private_dirs
 from localchat.store.schema import MIGRATIONS
 
 DB_NAME = "sessions.sqlite3"
