@@ -165,6 +165,9 @@ def test_mcp_list_and_call_check_a_server_by_hand(home, tmp_path):
         assert bad.exit_code == 2 and needle in bad.stderr
     unknown = runner.invoke(app, ["mcp", "call", "math", "mul", "{}", "--mcp", str(path)])
     assert unknown.exit_code == 2 and "offers no tool 'mul' (offered as: math_add)" in unknown.stderr
+    elsewhere = runner.invoke(app, ["mcp", "call", "maths", "add", "{}", "--mcp", str(path)])
+    assert elsewhere.exit_code == 2 and "server 'maths' is not in the --mcp files (they configure: math)" in \
+        elsewhere.stderr
 
 
 def test_a_key_an_mcp_server_echoes_is_cut_before_it_is_shown_stored_or_sent(home, tmp_path, monkeypatch):

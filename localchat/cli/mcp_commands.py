@@ -45,6 +45,9 @@ def call_tool(*, files: list[Path], server: str, tool: str, arguments: str, time
         raise UsageError(f"ARGUMENTS must be a JSON object, e.g. '{{\"a\": 1}}' ({exc})") from None
     if not isinstance(parsed, dict):
         raise UsageError(f"ARGUMENTS must be a JSON object, not {type(parsed).__name__}")
+    known = [c.name for c in read_configs(tuple(files))] if files else []
+    if files and server not in known:
+        raise UsageError(f"server '{server}' is not in the --mcp files (they configure: {', '.join(known)})")
     hub = _started(files, (server,), 30.0, timeout_s, err)
     try:
         if any(info.state != "ready" for info in hub.servers()):
