@@ -1,8 +1,8 @@
 """The model registry (``models.yaml``) and resolving ``--model`` to something loadable.
 
 ``--model`` takes an id or alias from the registry, a local directory, or a Hugging Face repo
-id. Nothing is ever downloaded unless the user asks (``--allow-download``): a repo id must
-already be in the local Hugging Face cache.
+id. Nothing is ever downloaded here: a repo id must already be in the local Hugging Face cache
+(``localchat pull`` and ``--allow-download`` fetch it first, through ``localchat.pull``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ BUNDLED_PREFIX = "bundled:"
 DEMO_MODEL = "demo"  # the bundled toy: the one model smoke and bench judge on its answers
 DEFAULT_MODEL = DEMO_MODEL
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-ENTRY_FIELDS = {"id", "aliases", "source", "description", "family", "defaults", "chat_template_kwargs", "imported"}
+ENTRY_FIELDS = {"id", "aliases", "source", "description", "family", "defaults", "chat_template_kwargs", "imported",
+                "variants"}
 DEFAULT_FIELDS = {"system": (str, type(None)), "temperature": (int, float), "top_p": (int, float),
                   "top_k": (int,), "min_p": (int, float), "repetition_penalty": (int, float), "max_tokens": (int,),
                   # mlx_lm's load-time features, in-process (see backends.mlx_options)
@@ -44,6 +45,7 @@ class ModelEntry:
     defaults: dict[str, Any] = field(default_factory=dict)
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     imported: dict[str, Any] | None = None  # what `localchat import` recorded: file, bits, types
+    variants: dict[str, str] = field(default_factory=dict)  # NAME@variant → another quantization's repo
 
 
 @dataclass(frozen=True)
@@ -110,9 +112,13 @@ def _parse_entry(raw: Any, index: int, path: Path) -> ModelEntry:
     imported = raw.get("imported")
     if imported is not None and not isinstance(imported, dict):
         raise _fail(path, where, "field 'imported' must be a mapping")
+    variants = raw.get("variants") or {}
+    if not isinstance(variants, dict) or not all(isinstance(k, str) and isinstance(v, str) and REPO_ID.match(v)
+                                                 for k, v in variants.items()):
+        raise _fail(path, where, "field 'variants' must map names to repo ids (8bit: org/name-8bit)")
     return ModelEntry(id=raw["id"], source=raw["source"], description=raw.get("description", ""),
                       family=raw.get("family", ""), aliases=tuple(aliases),
-                      defaults=defaults, chat_template_kwargs=kwargs, imported=imported)
+                      defaults=defaults, chat_template_kwargs=kwargs, imported=imported, variants=variants)
 
 
 def user_models_file() -> Path:
@@ -159,7 +165,13 @@ def _entry_location(entry: ModelEntry) -> tuple[str, str]:
 def resolve(name: str, entries: list[ModelEntry] | None = None) -> ModelRef:
     """An id, alias, local directory or repo id → a ModelRef (nothing is loaded or fetched)."""
     entries = load_registry() if entries is None else entries
+    base, _, variant = name.partition("@")
     for entry in entries:
+        if variant and (base == entry.id or base in entry.aliases):
+            if variant not in entry.variants:
+                listed = ", ".join(entry.variants) or "none are listed"
+                raise UsageError(f"{entry.id} has no variant '{variant}' in models.yaml ({listed})")
+            return ModelRef(f"{entry.id}@{variant}", entry.variants[variant], "hub", entry)
         if name == entry.id or name in entry.aliases:
             location, kind = _entry_location(entry)
             return ModelRef(entry.id, location, kind, entry)
@@ -196,26 +208,21 @@ def check_model_dir(path: Path, name: str) -> Path:
     return path
 
 
-def local_dir(ref: ModelRef, allow_download: bool = False) -> Path:
-    """The directory to load ``ref`` from; a hub model must be cached unless downloads are allowed,
-    a GGUF shipped in a package is imported the first time."""
+def local_dir(ref: ModelRef) -> Path:
+    """The directory to load ``ref`` from; a hub model must be in the cache (``localchat pull``
+    fetches it), a GGUF shipped in a package is imported the first time."""
     if ref.kind == "package-gguf":
         source = ref.entry.source if ref.entry else None
         return check_model_dir(ensure_imported(source, Path(ref.location)), ref.id)
     if ref.kind != "hub":
         return check_model_dir(Path(ref.location), ref.id)
     snapshot = hub_snapshot(ref.location)
-    if snapshot is None and allow_download:
-        from huggingface_hub import snapshot_download
-
-        try:
-            snapshot = Path(snapshot_download(ref.location))
-        except Exception as exc:  # network, auth, missing repo: all one line for the user
-            raise LocalchatError(f"could not download {ref.location}: {exc}".splitlines()[0]) from None
     if snapshot is None:
-        raise LocalchatError(f"{ref.location} is not in the local Hugging Face cache; fetch it once "
-                             f"online with: uv run hf download {ref.location} "
-                             "(or rerun with --allow-download)")
+        raise LocalchatError(f"{ref.location} is not in the local Hugging Face cache; fetch it with: "
+                             f"uv run localchat pull {ref.id} (or rerun with --allow-download)")
+    if not any(snapshot.glob("*.safetensors")):
+        raise LocalchatError(f"{ref.location} is only partly in the Hugging Face cache (no weights yet); finish "
+                             f"it with: uv run localchat pull {ref.id}")
     return check_model_dir(snapshot, ref.id)
 
 

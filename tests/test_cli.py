@@ -44,7 +44,7 @@ def test_single_prompt_rejects_no_history():
     (["chat", "--top-p", "2", "hi"], 2, "--top-p"),
     (["chat", "-m", "no-such-model", "hi"], 2, "unknown model 'no-such-model'"),
     (["chat", "-m", "./no/such/dir", "hi"], 1, "does not exist"),
-    (["chat", "-m", "mlx-community/Not-Cached-4bit", "hi"], 1, "hf download mlx-community/Not-Cached-4bit"),
+    (["chat", "-m", "mlx-community/Not-Cached-4bit", "hi"], 1, "localchat pull mlx-community/Not-Cached-4bit"),
 ])
 def test_bad_input_is_one_line_and_a_nonzero_exit(args, exit_code, needle):
     result = runner.invoke(app, args)
@@ -94,8 +94,10 @@ def test_models_lists_the_bundled_demo_as_present():
     result = runner.invoke(app, ["models"])
     assert result.exit_code == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0].startswith("demo (default, tiny) · demo family · present · ") and lines[0].endswith("4-bit")
-    assert "qwen3-4b · qwen3 family · not on this machine" in lines
+    assert lines[0].startswith("demo (default, tiny) · demo family · present · ") and " · 4-bit · needs ~" in lines[0]
+    assert lines[0].endswith(" at 1,024 tokens: fits")  # the demo's window, and this machine's memory
+    assert "qwen3-4b · qwen3 family · not on this machine · localchat pull qwen3-4b" in lines
+    assert "  mlx-community/Qwen3-4B-4bit (variants: 4bit, 8bit, bf16)" in lines
 
 
 @pytest.mark.parametrize("command", [["models"], ["doctor", "--base-url", "http://127.0.0.1:9/v1"]])
@@ -109,7 +111,8 @@ def test_model_ids_and_sources_are_whole_at_80_columns(monkeypatch, command):
     lines = result.stdout.splitlines()
     for entry in load_registry():
         assert any(line.startswith(entry.id + " ") for line in lines), entry.id
-        assert f"  {entry.source}" in lines
+        assert any(line == f"  {entry.source}" or line.startswith(f"  {entry.source} (variants: ")
+                   for line in lines), entry.source
     assert "…" not in result.stdout
 
 

@@ -276,7 +276,7 @@ class InProcessBackend:
 
 
 def load_inproc(ref: ModelRef, path: Path, *, cache_reuse: bool = True,
-                options: RuntimeOptions | None = None, allow_download: bool = False) -> InProcessBackend:
+                options: RuntimeOptions | None = None) -> InProcessBackend:
     """Load a model directory with ``mlx_lm.load`` (``path`` from ``registry.local_dir``), with its
     adapter and draft model when the options name them."""
     options = (options or RuntimeOptions()).check()
@@ -286,7 +286,7 @@ def load_inproc(ref: ModelRef, path: Path, *, cache_reuse: bool = True,
     draft = draft_path = None
     if options.draft_model:
         draft_ref = resolve(options.draft_model)
-        draft_path = local_dir(draft_ref, allow_download)
+        draft_path = local_dir(draft_ref)
         draft, draft_tokenizer = load_model(draft_path, RuntimeOptions(), draft_ref.id)
         check_draft(tokenizer, draft_tokenizer, draft_ref.id)
     return InProcessBackend(model, tokenizer, ref.id, chat_template_kwargs=ref.chat_template_kwargs,

@@ -30,6 +30,7 @@ from localchat.bench.script import (
 from localchat.conversation.policy import parse_policies
 from localchat.environment import collect, conditions
 from localchat.errors import LocalchatError, UsageError
+from localchat.fit.check import FitSettings, check_local, smaller_variants
 from localchat.registry import (
     DEFAULT_MODEL,
     ModelRef,
@@ -63,6 +64,12 @@ class BenchOptions:
     tools: ToolSettings = field(default_factory=ToolSettings)  # --tools, --mcp: what every arm offers
     depth: str | None = None  # --depth 0,256,512: the context-depth sweep instead of the scripts
     distance: str | None = None  # --distance 0,2,4: recall by distance, the built-in family as the scripts
+    memory_limit: int | None = None  # --memory-limit: the model is checked against it before it loads
+    force: bool = False  # load it even when the check says it does not fit
+
+    @property
+    def fit(self) -> FitSettings:
+        return FitSettings(memory_limit=self.memory_limit, force=self.force)
 
 
 def arms_for(opts: BenchOptions) -> list[Arm]:
@@ -183,7 +190,9 @@ class ArmBackends:
         from localchat.backends.inproc import InProcessBackend, load_inproc
 
         if self.model is None:
-            loaded = load_inproc(self.ref, local_dir(self.ref))
+            path = local_dir(self.ref)
+            check_local(self.ref.id, path, self.opts.fit, smaller_variants(self.ref))
+            loaded = load_inproc(self.ref, path)
             self.model, self.tokenizer = loaded.model, loaded.tokenizer
         return InProcessBackend(self.model, self.tokenizer, self.ref.id,
                                 chat_template_kwargs=self.ref.chat_template_kwargs, cache_reuse=cache_reuse)
@@ -196,7 +205,7 @@ class ArmBackends:
             backend = backend_for(self.opts.base_url, self.ref)
             _check_reachable(backend)
             return backend
-        self.server = start_ready(self.ref, port=free_port(), on_poll=self.on_status)
+        self.server = start_ready(self.ref, port=free_port(), on_poll=self.on_status, fit=self.opts.fit)
         return backend_for(self.server.base_url, self.ref)
 
     def close(self) -> None:

@@ -13,10 +13,13 @@ from localchat.cli.chat_command import chat
 from localchat.cli.dispatch import ListsByDefault, OneLineErrors, RunsByDefault, err_console, out_console, run
 from localchat.cli.measure_commands import SERVER_ARGS, bench, load
 from localchat.cli.options import (
+    AllowDownloadOpt,
     ApiKeyOpt,
     BaseUrlOpt,
     ExportFormat,
+    ForceOpt,
     LaunchedModelOpt,
+    MemoryLimitOpt,
     ServedModelOpt,
     TimeoutOpt,
     check_base_url,
@@ -99,6 +102,9 @@ def serve(
     api: ApiOpt = None,
     api_key: GatewayKeyOpt = None,
     allow_origin: AllowOriginOpt = None,
+    memory_limit: MemoryLimitOpt = None,
+    force: ForceOpt = False,
+    allow_download: AllowDownloadOpt = False,
 ) -> None:
     """Launch mlx_lm.server (extra server args after --), ready when a completion succeeds; on
     several ranks with --ranks N (this machine) or --hostfile FILE (mlx.launch's); with --api, behind
@@ -107,10 +113,11 @@ def serve(
     if api is not None and not dry_run:
         run("localchat.cli.gateway:run_serve_api", model=model, host=host, port=port, log=log, smoke=smoke,
             extra=tuple(ctx.args), console=out_console(), err=err_console(), apis=api, api_key=api_key, ranks=spread,
-            origins=allow_origin)
+            origins=allow_origin, memory_limit=memory_limit, force=force, allow_download=allow_download)
         return
     run("localchat.cli.serve:run_serve", model=model, host=host, port=port, log=log, smoke=smoke,
-        extra=tuple(ctx.args), console=out_console(), dry_run=dry_run, ranks=spread)
+        extra=tuple(ctx.args), console=out_console(), dry_run=dry_run, ranks=spread, memory_limit=memory_limit,
+        force=force, allow_download=allow_download)
 
 
 @app.command()
@@ -245,8 +252,35 @@ def import_cmd(
 
 
 @app.command()
+def pull(
+    model: Annotated[str, typer.Argument(metavar="MODEL", help="A models.yaml id or alias (NAME@8bit for a variant it "
+                                         "lists) or a Hugging Face repo id.")],
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the plan and the verdict; fetch nothing.")] = False,
+    memory_limit: MemoryLimitOpt = None,
+    max_context_tokens: Annotated[Optional[int], typer.Option(min=1, help="The context you will use, for the memory "
+                                                              "check [default: 8192].")] = None,
+    kv_bits: Annotated[Optional[int], typer.Option(min=2, max=8, help="The KV cache bits you will use.")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Download a model that does not fit, or that the free disk "
+                                        "cannot hold.")] = False,
+) -> None:
+    """Fetch a model into the Hugging Face cache: its files, size, the free disk and whether it fits
+    this machine first, then the download with progress (Ctrl+C keeps what finished)."""
+    run("localchat.cli.pull:run_pull", model=model, dry_run=dry_run, memory_limit=memory_limit,
+        context=max_context_tokens, kv_bits=kv_bits, force=force, err=err_console())
+
+
+@app.command("rm")
+def remove_model(
+    model: Annotated[str, typer.Argument(metavar="MODEL", help="A models.yaml id or a Hugging Face repo id.")],
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask first.")] = False,
+) -> None:
+    """Remove a downloaded model from the Hugging Face cache, freeing its disk (asks first)."""
+    run("localchat.cli.pull:run_rm", model=model, yes=yes, console=err_console())
+
+
+@app.command()
 def models() -> None:
-    """List models.yaml entries: present locally?, size on disk, quantization bits."""
+    """List models.yaml entries: present locally?, size on disk, quantization bits, and whether each fits."""
     run("localchat.cli.doctor:show_models", console=out_console())
 
 

@@ -34,13 +34,7 @@ from localchat.grammar.formats import (
     regex_format,
     with_instruction,
 )
-from localchat.registry import (
-    DEFAULT_MODEL,
-    ModelRef,
-    local_dir,
-    quantization_bits,
-    resolve,
-)
+from localchat.registry import DEFAULT_MODEL, ModelRef, quantization_bits, resolve
 from localchat.store.home import keeps_conversations, records_dir
 from localchat.store.keeper import SessionSaver, saved_state
 from localchat.store.kv_files import cache_files
@@ -185,17 +179,20 @@ def open_server(ref: ModelRef | None, opts: ChatOptions, ui: ChatUI) -> Backend:
 
 
 def open_inproc(ref: ModelRef, opts: ChatOptions, ui: ChatUI) -> Backend:
-    """Load the model in this process, offline unless ``--allow-download``, behind a spinner."""
+    """Load the model in this process (fetched first with ``--allow-download``, checked against the
+    machine's memory), behind a spinner."""
     if not opts.model.allow_download:
         os.environ["HF_HUB_OFFLINE"] = "1"  # read by huggingface_hub when mlx_lm first imports it
     from localchat.backends.inproc import load_inproc
+    from localchat.cli.pull import chat_fit, ready_model_dir
 
     started = time.perf_counter()
     options = runtime_options(ref, opts).check()
+    drafts = (resolve(options.draft_model),) if options.draft_model else ()
+    path = ready_model_dir(ref, chat_fit(opts, options), allow_download=opts.model.allow_download, err=ui.err,
+                           also=drafts)
     with ui.err.status(f"Loading {ref.id} …"):
-        path = local_dir(ref, opts.model.allow_download)
-        backend = load_inproc(ref, path, cache_reuse=opts.model.cache_reuse, options=options,
-                              allow_download=opts.model.allow_download)
+        backend = load_inproc(ref, path, cache_reuse=opts.model.cache_reuse, options=options)
     bits = quantization_bits(path)
     quant = f", {bits}-bit" if bits else ""
     group = backend.options.kv_group_size  # the user's, or the one that fits the model's heads

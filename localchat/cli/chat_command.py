@@ -11,6 +11,7 @@ from localchat.backends import DEFAULT_BASE_URL, DEFAULT_TIMEOUT_S
 from localchat.backends.mlx_options import KV_BITS, KV_GROUP_SIZES, MAX_DRAFT_TOKENS
 from localchat.cli.dispatch import err_console, run
 from localchat.cli.options import (
+    AllowDownloadOpt,
     ApiKeyOpt,
     Backend,
     BaseUrlOpt,
@@ -20,7 +21,9 @@ from localchat.cli.options import (
     CompactKeepOpt,
     CompactOpt,
     ContextOptions,
+    ForceOpt,
     GenerationOptions,
+    MemoryLimitOpt,
     ModelOpt,
     ModelOptions,
     OutputOptions,
@@ -85,7 +88,9 @@ def chat(
     plain: Annotated[bool, typer.Option("--plain", help="Show answers as raw text on a terminal too (no Markdown rendering).")] = False,
     no_input_history: Annotated[bool, typer.Option("--no-input-history", help="REPL: do not keep what you type across sessions.")] = False,
     no_cache_reuse: Annotated[bool, typer.Option("--no-cache-reuse", help="Re-prefill the whole prompt every turn (for benchmarks).")] = False,
-    allow_download: Annotated[bool, typer.Option("--allow-download", help="Let a missing Hugging Face model download.")] = False,
+    allow_download: AllowDownloadOpt = False,
+    memory_limit: MemoryLimitOpt = None,
+    force: ForceOpt = False,
     json_answer: Annotated[bool, typer.Option("--json", help='Answers must be JSON {"answer": string}; invalid ones are not kept.')] = False,
     json_schema: Annotated[Optional[Path], typer.Option(help="Answers must be JSON valid against this JSON Schema file (in-process: enforced while decoding).")] = None,
     regex: Annotated[Optional[str], typer.Option(metavar="PATTERN", callback=check_text, help="Answers must match this regular expression, whole.")] = None,
@@ -117,7 +122,8 @@ def chat(
                                 max_rounds=max_tool_rounds, mcp_timeout_s=mcp_timeout)
     opts = ChatOptions(
         model=ModelOptions(model=model, backend=backend.value, base_url=base_url, api_key=api_key, timeout_s=timeout,
-                           allow_download=allow_download, cache_reuse=not no_cache_reuse),
+                           allow_download=allow_download, cache_reuse=not no_cache_reuse,
+                           memory_limit=memory_limit, force=force),
         runtime=RuntimeFlags(adapter_path=adapter_path, draft_model=draft_model, num_draft_tokens=num_draft_tokens,
                              kv_bits=kv_bits, kv_group_size=kv_group_size, quantized_kv_start=quantized_kv_start,
                              max_kv_size=max_kv_size),

@@ -9,6 +9,7 @@ from rich.markup import escape
 from rich.table import Column, Table
 
 from localchat.environment import collect
+from localchat.errors import LocalchatError
 from localchat.registry import describe, load_registry, models_file
 
 
@@ -18,17 +19,36 @@ def _size(n: int | None) -> str:
     return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
 
 
+def fit_text(entry, budget) -> str:
+    """What a present model needs at 8k tokens of context (or its window) and the verdict here."""
+    from localchat.fit.check import on_metal
+    from localchat.fit.shape import local_shape
+    from localchat.fit.verdict import gb, judge
+    from localchat.registry import local_dir, resolve
+
+    try:
+        report = judge(local_shape(local_dir(resolve(entry.id))), budget, metal=on_metal())
+    except LocalchatError as exc:
+        return f"no estimate ({exc})"
+    return f"needs ~{gb(report.estimate.total)} at {report.estimate.context:,} tokens: {report.verdict}"
+
+
 def show_model_list(console: Console) -> None:
     """One entry a block, so that ids and sources are never cut at any width (the console
     soft-wraps: a long line wraps on the terminal, not in the text)."""
+    from localchat.fit.budget import machine_budget
+
+    budget = machine_budget()
     for info in map(describe, load_registry()):
         e = info.entry
         aliases = f" ({', '.join(e.aliases)})" if e.aliases else ""
         figures = " · ".join([*([f"{e.family} family"] if e.family else []), "present" if info.present else "not on this machine",
                               *([_size(info.size_bytes)] if info.present else []),
-                              *([f"{info.bits}-bit"] if info.bits else [])])
+                              *([f"{info.bits}-bit"] if info.bits else []),
+                              *([fit_text(e, budget)] if info.present else ["localchat pull " + e.id])])
         console.print(f"[bold]{escape(e.id)}[/bold]{escape(aliases)} · {figures}")
-        console.print(f"  {e.source}", style="dim", markup=False)
+        console.print(f"  {e.source}" + (f" (variants: {', '.join(e.variants)})" if e.variants else ""),
+                      style="dim", markup=False)
         if e.description:
             console.print(f"  {e.description}", markup=False)
         if e.imported:
@@ -63,6 +83,17 @@ def distributed_backends() -> str:
     return f"{', '.join(have) or 'none'} available" + (f"; not in this build: {', '.join(missing)}" if missing else "")
 
 
+def budget_text() -> str:
+    """What a model may take here, and where that figure comes from."""
+    from localchat.fit.budget import machine_budget
+    from localchat.fit.verdict import gb
+
+    budget = machine_budget()
+    if budget is None:
+        return "unknown (this machine does not say)"
+    return f"{gb(budget.bytes)} ({budget.source}; memory_limit in config.yaml or --memory-limit to keep room)"
+
+
 def run_doctor(console: Console, base_url: str) -> None:
     from huggingface_hub import constants
 
@@ -76,6 +107,7 @@ def run_doctor(console: Console, base_url: str) -> None:
     table.add_row("distributed", distributed_backends())
     table.add_row("localchat", env.localchat_version + (f" ({env.git_commit})" if env.git_commit else ""))
     table.add_row("HF cache", str(constants.HF_HUB_CACHE))
+    table.add_row("memory budget", budget_text())
     table.add_row("HF offline", os.environ.get("HF_HUB_OFFLINE", "unset") + " (localchat sets 1 unless --allow-download)")
     table.add_row("server", server_answers(base_url))
     console.print(table)

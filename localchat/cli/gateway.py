@@ -10,8 +10,10 @@ from pathlib import Path
 from rich.console import Console
 
 from localchat.cli import outcomes
+from localchat.cli.pull import fetch_missing
 from localchat.cli.serve import heeding, shown_log_on_failure
 from localchat.errors import LocalchatError, UsageError, raise_if_set, raise_on_sigterm
+from localchat.fit.check import FitSettings
 from localchat.gateway.serving import RunningGateway, serve_gateway
 from localchat.gateway.upstream import reach_upstream
 from localchat.registry import DEFAULT_MODEL, ModelRef, resolve
@@ -21,14 +23,18 @@ from localchat.server.launch import LOOPBACK, free_port, port_is_free, start_rea
 
 def run_serve_api(*, model: str | None, host: str, port: int, log: Path | None, extra: tuple[str, ...],
                   console: Console, err: Console, apis: tuple[str, ...], api_key: str | None,
-                  ranks: Ranks | None = None, smoke: bool = False, origins: tuple[str, ...] = ()) -> int:
+                  ranks: Ranks | None = None, smoke: bool = False, origins: tuple[str, ...] = (),
+                  memory_limit: int | None = None, force: bool = False, allow_download: bool = False) -> int:
     ref = resolve(model or DEFAULT_MODEL)
+    fit = FitSettings(memory_limit=memory_limit, force=force)
+    if allow_download:
+        fetch_missing(ref, fit, err)
     _check_public(host, port, api_key, err)
     terminated = raise_on_sigterm()
     internal = free_port()
     with console.status("starting mlx_lm.server …") as status, shown_log_on_failure(console):
         server = start_ready(ref, host="127.0.0.1", port=internal, log=log, extra=extra,
-                             on_poll=heeding(terminated, status.update), ranks=ranks)
+                             on_poll=heeding(terminated, status.update), ranks=ranks, fit=fit)
     running = None
     try:
         upstream = reach_upstream(server.base_url, ref, None)

@@ -16,7 +16,9 @@ from localchat.cli.options import (
     BenchModelOpt,
     Compact,
     CompactOpt,
+    ForceOpt,
     LoadModelOpt,
+    MemoryLimitOpt,
     OnOffBoth,
     OutputFormat,
     TimeoutOpt,
@@ -66,6 +68,8 @@ def bench(
     tool_timeout: ToolTimeoutOpt = None,
     distance: Annotated[Optional[str], typer.Option(metavar="K,K,…", help="Recall by distance: a code told, K small-talk turns, the code asked for, for each K (0,2,4,8), through every arm (--policy arms too).")] = None,
     depth: Annotated[Optional[str], typer.Option(metavar="D,D,…", help="Instead of the scripts: a turn's TTFT, prefill and decode speed with D tokens of conversation already in the context, uncached and cached (0,256,512,768).")] = None,
+    memory_limit: MemoryLimitOpt = None,
+    force: ForceOpt = False,
 ) -> None:
     """History on vs off at a fixed temperature: what history costs (tokens, TTFT) and buys (answers).
     Compare two runs: localchat bench compare A B."""
@@ -74,7 +78,7 @@ def bench(
                         repeat=repeat, warmup=warmup, temperature=temperature, seed=seed, max_tokens=max_tokens,
                         no_cache_reuse=no_cache_reuse, base_url=base_url, out=out, format=format.value,
                         plot=plot, replay=tuple(replay or ()), think=think.value if think else None, policy=policy,
-                        tools=tool_choice, depth=depth, distance=distance)
+                        tools=tool_choice, depth=depth, distance=distance, memory_limit=memory_limit, force=force)
     run("localchat.cli.bench:run_bench_cmd", options=opts, console=out_console(), err=err_console())
 
 
@@ -111,6 +115,8 @@ def load(
     approve_tools: UnattendedApproveOpt = False,
     tool_timeout: ToolTimeoutOpt = None,
     api: LoadApiOpt = None,
+    memory_limit: MemoryLimitOpt = None,
+    force: ForceOpt = False,
 ) -> None:
     """Many simulated users with multi-turn history against an OpenAI-compatible server (or, with
     --api anthropic, a gateway's Messages API)."""
@@ -126,5 +132,5 @@ def load(
                        slo_ttft_s=slo_ttft, slo_tpot_s=slo_tpot, out=out, plot=plot, launch=launch,
                        server_args=tuple(ctx.args), timeout_s=timeout, max_context_tokens=max_context_tokens,
                        trim_to=trim_to, compact=compact is Compact.auto, tools=tool_choice,
-                       api=api)
+                       api=api, memory_limit=memory_limit, force=force)
     run("localchat.cli.load:run_load_cmd", opts=opts, console=out_console(), err=err_console())

@@ -85,6 +85,17 @@ def check_size(value: str | None) -> int | None:
         raise typer.BadParameter(str(exc)) from None
 
 
+def check_memory_limit(value: str | None) -> int | None:
+    """``--memory-limit``: a size such as 12GB; nothing or 0 is refused."""
+    from localchat.errors import UsageError
+    from localchat.fit.budget import parse_limit
+
+    try:
+        return parse_limit(value) if value is not None else None
+    except UsageError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
 def setting_callback(name: str) -> Callable[[Any], Any]:
     """A flag's check: the same one ``/set`` and models.yaml defaults go through."""
     from localchat.backends.settings import check_setting
@@ -167,6 +178,14 @@ ThinkOpt = Annotated[Optional[bool], typer.Option(
     "--think/--no-think", show_default=False,
     help="A thinking model reasons before it answers, or answers directly (the template's enable_thinking) "
          "[default: the model's own].")]
+MemoryLimitOpt = Annotated[Optional[str], typer.Option(
+    callback=check_memory_limit, metavar="SIZE",
+    help="What the model may take (e.g. 12GB), checked before it loads [default: config memory_limit, else "
+         "Metal's recommended working set, or the memory available now].")]
+ForceOpt = Annotated[bool, typer.Option("--force", help="Load (or download) a model the memory check says "
+                                                       "does not fit.")]
+AllowDownloadOpt = Annotated[bool, typer.Option("--allow-download", help="Fetch a model missing from the Hugging "
+                                                "Face cache first, as localchat pull does.")]
 TimeoutOpt = Annotated[float, typer.Option(callback=check_seconds, envvar="LOCALCHAT_TIMEOUT", metavar="SECONDS",
                                            help="Give up on a server that makes no progress for this many seconds.")]
 
@@ -213,6 +232,8 @@ class ModelOptions:
     timeout_s: float = DEFAULT_TIMEOUT_S
     allow_download: bool = False
     cache_reuse: bool = True
+    memory_limit: int | None = None  # --memory-limit; None: config.yaml's, else what the machine gives
+    force: bool = False  # load a model the fit check says does not fit
 
 
 @dataclass(frozen=True)

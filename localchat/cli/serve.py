@@ -18,7 +18,9 @@ from rich.table import Column, Table
 from localchat.backends import DEFAULT_TIMEOUT_S
 from localchat.backends.openai_http import backend_for
 from localchat.cli import outcomes
+from localchat.cli.pull import fetch_missing
 from localchat.errors import LocalchatError, raise_if_set, raise_on_sigterm
+from localchat.fit.check import FitSettings
 from localchat.registry import DEFAULT_MODEL, DEMO_MODEL, ModelRef, resolve
 from localchat.server.distributed import Ranks, check_ranks, exit_words, failed_rank
 from localchat.server.launch import (
@@ -48,10 +50,14 @@ def show_smoke(console: Console, report: SmokeReport, as_json: bool) -> None:
 
 
 def run_serve(*, model: str | None, host: str, port: int, log: Path | None, smoke: bool,
-              extra: tuple[str, ...], console: Console, ranks: Ranks | None = None, dry_run: bool = False) -> int:
+              extra: tuple[str, ...], console: Console, ranks: Ranks | None = None, dry_run: bool = False,
+              memory_limit: int | None = None, force: bool = False, allow_download: bool = False) -> int:
     """Serve until Ctrl+C or SIGTERM (success), or run the smoke test and stop (its result);
     ``--dry-run`` shows the command and starts nothing."""
     ref = resolve(model or DEFAULT_MODEL)
+    fit = FitSettings(memory_limit=memory_limit, force=force)
+    if allow_download and not dry_run:
+        fetch_missing(ref, fit, console)
     if dry_run:
         if ranks is not None:
             check_ranks(ranks, None)
@@ -64,7 +70,7 @@ def run_serve(*, model: str | None, host: str, port: int, log: Path | None, smok
     terminated = raise_on_sigterm()
     with console.status("starting mlx_lm.server …") as status, shown_log_on_failure(console):
         server = start_ready(ref, host=host, port=port, log=log, extra=extra,
-                             on_poll=heeding(terminated, status.update), ranks=ranks)
+                             on_poll=heeding(terminated, status.update), ranks=ranks, fit=fit)
     where = f" · {ranks.size} ranks ({ranks.backend}{', pipeline' if ranks.pipeline else ''})" if ranks else ""
     try:
         console.print(f"[green]ready[/green] {server.base_url} · model {ref.id} ({ref.location}){where} · "

@@ -17,6 +17,7 @@ from localchat.bench.script import SCRIPTS_DIR, load_script, script_path
 from localchat.conversation.settings import DEFAULT_TRIM_TO, TrimPolicy
 from localchat.environment import collect
 from localchat.errors import LocalchatError, UsageError
+from localchat.fit.check import FitSettings
 from localchat.load.metrics import Slo, summarize
 from localchat.load.run import LoadPlan, Run, RunResult
 from localchat.registry import DEFAULT_MODEL, ModelRef, local_tokenizer_loader, resolve
@@ -58,6 +59,8 @@ class LoadOptions:
     compact: bool = False  # --compact auto: needs --max-context-tokens and the model's local tokenizer
     tools: ToolSettings = field(default_factory=ToolSettings)  # --tools, --mcp: shared by every user
     api: str | None = None  # "anthropic": the users speak the Messages API (to a gateway) instead of chat completions
+    memory_limit: int | None = None  # --launch: the model is checked against it before the server loads it
+    force: bool = False
 
 
 @dataclass
@@ -218,7 +221,10 @@ class Target:
         if self.opts.launch:
             from localchat.server.launch import free_port, start_ready
 
-            self.server = start_ready(self.ref, port=free_port(), extra=self.opts.server_args, on_poll=self.on_status)
+            fit = FitSettings(memory_limit=self.opts.memory_limit, force=self.opts.force,
+                              context=self.opts.max_context_tokens)
+            self.server = start_ready(self.ref, port=free_port(), extra=self.opts.server_args, on_poll=self.on_status,
+                                      fit=fit)
             self.base_url = self.server.base_url
             if self.opts.api is not None:
                 self._launch_gateway()

@@ -24,6 +24,7 @@ import httpx
 
 from localchat.errors import LocalchatError
 from localchat.files import private_dirs
+from localchat.fit.check import FitSettings, check_local, smaller_variants
 from localchat.log_lines import is_error
 from localchat.processes import child_preexec, stop_group
 from localchat.registry import ModelRef, local_dir
@@ -239,11 +240,13 @@ def default_log(port: int) -> Path:
 
 def start_ready(ref: ModelRef, *, host: str = "127.0.0.1", port: int, log: Path | None = None,
                 extra: tuple[str, ...] = (), on_poll: Callable[[str], None] = lambda _: None,
-                ranks: Ranks | None = None) -> RunningServer:
+                ranks: Ranks | None = None, fit: FitSettings | None = None) -> RunningServer:
     """Launch mlx_lm.server for ``ref`` (on ``ranks``, when given) and wait until a completion
     succeeds through rank 0; ``on_poll`` hears what it is waiting for (a spinner shows it). The
-    child, every rank of it, is stopped if anything goes wrong."""
+    child, every rank of it, is stopped if anything goes wrong. A model that does not fit this
+    machine's memory (``fit``) is refused before the server starts."""
     model_dir = local_dir(ref)  # fail early, in one line, when the model is not on this machine
+    check_local(ref.id, model_dir, fit or FitSettings(), smaller_variants(ref))
     if ranks is not None:
         check_ranks(ranks, model_dir)
     server = launch(ref.location, host=host, port=port, log_path=log or default_log(port), extra_args=extra,

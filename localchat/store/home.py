@@ -2,7 +2,8 @@
 
 ``LOCALCHAT_HOME`` overrides the platform's user data directory (platformdirs), so tests and
 users with several setups can keep them apart. ``config.yaml`` there may set ``records_dir``,
-``cache_max_bytes`` and ``log`` (false: conversations are kept only by /save).
+``cache_max_bytes``, ``log`` (false: conversations are kept only by /save) and ``memory_limit``
+(what a model may take, checked before it loads).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 from localchat.errors import UsageError
 from localchat.yamlfile import read_yaml
 
-CONFIG_KEYS = {"records_dir", "cache_max_bytes", "log"}
+CONFIG_KEYS = {"records_dir", "cache_max_bytes", "log", "memory_limit"}
 
 
 def home_dir() -> Path:

@@ -1,0 +1,160 @@
+"""``localchat pull`` and ``localchat rm``: get a model that fits, and free its disk again.
+
+The plan (repo, files, sizes, free disk, the fit) is shown before anything is fetched; a model
+that cannot fit or a download larger than the free disk is refused there (``--force`` to go on).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from localchat.errors import LocalchatError, UsageError
+from localchat.fit.check import FitSettings, judge_shape, smaller_variants
+from localchat.fit.verdict import gb, summary
+from localchat.pull.plan import PullPlan, endpoint, make_plan
+from localchat.pull.transfer import PlainLines, Transfer, download
+from localchat.registry import ModelRef, resolve
+
+
+def hub_ref(model: str) -> ModelRef:
+    ref = resolve(model)
+    if ref.kind != "hub":
+        raise UsageError(f"{model} is not a Hugging Face model ({ref.kind}: {ref.location}); nothing to pull")
+    return ref
+
+
+def show_plan(plan: PullPlan, name: str, console: Console) -> None:
+    cached = sum(f.cached for f in plan.files)
+    console.print(f"{plan.repo} at {plan.revision[:12]} from {endpoint()}", markup=False)
+    console.print(f"  {len(plan.files)} files, {gb(plan.total)}" + (f" ({cached} already here; {gb(plan.to_fetch)} "
+                                                                     "to fetch)" if cached else ""), markup=False)
+    console.print(f"  free disk {gb(plan.free_disk)} at {plan.cache_dir}", markup=False)
+    if plan.fit is not None:
+        console.print("  " + summary(name, plan.fit), markup=False)
+
+
+def refuse(plan: PullPlan, name: str, force: bool) -> None:
+    if force:
+        return
+    if plan.to_fetch > plan.free_disk:
+        raise LocalchatError(f"{plan.repo} needs {gb(plan.to_fetch)} of disk and {gb(plan.free_disk)} is free at "
+                             f"{plan.cache_dir} (--force to try anyway)")
+    if plan.fit is not None and plan.fit.verdict == "does not fit":
+        raise LocalchatError(summary(name, plan.fit) + " (--force to download anyway)")
+
+
+def _bar(console: Console, total: int):
+    """A Rich progress bar with bytes, speed and time left; its ``show`` and the live context."""
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                        TimeRemainingColumn(), console=console, transient=False)
+    task = progress.add_task("downloading", total=total)
+
+    def show(received: int, name: str) -> None:
+        progress.update(task, completed=received, description=name[-32:])
+
+    return progress, show
+
+
+def fetch(plan: PullPlan, err: Console) -> Transfer:
+    missing = plan.to_fetch
+    if err.is_terminal:
+        progress, show = _bar(err, missing)
+        with progress:
+            return download(plan, show)
+    return download(plan, PlainLines(missing, lambda line: err.print(line, markup=False)))
+
+
+def pull_ref(ref: ModelRef, settings: FitSettings, *, err: Console, dry_run: bool = False) -> PullPlan:
+    """Plan, show, refuse or download; what ``pull`` and ``chat --allow-download`` both run."""
+    plan = make_plan(ref.location, lambda shape: judge_shape(shape, settings, smaller_variants(ref)))
+    show_plan(plan, ref.id, err)
+    refuse(plan, ref.id, settings.force)
+    if dry_run or plan.to_fetch == 0:
+        err.print("nothing to fetch: every file is in the cache" if not dry_run else "dry run: nothing fetched",
+                  markup=False)
+        return plan
+    transfer = fetch(plan, err)
+    if transfer.interrupted:
+        err.print(f"stopped: {len(transfer.finished)} of {sum(not f.cached for f in plan.files)} files finished "
+                  "and kept in the cache; run the same command to resume", markup=False)
+        raise KeyboardInterrupt
+    err.print(f"fetched {gb(transfer.received)} into {plan.cache_dir}", markup=False)
+    return plan
+
+
+def run_pull(*, model: str, dry_run: bool, memory_limit: int | None, context: int | None, kv_bits: int | None,
+             force: bool, err: Console) -> None:
+    from localchat.fit.estimate import KVSettings
+
+    ref = hub_ref(model)
+    settings = FitSettings(memory_limit=memory_limit, context=context, kv=KVSettings(bits=kv_bits), force=force)
+    pull_ref(ref, settings, err=err, dry_run=dry_run)
+    if not dry_run:
+        from localchat.registry import local_dir
+
+        local_dir(ref)  # the snapshot is a loadable model directory
+        sys.stdout.write(f"uv run localchat chat -m {ref.id if ref.entry else ref.location}\n")
+
+
+def run_rm(*, model: str, yes: bool, console: Console) -> None:
+    """Remove a model's snapshots from the Hugging Face cache (the client's own delete strategy)."""
+    from huggingface_hub import scan_cache_dir
+
+    ref = hub_ref(model)
+    try:
+        repos = [r for r in scan_cache_dir().repos if r.repo_id == ref.location and r.repo_type == "model"]
+    except Exception:  # no cache directory yet
+        repos = []
+    if not repos:
+        raise LocalchatError(f"{ref.location} is not in the Hugging Face cache: nothing to remove")
+    hashes = [rev.commit_hash for r in repos for rev in r.revisions]
+    strategy = scan_cache_dir().delete_revisions(*hashes)
+    if not yes:
+        if not sys.stdin.isatty():
+            raise UsageError(f"rm would free {gb(strategy.expected_freed_size)} ({ref.location}): add --yes "
+                             "(there is no terminal to ask on)")
+        answer = console.input(f"remove {ref.location} ({gb(strategy.expected_freed_size)})? [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            console.print("kept", style="dim")
+            return
+    strategy.execute()
+    console.print(f"removed {ref.location}: {gb(strategy.expected_freed_size)} freed", markup=False)
+
+
+def fetch_missing(ref: ModelRef, settings: FitSettings, err: Console) -> None:
+    """``--allow-download``: a hub model not in the cache is pulled first (plan, verdict, progress)."""
+    from localchat.registry import hub_snapshot
+
+    if ref.kind == "hub" and hub_snapshot(ref.location) is None:
+        pull_ref(ref, settings, err=err)
+
+
+def chat_fit(opts, options) -> FitSettings:
+    """The fit settings of a chat: its flags and the model's runtime options (KV bits, size)."""
+    from localchat.fit.estimate import KVSettings
+
+    kv = KVSettings(bits=options.kv_bits, group_size=options.kv_group_size or 64, max_tokens=options.max_kv_size)
+    return FitSettings(memory_limit=opts.model.memory_limit, context=opts.trim.max_context_tokens, kv=kv,
+                       force=opts.model.force)
+
+
+def ready_model_dir(ref: ModelRef, settings: FitSettings, *, allow_download: bool, err: Console,
+                    also: tuple[ModelRef, ...] = ()) -> Path:
+    """The model's directory: fetched first when allowed and missing (``also``: a draft model),
+    then judged against this machine's memory before anything loads."""
+    from localchat.fit.check import check_local
+    from localchat.registry import local_dir
+
+    if allow_download:
+        for needed in (ref, *also):
+            fetch_missing(needed, settings, err)
+    path = local_dir(ref)
+    report = check_local(ref.id, path, settings, smaller_variants(ref))
+    if report.verdict in ("tight", "does not fit"):  # (the latter only with --force)
+        err.print("note: " + summary(ref.id, report), style="yellow", markup=False)
+    return path

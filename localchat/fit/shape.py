@@ -1,0 +1,122 @@
+"""What a model's memory depends on: its config's shape and its weights' bytes.
+
+The weights come from the safetensors headers (the tensors' byte ranges), never from loading
+them: on this machine ``huggingface_hub.get_local_safetensors_metadata`` reads a directory's
+headers; before a download, ``HfApi.get_safetensors_metadata`` reads them with ranged requests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from localchat.errors import LocalchatError
+
+DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "U32": 4, "I16": 2, "U16": 2,
+               "I8": 1, "U8": 1, "BOOL": 1}
+FLOAT_DTYPES = ("F32", "F16", "BF16")
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The numbers the estimate multiplies; ``global_layers`` attend to the whole context, the
+    others (Gemma 3's sliding layers) to ``sliding_window`` tokens at most."""
+
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    weights_bytes: int
+    activation_bytes: int  # the float the model computes in: its scales' or its weights' dtype
+    global_layers: int
+    sliding_window: int | None = None
+    context_window: int | None = None
+    last_layer_global: bool = True  # Gemma 3 with a multiple of 6 layers ends on a global one
+
+
+def _as_mlx_lm_reads(config: dict[str, Any]) -> dict[str, Any]:
+    """The config's numbers as mlx_lm builds the model from them: its ``ModelArgs`` fill in what a
+    published config leaves out (Gemma 3 4B names no head counts), and a multimodal config's
+    language model is its ``text_config``. A type mlx_lm does not know is read as written."""
+    from mlx_lm.utils import _get_classes
+
+    def args_of(part: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return {**part, **vars(_get_classes(part)[1].from_dict(part))}
+        except Exception:  # a model type mlx_lm lacks, or args it refuses: the config as it is
+            return dict(part)
+
+    read = args_of(config)
+    text = read.get("text_config")
+    return {**read, **args_of(text)} if isinstance(text, dict) and text.get("model_type") else \
+        {**read, **text} if isinstance(text, dict) else read
+
+
+def _positive(part: dict[str, Any], *names: str) -> int | None:
+    for name in names:
+        value = part.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def _sliding(part: dict[str, Any], layers: int) -> tuple[int, int | None, bool]:
+    """(layers over the whole context, the window of the others, whether the last is global), as
+    mlx_lm builds their caches: Gemma 3 makes every ``sliding_window_pattern``-th layer global."""
+    window = _positive(part, "sliding_window")
+    model_type = str(part.get("model_type", ""))
+    if window is None or not model_type.startswith("gemma3"):
+        return layers, None, True
+    pattern = _positive(part, "sliding_window_pattern") or 6
+    return layers // pattern, window, layers % pattern == 0
+
+
+def _activation_bytes(tensors: dict[str, tuple[str, int]]) -> int:
+    """A quantized model computes in its scales' dtype; a plain one in its weights' float dtype."""
+    scales = [dtype for name, (dtype, _) in tensors.items() if name.endswith(".scales")]
+    floats = scales or [dtype for dtype, _ in tensors.values() if dtype in FLOAT_DTYPES]
+    return DTYPE_BYTES[max(set(floats), key=floats.count)] if floats else 2
+
+
+def shape_from(config: dict[str, Any], tensors: dict[str, tuple[str, int]]) -> ModelShape:
+    """``tensors`` maps each tensor's name to (safetensors dtype, bytes)."""
+    part = _as_mlx_lm_reads(config)
+    layers = _positive(part, "num_hidden_layers", "n_layer", "num_layers")
+    hidden = _positive(part, "hidden_size", "n_embd", "d_model")
+    heads = _positive(part, "num_attention_heads", "n_head")
+    vocab = _positive(part, "vocab_size")
+    if None in (layers, hidden, heads, vocab) or not tensors:
+        raise LocalchatError("cannot estimate its memory: config.json lacks the layer, hidden size, head or "
+                             "vocabulary numbers, or it has no safetensors weights")
+    kv_heads = _positive(part, "num_key_value_heads", "n_head_kv") or heads
+    global_layers, window, last_global = _sliding(part, layers)
+    from localchat.registry import context_length
+
+    return ModelShape(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads,
+                      head_dim=_positive(part, "head_dim") or hidden // heads,
+                      intermediate=_positive(part, "intermediate_size", "n_inner") or 4 * hidden,
+                      vocab=vocab, weights_bytes=sum(size for _, size in tensors.values()),
+                      activation_bytes=_activation_bytes(tensors), global_layers=global_layers,
+                      sliding_window=window, context_window=context_length(part), last_layer_global=last_global)
+
+
+def tensors_of(metadata: Any) -> dict[str, tuple[str, int]]:
+    """huggingface_hub's ``SafetensorsRepoMetadata`` → {name: (dtype, bytes)}."""
+    return {name: (info.dtype, info.data_offsets[1] - info.data_offsets[0])
+            for file in metadata.files_metadata.values() for name, info in file.tensors.items()}
+
+
+def local_shape(model_dir: Any) -> ModelShape:
+    """The shape of a model directory on this machine, from its config and weight headers."""
+    from huggingface_hub import get_local_safetensors_metadata
+
+    from localchat.registry import read_config
+
+    try:
+        metadata = get_local_safetensors_metadata(model_dir)
+    except Exception as exc:  # a missing index, an unreadable header: one line
+        raise LocalchatError(f"cannot read the weights' headers in {model_dir}: {exc}".splitlines()[0]) from None
+    return shape_from(read_config(model_dir), tensors_of(metadata))

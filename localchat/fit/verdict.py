@@ -1,0 +1,109 @@
+"""Does a model fit: its estimate against the machine's budget, and what would help when it is
+tight or does not fit. ``check`` is what ``chat``, ``serve``, ``bench``, ``load`` and ``pull`` run
+before a byte is downloaded or a weight is loaded."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from localchat.errors import LocalchatError
+from localchat.fit.budget import MemoryBudget
+from localchat.fit.estimate import KVSettings, MemoryEstimate, estimate
+from localchat.fit.shape import ModelShape
+
+DEFAULT_CONTEXT = 8192  # the context a fit is judged at when the user sets none (LM Studio's 4k, doubled)
+TIGHT = 0.85
+
+
+@dataclass(frozen=True)
+class FitReport:
+    estimate: MemoryEstimate
+    budget: MemoryBudget | None
+    verdict: str  # "fits" | "tight" | "does not fit" | "unknown" (the machine says nothing of its memory)
+    helps: tuple[str, ...] = ()
+
+    @property
+    def share(self) -> float | None:
+        return self.estimate.total / self.budget.bytes if self.budget else None
+
+
+def gb(n: float) -> str:
+    """A size as people read one: GB from a gigabyte up, else MB, else KB."""
+    if n >= 1e9:
+        return f"{n / 1e9:.2f} GB" if n < 1e10 else f"{n / 1e9:.1f} GB"
+    return f"{n / 1e6:.1f} MB" if n >= 1e6 else f"{n / 1e3:.0f} KB"
+
+
+def fit_context(shape: ModelShape, asked: int | None, kv: KVSettings) -> int:
+    """The context a fit is judged at: the user's budget, else 8k, never past the model's window."""
+    context = asked or DEFAULT_CONTEXT
+    if shape.context_window:
+        context = min(context, shape.context_window)
+    return max(context, 1)
+
+
+def _verdict(total: int, budget: MemoryBudget | None) -> str:
+    if budget is None:
+        return "unknown"
+    share = total / budget.bytes
+    return "fits" if share <= TIGHT else "tight" if share <= 1 else "does not fit"
+
+
+def _shorter_context(shape: ModelShape, context: int, kv: KVSettings, room: int, metal: bool) -> int | None:
+    """The longest context (in steps of 512) that keeps within ``room``; None when even 512 does not."""
+    best = None
+    low, high = 1, context // 512
+    while low <= high:
+        mid = (low + high) // 2
+        if estimate(shape, mid * 512, kv, metal).total <= room:
+            best, low = mid * 512, mid + 1
+        else:
+            high = mid - 1
+    return best if best is not None and best < context else None
+
+
+def _helps(shape: ModelShape, context: int, kv: KVSettings, budget: MemoryBudget, metal: bool,
+           smaller: tuple[str, ...]) -> tuple[str, ...]:
+    room = int(budget.bytes * TIGHT)
+    found = []
+    if (shorter := _shorter_context(shape, context, kv, room, metal)) is not None:
+        found.append(f"--max-context-tokens {shorter}")
+    if kv.bits is None:
+        quantized = estimate(shape, context, replace(kv, bits=8), metal).total
+        if quantized <= budget.bytes:
+            found.append(f"--kv-bits 8 ({gb(quantized)})")
+    found += [f"a smaller variant: {name}" for name in smaller]
+    return tuple(found)
+
+
+def judge(shape: ModelShape, budget: MemoryBudget | None, *, context: int | None = None,
+          kv: KVSettings = KVSettings(), metal: bool = False, smaller: tuple[str, ...] = ()) -> FitReport:
+    at = fit_context(shape, context, kv)
+    guess = estimate(shape, at, kv, metal)
+    verdict = _verdict(guess.total, budget)
+    helps = _helps(shape, at, kv, budget, metal, smaller) if verdict in ("tight", "does not fit") else ()
+    return FitReport(estimate=guess, budget=budget, verdict=verdict, helps=helps)
+
+
+def terms(report: FitReport) -> str:
+    e = report.estimate
+    return (f"weights {gb(e.weights)} + KV cache {gb(e.kv_cache)} + prefill {gb(e.prefill)} "
+            f"+ runtime {gb(e.overhead)}")
+
+
+def summary(name: str, report: FitReport) -> str:
+    """One line: what the model needs, what the machine gives, the verdict and what would help."""
+    e, budget = report.estimate, report.budget
+    line = f"{name} needs ~{gb(e.total)} at {e.context:,} tokens of context ({terms(report)})"
+    if budget is None:
+        return line + "; this machine does not say how much memory it has"
+    line += f"; {budget.source} is {gb(budget.bytes)} ({report.share:.0%}): {report.verdict}"
+    if report.helps:
+        line += "; would help: " + ", ".join(report.helps)
+    return line
+
+
+def refuse_unless_fits(name: str, report: FitReport, force: bool) -> None:
+    """A model that does not fit is one line (exit 1), unless ``--force``."""
+    if report.verdict == "does not fit" and not force:
+        raise LocalchatError(summary(name, report) + " (--force to try anyway)")

@@ -1,0 +1,128 @@
+"""The fit estimate's arithmetic against hand-computed values for published configs (kept in
+tests/reference/model_configs), the verdicts, and the budget a user sets."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from localchat.errors import UsageError
+from localchat.fit.budget import MemoryBudget, machine_budget, parse_limit
+from localchat.fit.estimate import KVSettings, estimate, kv_cache_bytes
+from localchat.fit.shape import local_shape, shape_from
+from localchat.fit.verdict import judge, summary
+from localchat.registry import resolve
+
+CONFIGS = Path(__file__).parent / "reference" / "model_configs"
+GB = 10**9
+
+
+def published(name: str, weights: int = 2 * GB, dtype: str = "BF16"):
+    return shape_from(json.loads((CONFIGS / f"{name}.json").read_text()), {"weights": (dtype, weights)})
+
+
+# (layers over the whole context, KV heads, head dim) as each model card gives them
+@pytest.mark.parametrize("name, layers, kv_heads, head_dim", [
+    ("llama-3.2-1b-instruct", 16, 8, 64),
+    ("llama-3.2-3b-instruct", 28, 8, 128),
+    ("qwen3-4b", 36, 8, 128),
+    ("qwen3-8b", 36, 8, 128),
+])
+def test_the_kv_cache_is_layers_by_kv_heads_by_head_dim_by_tokens_by_bytes(name, layers, kv_heads, head_dim):
+    shape = published(name)
+    assert kv_cache_bytes(shape, 8192) == layers * 2 * kv_heads * head_dim * 8192 * 2
+    assert kv_cache_bytes(shape, 1000) == layers * 2 * kv_heads * head_dim * 1024 * 2  # whole steps of 256
+    # 8-bit: a byte a value, plus a bf16 scale and bias for each group of 64
+    assert kv_cache_bytes(shape, 8192, KVSettings(bits=8)) == int(layers * 2 * kv_heads * head_dim * 8192 *
+                                                                  (1 + 2 * 2 / 64))
+    assert kv_cache_bytes(shape, 8192, KVSettings(max_tokens=2048)) == layers * 2 * kv_heads * head_dim * 2048 * 2
+
+
+def test_llama_3_2_1b_at_8k_is_256_mib_of_kv_cache():
+    assert kv_cache_bytes(published("llama-3.2-1b-instruct"), 8192) == 256 * 2**20
+
+
+def test_gemma_3_4b_reads_the_heads_its_config_leaves_out_and_caps_its_sliding_layers():
+    """Gemma 3 4B's published config names no head counts (mlx_lm's defaults: 8 heads, 4 KV heads of
+    256); five of its 34 layers are global, the others keep a window of 1024 (+ a prefill chunk)."""
+    shape = published("gemma-3-4b-it")
+    assert (shape.heads, shape.kv_heads, shape.head_dim, shape.global_layers, shape.sliding_window) == \
+        (8, 4, 256, 5, 1024)
+    per_token = 2 * 4 * 256 * 2
+    assert kv_cache_bytes(shape, 8192) == 5 * 8192 * per_token + 29 * (1024 + 2047) * per_token
+    assert kv_cache_bytes(shape, 512) == 5 * 512 * per_token + 29 * 512 * per_token
+
+
+def test_the_prefill_counts_materialized_attention_off_metal_and_not_with_metals_fused_kernel():
+    shape = published("qwen3-8b")
+    cpu, metal = estimate(shape, 8192), estimate(shape, 8192, metal=True)
+    scores = 2048 * 8192 * (32 * 2 + 1)  # a whole chunk's scores (bf16) and boolean mask, at the end
+    assert cpu.prefill - metal.prefill == scores
+    assert estimate(shape, 8192, KVSettings(bits=8), metal=True).prefill > metal.prefill  # quantized: not fused
+    assert cpu.weights == 2 * GB and cpu.total == cpu.weights + cpu.kv_cache + cpu.prefill + cpu.overhead
+
+
+def test_a_quantized_model_computes_in_its_scales_dtype():
+    config = json.loads((CONFIGS / "qwen3-4b.json").read_text())
+    f32_scales = shape_from(config, {"l.weight": ("U32", 100), "l.scales": ("F32", 10), "l.biases": ("F32", 10)})
+    f16_scales = shape_from(config, {"l.weight": ("U32", 100), "l.scales": ("F16", 10), "l.biases": ("F16", 10)})
+    assert (f32_scales.activation_bytes, f16_scales.activation_bytes) == (4, 2)
+    assert f32_scales.weights_bytes == 120
+
+
+def test_verdicts_and_what_would_help():
+    shape = published("qwen3-8b", weights=4_600_000_000)
+    needs = estimate(shape, 8192).total
+    assert judge(shape, MemoryBudget(bytes=needs * 2, source="x")).verdict == "fits"
+    tight = judge(shape, MemoryBudget(bytes=int(needs / 0.9), source="x"), smaller=("qwen3-8b@4bit",))
+    assert tight.verdict == "tight"
+    assert any(h.startswith("--max-context-tokens ") for h in tight.helps)
+    assert any(h.startswith("--kv-bits 8") for h in tight.helps) and "a smaller variant: qwen3-8b@4bit" in tight.helps
+    short = int(next(h for h in tight.helps if h.startswith("--max-context-tokens")).split()[1])
+    assert estimate(shape, short).total <= needs / 0.9 * 0.85 < estimate(shape, short + 512).total
+    refused = judge(shape, MemoryBudget(bytes=GB, source="your memory limit"))
+    assert refused.verdict == "does not fit" and refused.helps == ()  # nothing here would fit 1 GB
+    line = summary("qwen3-8b", refused)
+    assert "at 8,192 tokens of context" in line and "your memory limit is 1.00 GB" in line and "does not fit" in line
+
+
+def test_the_context_judged_is_the_users_and_never_past_the_models_window():
+    shape = published("qwen3-4b")
+    assert judge(shape, None).estimate.context == 8192
+    assert judge(shape, None, context=100_000).estimate.context == 40960
+    assert judge(shape, None, context=2048).estimate.context == 2048
+    assert judge(shape, None).verdict == "unknown"
+
+
+@pytest.mark.parametrize("text, value", [("12GB", 12 * 2**30), ("512M", 512 * 2**20), ("1000", 1000)])
+def test_a_memory_limit_is_a_size(text, value):
+    assert parse_limit(text) == value
+
+
+@pytest.mark.parametrize("text", ["0", "twelve", "-1GB", ""])
+def test_a_memory_limit_that_is_not_one_is_a_usage_error(text):
+    with pytest.raises(UsageError):
+        parse_limit(text)
+
+
+def test_the_config_files_memory_limit_is_the_budget(tmp_path, monkeypatch):
+    monkeypatch.setenv("LOCALCHAT_HOME", str(tmp_path))
+    (tmp_path / "config.yaml").write_text("memory_limit: 6GB\n")
+    assert machine_budget() == MemoryBudget(bytes=6 * 2**30, source="your memory limit")
+    assert machine_budget(2**30).bytes == 2**30  # the flag wins
+    (tmp_path / "config.yaml").write_text("memory_limit: lots\n")
+    with pytest.raises(UsageError, match="memory_limit"):
+        machine_budget()
+
+
+def test_a_local_model_is_read_from_its_headers():
+    shape = local_shape(Path(resolve("demo").location))
+    assert (shape.layers, shape.hidden, shape.heads) == (3, 128, 4)
+    assert 700_000 < shape.weights_bytes < 900_000 and shape.context_window == 1024
+
+
+def test_registry_variants_resolve_and_an_unknown_one_is_named():
+    ref = resolve("qwen3-8b@8bit")
+    assert (ref.id, ref.location, ref.kind) == ("qwen3-8b@8bit", "mlx-community/Qwen3-8B-8bit", "hub")
+    with pytest.raises(UsageError, match="no variant '3bit'.*4bit, 8bit, bf16"):
+        resolve("qwen3-8b@3bit")
