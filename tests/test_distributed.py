@@ -85,7 +85,10 @@ def test_two_ranks_of_the_demo_serve_chat_and_smoke_and_ctrl_c_leaves_nothing(ho
         base = f"http://127.0.0.1:{port}/v1"
         smoke = runner.invoke(app, ["smoke", "--base-url", base, "-m", "demo", "--json"])
         assert smoke.exit_code == 0, smoke.stdout
-        assert all(c["ok"] for c in json.loads(smoke.stdout)["checks"])
+        checks = json.loads(smoke.stdout)["checks"]
+        assert all(c["ok"] for c in checks)
+        enforced = next(c for c in checks if c["name"].startswith("response_format"))
+        assert enforced["detail"] == "valid JSON, enforced by the server"  # the mask works across ranks too
         chat = runner.invoke(app, ["chat", "--backend", "server", "--base-url", base, "-m", "demo"],
                              input="Remember the code harbor 17. Reply only OK.\nWhat was the code? Reply with the "
                                    "code only.\n")
@@ -232,8 +235,10 @@ def test_dry_run_shows_the_command_and_starts_nothing(home):
     result = runner.invoke(app, ["serve", "--ranks", "2", "--dry-run"])
     assert result.exit_code == 0
     assert "mlx.launch --backend ring --hosts 127.0.0.1 -n 2 --starting-port" in result.stdout
-    assert "-m localchat.server.rank_guard mlx_lm server --model" in result.stdout  # a local rank ends with serve
+    assert "-m localchat.server.rank_guard localchat.server.enforcing --model" in result.stdout  # ends with serve
     assert "--pipeline" not in result.stdout
+    plain = runner.invoke(app, ["serve", "--ranks", "2", "--dry-run", "--plain"])
+    assert "-m localchat.server.rank_guard mlx_lm server --model" in plain.stdout
 
 
 @pytest.fixture(scope="module")

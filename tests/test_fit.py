@@ -126,3 +126,25 @@ def test_registry_variants_resolve_and_an_unknown_one_is_named():
     assert (ref.id, ref.location, ref.kind) == ("qwen3-8b@8bit", "mlx-community/Qwen3-8B-8bit", "hub")
     with pytest.raises(UsageError, match="no variant '3bit'.*4bit, 8bit, bf16"):
         resolve("qwen3-8b@3bit")
+
+
+def test_a_quantized_cache_is_full_precision_until_its_start_and_a_chunk_past_it():
+    """mlx_lm quantizes the cache between prefill chunks once past --quantized-kv-start: a prompt of
+    one chunk peaks at full precision, and a start of 5000 keeps 5000 + a chunk at full precision."""
+    shape = published("qwen3-8b")
+    per_token = 36 * 2 * 8 * 128
+    assert kv_cache_bytes(shape, 2048, KVSettings(bits=8)) == per_token * 2048 * 2
+    assert kv_cache_bytes(shape, 8192, KVSettings(bits=8, quantized_start=5000)) == per_token * 7168 * 2
+    assert kv_cache_bytes(shape, 32768, KVSettings(bits=8, quantized_start=5000)) == int(per_token * 32768 * 1.0625)
+
+
+def test_a_six_layer_gemma_prefills_without_its_only_global_layers_attention():
+    """MLX evaluates only the caches between chunks: the last layer's attention is never computed
+    there, so a Gemma 3 whose only global layer is its last attends at most a window and a chunk."""
+    config = {"model_type": "gemma3_text", "hidden_size": 256, "num_hidden_layers": 6, "intermediate_size": 768,
+              "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 64, "vocab_size": 32000,
+              "sliding_window": 512, "sliding_window_pattern": 6, "rope_theta": 10000.0, "rms_norm_eps": 1e-6}
+    six = shape_from(config, {"w": ("F32", 1000)})
+    twelve = shape_from({**config, "num_hidden_layers": 12}, {"w": ("F32", 1000)})
+    assert (six.global_layers, six.last_layer_global, twelve.global_layers) == (1, True, 2)
+    assert estimate(six, 8192).prefill < estimate(twelve, 8192).prefill - 2048 * (8192 - 2560) * 4 * 4

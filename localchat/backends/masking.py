@@ -12,7 +12,7 @@ from functools import cached_property
 from typing import Any
 
 from localchat.backends.reply import opens_reasoning
-from localchat.grammar.compile import CallMarkers, check, grammars, llg_tokenizer
+from localchat.grammar.compile import CallMarkers, check, grammars, llg_tokenizer, required_calls
 from localchat.grammar.formats import AnswerFormat
 from localchat.grammar.mask import MaskedDecoding, Reasoning
 from localchat.templates.traits import TemplateTraits
@@ -51,15 +51,18 @@ class GrammarSetup:
         return Reasoning(ids[0], ids[1], opened=opens_reasoning(self.tokenizer, prompt_ids, fmt))
 
     def for_reply(self, fmt: AnswerFormat | None, tools: list[dict[str, Any]], traits: TemplateTraits,
-                  prompt_ids: list[int], offset: int, drafting: bool = False) -> MaskedDecoding | None:
+                  prompt_ids: list[int], offset: int, drafting: bool = False,
+                  calls_required: bool = False) -> MaskedDecoding | None:
         """The processor of one reply, or None when nothing is enforced (no format; no tools whose
-        calls a grammar reads)."""
+        calls a grammar reads). ``calls_required``: the reply is calls to ``tools`` and nothing else."""
         markers = self.call_markers(traits) if tools and self.masks_calls else None
         if fmt is None and markers is None:
             return None
         if traits.reasoning is not None and traits.reasoning.name != "think":
             return None  # harmony's channels: the answer is checked after it is written, not masked
         reasoning = self.reasoning(traits, prompt_ids)
-        made = grammars(fmt, tools, markers, self.llg, after_reasoning=reasoning is not None)
+        after = reasoning is not None
+        made = required_calls(tools, markers, self.llg, after) if calls_required and markers else \
+            grammars(fmt, tools, markers, self.llg, after_reasoning=after)
         return MaskedDecoding(self.llg, made, offset=offset, decode=self.tokenizer.decode, reasoning=reasoning,
                               drafting=drafting)

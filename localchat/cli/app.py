@@ -105,19 +105,22 @@ def serve(
     memory_limit: MemoryLimitOpt = None,
     force: ForceOpt = False,
     allow_download: AllowDownloadOpt = False,
+    plain: Annotated[bool, typer.Option("--plain", help="Run mlx_lm.server as it is: response_format and "
+                                        "tool_choice are then not enforced (for comparison).")] = False,
 ) -> None:
-    """Launch mlx_lm.server (extra server args after --), ready when a completion succeeds; on
+    """Launch mlx_lm.server (extra server args after --), with response_format and tool_choice
+    enforced while decoding, ready when a completion succeeds; on
     several ranks with --ranks N (this machine) or --hostfile FILE (mlx.launch's); with --api, behind
     a gateway that also speaks the Anthropic Messages and OpenAI Responses APIs."""
     spread = ranks_of(ranks, hostfile, distributed_backend, pipeline)
     if api is not None and not dry_run:
         run("localchat.cli.gateway:run_serve_api", model=model, host=host, port=port, log=log, smoke=smoke,
             extra=tuple(ctx.args), console=out_console(), err=err_console(), apis=api, api_key=api_key, ranks=spread,
-            origins=allow_origin, memory_limit=memory_limit, force=force, allow_download=allow_download)
+            origins=allow_origin, memory_limit=memory_limit, force=force, allow_download=allow_download, plain=plain)
         return
     run("localchat.cli.serve:run_serve", model=model, host=host, port=port, log=log, smoke=smoke,
         extra=tuple(ctx.args), console=out_console(), dry_run=dry_run, ranks=spread, memory_limit=memory_limit,
-        force=force, allow_download=allow_download)
+        force=force, allow_download=allow_download, plain=plain)
 
 
 @app.command()

@@ -24,7 +24,8 @@ from localchat.server.launch import LOOPBACK, free_port, port_is_free, start_rea
 def run_serve_api(*, model: str | None, host: str, port: int, log: Path | None, extra: tuple[str, ...],
                   console: Console, err: Console, apis: tuple[str, ...], api_key: str | None,
                   ranks: Ranks | None = None, smoke: bool = False, origins: tuple[str, ...] = (),
-                  memory_limit: int | None = None, force: bool = False, allow_download: bool = False) -> int:
+                  memory_limit: int | None = None, force: bool = False, allow_download: bool = False,
+                  plain: bool = False) -> int:
     ref = resolve(model or DEFAULT_MODEL)
     fit = FitSettings(memory_limit=memory_limit, force=force)
     if allow_download:
@@ -34,7 +35,7 @@ def run_serve_api(*, model: str | None, host: str, port: int, log: Path | None, 
     internal = free_port()
     with console.status("starting mlx_lm.server …") as status, shown_log_on_failure(console):
         server = start_ready(ref, host="127.0.0.1", port=internal, log=log, extra=extra,
-                             on_poll=heeding(terminated, status.update), ranks=ranks, fit=fit)
+                             on_poll=heeding(terminated, status.update), ranks=ranks, fit=fit, plain=plain)
     running = None
     try:
         upstream = reach_upstream(server.base_url, ref, None)

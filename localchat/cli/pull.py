@@ -138,7 +138,8 @@ def chat_fit(opts, options) -> FitSettings:
     """The fit settings of a chat: its flags and the model's runtime options (KV bits, size)."""
     from localchat.fit.estimate import KVSettings
 
-    kv = KVSettings(bits=options.kv_bits, group_size=options.kv_group_size or 64, max_tokens=options.max_kv_size)
+    kv = KVSettings(bits=options.kv_bits, group_size=options.kv_group_size or 64, max_tokens=options.max_kv_size,
+                    quantized_start=options.quantized_kv_start or 0)
     return FitSettings(memory_limit=opts.model.memory_limit, context=opts.trim.max_context_tokens, kv=kv,
                        force=opts.model.force)
 

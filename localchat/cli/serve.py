@@ -51,7 +51,8 @@ def show_smoke(console: Console, report: SmokeReport, as_json: bool) -> None:
 
 def run_serve(*, model: str | None, host: str, port: int, log: Path | None, smoke: bool,
               extra: tuple[str, ...], console: Console, ranks: Ranks | None = None, dry_run: bool = False,
-              memory_limit: int | None = None, force: bool = False, allow_download: bool = False) -> int:
+              memory_limit: int | None = None, force: bool = False, allow_download: bool = False,
+              plain: bool = False) -> int:
     """Serve until Ctrl+C or SIGTERM (success), or run the smoke test and stop (its result);
     ``--dry-run`` shows the command and starts nothing."""
     ref = resolve(model or DEFAULT_MODEL)
@@ -61,7 +62,7 @@ def run_serve(*, model: str | None, host: str, port: int, log: Path | None, smok
     if dry_run:
         if ranks is not None:
             check_ranks(ranks, None)
-        console.print(shlex.join(server_command(ref.location, host, port, extra, ranks)), markup=False,
+        console.print(shlex.join(server_command(ref.location, host, port, extra, ranks, plain)), markup=False,
                       overflow="ignore", crop=False)
         return outcomes.OK
     if host not in LOOPBACK:
@@ -70,7 +71,7 @@ def run_serve(*, model: str | None, host: str, port: int, log: Path | None, smok
     terminated = raise_on_sigterm()
     with console.status("starting mlx_lm.server …") as status, shown_log_on_failure(console):
         server = start_ready(ref, host=host, port=port, log=log, extra=extra,
-                             on_poll=heeding(terminated, status.update), ranks=ranks, fit=fit)
+                             on_poll=heeding(terminated, status.update), ranks=ranks, fit=fit, plain=plain)
     where = f" · {ranks.size} ranks ({ranks.backend}{', pipeline' if ranks.pipeline else ''})" if ranks else ""
     try:
         console.print(f"[green]ready[/green] {server.base_url} · model {ref.id} ({ref.location}){where} · "

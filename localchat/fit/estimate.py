@@ -29,6 +29,7 @@ class KVSettings:
     bits: int | None = None
     group_size: int = 64
     max_tokens: int | None = None
+    quantized_start: int = 0  # --quantized-kv-start: the cache stays full precision until past it
 
 
 @dataclass(frozen=True)
@@ -67,9 +68,15 @@ def _layer_tokens(shape: ModelShape, context: int, kv: KVSettings) -> list[int]:
 
 
 def kv_cache_bytes(shape: ModelShape, context: int, kv: KVSettings = KVSettings()) -> int:
-    """layers × 2 (keys, values) × KV heads × head dim × tokens × bytes per value."""
+    """layers × 2 (keys, values) × KV heads × head dim × tokens × bytes per value. A quantized cache
+    is quantized between prefill chunks once past its start: until then it is held at full
+    precision, so its peak is the larger of the two."""
     per_token = 2 * shape.kv_heads * shape.head_dim * _kv_value_bytes(shape, kv)
-    return int(sum(_layer_tokens(shape, context, kv)) * per_token)
+    held = int(sum(_layer_tokens(shape, context, kv)) * per_token)
+    if kv.bits is None:
+        return held
+    before = min(context, kv.quantized_start + PREFILL_STEP)
+    return max(held, kv_cache_bytes(shape, before, KVSettings(max_tokens=kv.max_tokens)))
 
 
 def _attention_bytes(shape: ModelShape, chunk: int, context: int, fused: bool) -> int:

@@ -68,7 +68,22 @@ def read_request(body: Any, store: ResponseStore) -> GatewayRequest:
     system = "\n\n".join(s for s in [instructions, *systems] if s) or None
     return GatewayRequest(model=read(body, "model", str, required=True), system=system, messages=conversation,
                           params=params, stream=bool(read(body, "stream", bool)), tools=tools, tool_choice=choice,
-                          dropped_tools=dropped)
+                          dropped_tools=dropped, response_format=_text_format(body))
+
+
+def _text_format(body: dict[str, Any]) -> dict[str, Any] | None:
+    """``text.format`` as chat completions' ``response_format`` (what the server enforces)."""
+    fmt = read(read(body, "text", dict, default={}), "format", dict, "text")
+    kind = read(fmt, "type", str, "text.format") if fmt else "text"
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "json_object"}
+    if kind == "json_schema":
+        schema = read(fmt, "schema", dict, "text.format", required=True)
+        return {"type": "json_schema", "json_schema": {"name": read(fmt, "name", str, "text.format") or "response",
+                                                       "schema": schema, "strict": bool(fmt.get("strict"))}}
+    raise invalid(f"text.format.type: must be text, json_object or json_schema, not {kind!r}", "text.format.type")
 
 
 def _check_echoed(body: dict[str, Any]) -> None:
@@ -204,7 +219,8 @@ class ResponsesReply:
                "parallel_tool_calls": self.body.get("parallel_tool_calls", True),
                "temperature": self.request.params.temperature, "top_p": self.request.params.top_p,
                "tool_choice": self.body.get("tool_choice", "auto"), "tools": self.body.get("tools", []),
-               "store": self.body.get("store", True), "text": {"format": {"type": "text"}}, "truncation": "disabled",
+               "store": self.body.get("store", True), "text": {"format": (self.body.get("text") or {}).get("format") or {"type": "text"}},
+               "truncation": "disabled",
                "metadata": self.body.get("metadata") or {}, "usage": _usage(ended) if ended else None}
         if ended is not None and ended.error is not None:
             out["error"] = {"code": "server_error", "message": ended.error}

@@ -43,7 +43,8 @@ class GatewayRequest:
     params: GenerationParams
     stream: bool
     tools: list[dict[str, Any]] = field(default_factory=list)  # OpenAI function tools
-    tool_choice: Any = None  # OpenAI's form, sent on (mlx_lm.server 0.32 reads none)
+    tool_choice: Any = None  # OpenAI's form, sent on (localchat serve enforces it; plain mlx_lm.server 0.32 does not)
+    response_format: dict[str, Any] | None = None  # OpenAI's, sent on: the Responses API's text.format
     stop: tuple[str, ...] = ()  # matched by the gateway, which knows which one stopped the reply
     dropped_tools: tuple[str, ...] = ()  # tools of a kind no local model runs (web search…), left out
 

@@ -66,6 +66,8 @@ class Upstream:
         """A backend for one request: its own client, the request's tools, its tool choice."""
         template = copy.copy(self.template) if self.template is not None else None
         extra = {"tool_choice": request.tool_choice} if request.tool_choice is not None and request.tools else {}
+        if request.response_format is not None:
+            extra["response_format"] = request.response_format
         backend = ServerBackend(make_client(self.base_url, self.api_key, self.timeout_s),
                                 self.model_for(request.model), model_id=self.model_id,
                                 load_tokenizer=(lambda: self.tokenizer) if self.tokenizer is not None else None,

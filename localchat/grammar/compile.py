@@ -184,6 +184,19 @@ def grammars(fmt: AnswerFormat | None, tools: list[dict[str, Any]], markers: Cal
                     markers=markers if call else None)
 
 
+def required_calls(tools: list[dict[str, Any]], markers: CallMarkers, llg: Any | None,
+                   after_reasoning: bool = False) -> Grammars:
+    """The grammars of a reply that must be calls to ``tools`` (OpenAI's ``tool_choice``
+    ``required``, or one function named): no text, one call or more."""
+    from llguidance import LLMatcher
+
+    call = call_rule(tools, markers, llg)
+    space = f"{LEADING_SPACE} " if after_reasoning else ""
+    answer = f"start: {space}calls\ncalls: call+\ncall: {_literal(markers.start, llg)} {call}"
+    return Grammars(answer=LLMatcher.grammar_from_lark(answer), call=LLMatcher.grammar_from_lark(f"start: {call}"),
+                    markers=markers)
+
+
 def check(fmt: AnswerFormat, llg: Any | None) -> None:
     """A ``GrammarError`` naming the format when it cannot be compiled, or (with the model's
     tokenizer) when it admits no text at all; nothing when it can be enforced."""

@@ -112,20 +112,22 @@ class RunningServer:
 
 
 def server_command(model_location: str, host: str, port: int, extra_args: tuple[str, ...] = (),
-                   ranks: Ranks | None = None) -> list[str]:
-    """The command that starts mlx_lm.server: one process, or one a rank under ``mlx.launch``."""
-    command = [sys.executable, "-m", "mlx_lm", "server", "--model", model_location,
+                   ranks: Ranks | None = None, plain: bool = False) -> list[str]:
+    """The command that starts mlx_lm.server: one process, or one a rank under ``mlx.launch``;
+    with the grammar mask added (``server.enforcing``) unless ``plain``."""
+    entry = ["mlx_lm", "server"] if plain else ["localchat.server.enforcing"]
+    command = [sys.executable, "-m", *entry, "--model", model_location,
                "--host", host, "--port", str(port), *extra_args]
     return launch_command(ranks, command) if ranks is not None else command
 
 
 def launch(model_location: str, *, host: str = "127.0.0.1", port: int = 8080, log_path: Path,
-           extra_args: tuple[str, ...] = (), ranks: Ranks | None = None) -> RunningServer:
+           extra_args: tuple[str, ...] = (), ranks: Ranks | None = None, plain: bool = False) -> RunningServer:
     """Start the child (not yet ready: see ``wait_ready``)."""
     if not port_is_free(host, port):
         raise ServerStartError(f"port {port} on {host} is busy: stop what is using it, or pick "
                                "another with --port")
-    command = server_command(model_location, host, port, extra_args, ranks)
+    command = server_command(model_location, host, port, extra_args, ranks, plain)
     ensure_hub_cache()
     with open_log(log_path) as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -240,7 +242,7 @@ def default_log(port: int) -> Path:
 
 def start_ready(ref: ModelRef, *, host: str = "127.0.0.1", port: int, log: Path | None = None,
                 extra: tuple[str, ...] = (), on_poll: Callable[[str], None] = lambda _: None,
-                ranks: Ranks | None = None, fit: FitSettings | None = None) -> RunningServer:
+                ranks: Ranks | None = None, fit: FitSettings | None = None, plain: bool = False) -> RunningServer:
     """Launch mlx_lm.server for ``ref`` (on ``ranks``, when given) and wait until a completion
     succeeds through rank 0; ``on_poll`` hears what it is waiting for (a spinner shows it). The
     child, every rank of it, is stopped if anything goes wrong. A model that does not fit this
@@ -250,7 +252,7 @@ def start_ready(ref: ModelRef, *, host: str = "127.0.0.1", port: int, log: Path 
     if ranks is not None:
         check_ranks(ranks, model_dir)
     server = launch(ref.location, host=host, port=port, log_path=log or default_log(port), extra_args=extra,
-                    ranks=ranks)
+                    ranks=ranks, plain=plain)
     where = f" on {ranks.size} ranks ({ranks.backend})" if ranks is not None else ""
     try:
         on_poll(f"starting mlx_lm.server with {ref.id}{where} on port {port} …")

@@ -7,9 +7,10 @@ Each check is timed; the recall check goes through the same history builder and 
 from __future__ import annotations
 
 import functools
+import json
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import httpx
 
@@ -25,6 +26,9 @@ from localchat.wording import count
 # words it never saw: a fixed code it recalls makes the check deterministic. Random held-out codes
 # failed now and then ("thunder 42" -> "thundold42", a word the demo model's card lists).
 SMOKE_CODE = "harbor 17"
+FORMAT_CHECK = {"type": "json_schema", "json_schema": {"name": "answer", "schema": {
+    "type": "object", "properties": {"answer": {"type": "string", "maxLength": 12}}, "required": ["answer"],
+    "additionalProperties": False}}}
 
 
 @dataclass
@@ -124,6 +128,25 @@ def run_smoke(backend: ServerBackend, judge_recall: bool, api: str | None = None
         usage = "NO usage from the server (counts estimated)" if s.estimated else "usage reported"
         return s.ttft_s is not None and not s.estimated, f"TTFT {s.ttft_s or 0:.3f}s · {speed} · {usage}: {result.text!r}"
 
+    def answer_format():
+        body = {**backend.request_body([{"role": "user", "content": "Answer in JSON: what is 2 + 2?"}],
+                                       replace(params, max_tokens=64), stream=False), "response_format": FORMAT_CHECK}
+        r = client.post("chat/completions", json=body)
+        if r.status_code != 200:
+            return False, f"HTTP {r.status_code}: {_body(r)}"
+        choices = _json_object(r).get("choices") or [{}]
+        text = (choices[0].get("message") or {}).get("content") if isinstance(choices[0], dict) else None
+        enforced = r.headers.get("x-localchat-enforced")
+        try:
+            valid = isinstance(json.loads(text or "").get("answer"), str)
+        except (ValueError, AttributeError):
+            valid = False
+        if valid:
+            return True, "valid JSON, " + ("enforced by the server" if enforced else
+                                           "though the server does not say it enforces response_format")
+        why = "the server said it enforced it" if enforced else "the server ignores response_format"
+        return False, f"not the JSON asked for ({why}): {text!r}"
+
     turn2 = {}
 
     def recall():
@@ -161,6 +184,8 @@ def run_smoke(backend: ServerBackend, judge_recall: bool, api: str | None = None
         ("two-turn recall" + ("" if judge_recall else " (not required)"), endpoint, recall),
         ("prompt cache hit on turn 2", endpoint, cache_hit),
     ]
+    if api is None:
+        api_checks = [("response_format enforced (not required)", endpoint, answer_format, False)]
     rows = [_timed(name, url, run, required=judge_recall or run is not recall) for name, url, run in checks]
     rows += [_timed(name, url, run, required) for name, url, run, required in api_checks]
     report.checks = [_redacted(row, backend) for row in rows]

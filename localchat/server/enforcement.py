@@ -1,0 +1,139 @@
+"""What an OpenAI chat-completions request asks to be enforced, read and checked before anything
+is generated: ``response_format`` (``json_object``, ``json_schema``), ``tool_choice`` (``none``,
+``auto``, ``required``, one function by name), and localchat's ``guided_regex``/``guided_choice``.
+It is plain data: it travels with the request to every rank."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from localchat.errors import UsageError
+from localchat.grammar.formats import MAX_CHOICES, AnswerFormat, regex_format
+
+
+class RequestRefused(Exception):
+    """A 400 in OpenAI's error shape, naming the request's field."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass(frozen=True)
+class Enforcement:
+    kind: str  # what is enforced, as the response's header says it: json_schema, regex, tool_choice=required…
+    schema: dict[str, Any] | None = None
+    pattern: str | None = None
+    choices: tuple[str, ...] = ()
+    tools: list[dict[str, Any]] = field(default_factory=list)  # the tools a call may use
+    calls: str = "auto"  # auto | none | required
+
+    def answer(self) -> AnswerFormat | None:
+        if self.schema is not None:
+            return AnswerFormat("", schema=self.schema, name="response_format")
+        if self.pattern is not None:
+            return AnswerFormat("", pattern=self.pattern, name="guided_regex")
+        return AnswerFormat("", choices=self.choices, name="guided_choice") if self.choices else None
+
+    def banned_marker(self, traits: Any, tokenizer: Any) -> Any:
+        """``tool_choice: none``: the family's call marker, when it is one token, can never come."""
+        fmt = traits.tool_format
+        if self.calls != "none" or fmt is None or not fmt.start:
+            return None
+        ids = tokenizer.encode(fmt.start, add_special_tokens=False)
+        return BanToken(ids[0]) if len(ids) == 1 else None
+
+
+class BanToken:
+    def __init__(self, token: int) -> None:
+        self.token = token
+
+    def __call__(self, tokens: Any, logits: Any) -> Any:
+        import mlx.core as mx
+
+        keep = mx.ones(logits.shape[-1], dtype=mx.bool_)
+        keep[self.token] = False
+        return mx.where(keep, logits, mx.array(-float("inf"), dtype=logits.dtype))
+
+
+def _format(body: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
+    """(kind, the Enforcement fields) of the answer's format, or None."""
+    rf = body.get("response_format")
+    if rf is not None:
+        kind = rf.get("type") if isinstance(rf, dict) else None
+        if kind == "json_object":
+            return "json_object", {"schema": {"type": "object"}}
+        if kind == "json_schema":
+            spec = rf.get("json_schema")
+            schema = spec.get("schema", {"type": "object"}) if isinstance(spec, dict) else None
+            if not isinstance(schema, dict):
+                raise RequestRefused("response_format.json_schema.schema must be a JSON Schema object",
+                                     "response_format")
+            return "json_schema", {"schema": schema}
+        if kind != "text":
+            raise RequestRefused("response_format.type must be text, json_object or json_schema", "response_format")
+    if (pattern := body.get("guided_regex")) is not None:
+        if not isinstance(pattern, str):
+            raise RequestRefused("guided_regex must be a string", "guided_regex")
+        try:
+            return "regex", {"pattern": regex_format(pattern).pattern}
+        except UsageError as exc:
+            raise RequestRefused(str(exc).replace("--regex", "guided_regex"), "guided_regex") from None
+    if (choices := body.get("guided_choice")) is not None:
+        if not isinstance(choices, list) or not all(isinstance(c, str) and c for c in choices) \
+                or not 2 <= len(set(choices)) <= MAX_CHOICES:
+            raise RequestRefused(f"guided_choice must be a list of 2 to {MAX_CHOICES} strings", "guided_choice")
+        return "choice", {"choices": tuple(dict.fromkeys(choices))}
+    return None
+
+
+def _tool_name(tool: Any) -> str | None:
+    function = tool.get("function") if isinstance(tool, dict) else None
+    return function.get("name") if isinstance(function, dict) else None
+
+
+def _calls(body: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
+    """(auto | none | required, the tools a call may use)."""
+    tools = body.get("tools") or []
+    choice = body.get("tool_choice", "auto")
+    if choice in ("auto", "none", "required"):
+        if choice == "required" and not tools:
+            raise RequestRefused("tool_choice is required but no tools were given", "tool_choice")
+        return choice, list(tools)
+    name = choice.get("function", {}).get("name") if isinstance(choice, dict) and isinstance(
+        choice.get("function"), dict) else None
+    if not isinstance(choice, dict) or choice.get("type") != "function" or not isinstance(name, str):
+        raise RequestRefused('tool_choice must be none, auto, required or {"type": "function", "function": '
+                             '{"name": …}}', "tool_choice")
+    named = [t for t in tools if _tool_name(t) == name]
+    if not named:
+        raise RequestRefused(f"tool_choice names {name!r}, which is not among the tools given", "tool_choice")
+    return "required", named
+
+
+def _check(fmt: AnswerFormat | None, tools: list[dict[str, Any]], calls: str) -> None:
+    """The grammar compiles (a byte tokenizer: no model needed), or a 400 naming why."""
+    from localchat.grammar.compile import GrammarError, check, refused_tools
+
+    if fmt is not None:
+        try:
+            check(fmt, None)
+        except GrammarError as exc:
+            raise RequestRefused(str(exc), "response_format" if fmt.schema is not None else fmt.name) from None
+    if calls == "required":
+        for name, why in refused_tools(tools, None).items():
+            raise RequestRefused(f"tool {name!r}: its parameters cannot be enforced: {why}", "tools")
+
+
+def enforcement_of(body: dict[str, Any], provider: Any = None) -> Enforcement | None:
+    """What ``body`` asks to be enforced (None: nothing), or ``RequestRefused``."""
+    found = _format(body)
+    calls, tools = _calls(body)
+    if found is None and not tools:
+        return None
+    kind, fields = found or ("", {})
+    enforcement = Enforcement(kind=",".join(k for k in (kind, f"tool_choice={calls}" if tools else "") if k),
+                              tools=tools if calls != "none" else [], calls=calls, **fields)
+    _check(enforcement.answer(), enforcement.tools, calls)
+    return enforcement
