@@ -223,3 +223,13 @@ def test_chat_allow_download_goes_through_the_same_plan_verdict_and_progress(env
                         "--memory-limit", "1MB", "hi")
     assert refused.returncode == 1 and "does not fit" in error_line(refused)
     assert blobs(env | {"HF_HOME": env["HF_HOME"] + "-2"}) == []
+
+
+def test_serve_allow_download_pulls_first_then_serves(env):
+    from localchat.server.launch import free_port
+
+    served = localchat(env, "serve", "-m", DEMO, "--allow-download", "--smoke", "--port", str(free_port()),
+                       timeout=240)
+    assert served.returncode == 0, served.stdout + served.stderr
+    assert f"{DEMO} at " in served.stdout + served.stderr and "all required checks passed" in served.stdout
+    assert blobs(env)

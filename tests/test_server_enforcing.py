@@ -24,9 +24,14 @@ PROMPTS = ["Describe Ada Lovelace.", "Tell me about a pilot from Paris.", "Who a
 
 
 @pytest.fixture(scope="module")
-def smol(smollm2, tmp_path_factory):
+def smol_server(smollm2, tmp_path_factory):
     with serving(smollm2, tmp_path_factory.mktemp("smol")) as server:
-        yield openai.OpenAI(base_url=server.base_url, api_key="none", max_retries=0)
+        yield server
+
+
+@pytest.fixture(scope="module")
+def smol(smol_server):
+    return openai.OpenAI(base_url=smol_server.base_url, api_key="none", max_retries=0)
 
 
 @pytest.fixture(scope="module")
@@ -186,3 +191,17 @@ def test_the_gateway_forwards_a_responses_json_schema_format(tools_gateway):
                                                      "strict": True}})
     jsonschema.validate(json.loads(response.output_text), schema)
     assert response.text.format.type == "json_schema"
+
+
+def test_chat_against_a_server_that_enforces_gets_valid_answers_and_no_note(smol_server, tmp_path):
+    from typer.testing import CliRunner
+
+    from localchat.cli.app import app
+
+    schema = tmp_path / "person.json"
+    schema.write_text(json.dumps(PERSON))
+    result = CliRunner().invoke(app, ["chat", "--backend", "server", "--base-url", smol_server.base_url, "--no-log",
+                                      "--json-schema", str(schema), "--max-tokens", "120", "Describe Ada Lovelace."])
+    assert result.exit_code == 0, result.stderr
+    jsonschema.validate(json.loads(result.stdout), PERSON)
+    assert "did not enforce" not in result.stderr

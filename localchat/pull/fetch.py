@@ -9,6 +9,7 @@ file whose sha256 is not the one the Hub gave is removed from the cache and name
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -25,12 +26,11 @@ def emit(**fields) -> None:
 
 
 class Reporter:
-    """What ``hf_hub_download`` takes as its progress bar (``tqdm_class``): it counts bytes and
-    emits them, at most every 0.1 s."""
+    """What ``hf_hub_download`` takes as its progress bar (``tqdm_class``, bound to the file's name
+    with ``functools.partial``): it counts bytes and emits them, at most every 0.1 s."""
 
-    current = ""
-
-    def __init__(self, total: int | None = None, initial: int = 0, **_kwargs) -> None:
+    def __init__(self, name: str, total: int | None = None, initial: int = 0, **_kwargs) -> None:
+        self.name = name
         self.n = initial
         self.sent = 0.0
 
@@ -44,10 +44,10 @@ class Reporter:
         self.n += n
         if time.monotonic() - self.sent >= EVERY_S:
             self.sent = time.monotonic()
-            emit(file=Reporter.current, bytes=self.n)
+            emit(file=self.name, bytes=self.n)
 
     def close(self) -> None:
-        emit(file=Reporter.current, bytes=self.n)
+        emit(file=self.name, bytes=self.n)
 
 
 def sha256_of(path: Path) -> str:
@@ -70,8 +70,8 @@ def fetch_one(repo: str, revision: str, name: str, sha256: str | None, first: bo
     (what loading by name reads); it must be the plan's commit, the others are fetched at it."""
     from huggingface_hub import hf_hub_download
 
-    Reporter.current = name
-    path = Path(hf_hub_download(repo, name, revision="main" if first else revision, tqdm_class=Reporter))
+    path = Path(hf_hub_download(repo, name, revision="main" if first else revision,
+                                tqdm_class=functools.partial(Reporter, name)))
     if first and path.parent.name != revision and revision not in path.parts:
         raise ValueError(f"{repo} changed on the Hub while it was being pulled: run the pull again")
     if sha256 is not None and sha256_of(path) != sha256:

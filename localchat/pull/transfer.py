@@ -96,14 +96,13 @@ def download(plan: PullPlan, show: Callable[[int, str], None]) -> Transfer:
 
 
 class PlainLines:
-    """Progress in a pipe: a line when a file finishes and at each tenth of the whole."""
+    """Progress in a pipe: a line at each tenth of the whole, with the speed so far."""
 
     def __init__(self, total: int, write: Callable[[str], None]) -> None:
         self.total = max(total, 1)
         self.write = write
         self.tenth = 0
         self.started = time.monotonic()
-        self.files: set[str] = set()
 
     def __call__(self, received: int, name: str) -> None:
         tenth = min(10, received * 10 // self.total)
