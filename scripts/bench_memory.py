@@ -96,10 +96,11 @@ def measured_peak(path: Path, context: int, kv_bits: int | None) -> int:
     return int(out.stdout.split()[-1])
 
 
-def row(label: str, path: Path, context: int, kv_bits: int | None) -> float:
+def row(label: str, path: Path, context: int, kv_bits: int | None, peaks: dict[str, int]) -> float:
     shape = local_shape(path)
     guess = estimate(shape, context, KVSettings(bits=kv_bits, group_size=32))
-    peak = measured_peak(path, context, kv_bits)
+    key = f"{label} {context} {kv_bits}"
+    peak = peaks[key] = peaks.get(key) or measured_peak(path, context, kv_bits)
     error = guess.total / peak - 1
     mark = "ok" if abs(error) <= TARGET else "OFF"
     print(f"{label:<22} {context:>6} {('kv ' + str(kv_bits)) if kv_bits else '':>6} "
@@ -120,6 +121,8 @@ def main() -> int:
     parser.add_argument("--contexts", default="512,2048,4096,8192")
     parser.add_argument("--quick", action="store_true", help="skip the bf16 SmolLM2 (slow on a CPU)")
     parser.add_argument("--only", default="", help="rows whose model name holds this text")
+    parser.add_argument("--peaks", type=Path, help="a JSON file of measured peaks: rows found there are not "
+                                                   "measured again (the estimate is), new ones are added")
     args = parser.parse_args()
     contexts = [int(c) for c in args.contexts.split(",")]
     env = collect()
@@ -127,12 +130,15 @@ def main() -> int:
     print(f"{'model':<22} {'ctx':>6} {'':>6} {'weights':>9} {'kv':>8} {'prefill':>9} {'estimate':>9} "
           f"{'peak':>9} {'error':>7}   (MiB)")
     errors = []
+    peaks = json.loads(args.peaks.read_text()) if args.peaks and args.peaks.is_file() else {}
     with tempfile.TemporaryDirectory() as tmp:
         for label, path in models(Path(tmp), args.quick, args.only):
             sliding = local_shape(path).sliding_window is not None  # mlx_lm cannot quantize a rotating cache
             for context in contexts:
                 for kv_bits in (None,) if sliding else (None, 8):
-                    errors.append(row(label, path, context, kv_bits))
+                    errors.append(row(label, path, context, kv_bits, peaks))
+                    if args.peaks:
+                        args.peaks.write_text(json.dumps(peaks, indent=1))
     worst = max(errors, key=abs)
     print(f"# {len(errors)} rows; worst error {worst:+.1%}; "
           f"{sum(abs(e) <= TARGET for e in errors)}/{len(errors)} within ±{TARGET:.0%}")

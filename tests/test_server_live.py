@@ -26,9 +26,12 @@ REMEMBER = "Remember the code harbor 17. Reply only OK."
 RECALL = "What was the code? Reply with the code only."
 
 
+SERVERS = ("mlx_lm server", "localchat.server.enforcing")  # serve --plain's, and serve's own
+
+
 def mlx_servers() -> list[owned.Owned]:
     """This worker's mlx_lm servers (never a user's own)."""
-    return owned.owned("mlx_lm server")
+    return owned.owned(*SERVERS)
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +121,8 @@ def test_smoke_passes_and_prints_json(live_server):
     assert result.exit_code == 0, result.stdout
     report = json.loads(result.stdout)
     assert report["ok"] is True
-    assert len(report["checks"]) == 6 and all(c["ok"] for c in report["checks"])
+    assert len(report["checks"]) == 7 and all(c["ok"] for c in report["checks"])
+    assert report["checks"][-1]["detail"] == "valid JSON, enforced by the server"
     recall = next(c for c in report["checks"] if c["name"] == "two-turn recall")
     told, answered = recall["detail"].split(", answered ")
     assert told.removeprefix("told ") == answered  # the demo model is judged on the exact code
@@ -128,7 +132,7 @@ def test_smoke_passes_when_recall_is_not_judged(live_server):
     result = runner.invoke(app, ["smoke", "--base-url", live_server.base_url, "--json"])
     assert result.exit_code == 0, result.stdout
     report = json.loads(result.stdout)
-    assert report["ok"] and len(report["checks"]) == 6 and all(c["ok"] for c in report["checks"])
+    assert report["ok"] and len(report["checks"]) == 7 and all(c["ok"] for c in report["checks"])
     cache = next(c for c in report["checks"] if c["name"] == "prompt cache hit on turn 2")
     assert int(cache["detail"].split("= ")[1].split(" ")[0]) > 0
 
@@ -163,7 +167,7 @@ def test_parity_between_inproc_and_server():
 
 
 def mlx_children(pid: int) -> list[int]:
-    return owned.children_of(pid, "mlx_lm server")
+    return owned.children_of(pid, *SERVERS)
 
 
 def alive(pid: int) -> bool:
