@@ -149,3 +149,31 @@ def test_a_six_layer_gemma_prefills_without_its_only_global_layers_attention():
     twelve = shape_from({**config, "num_hidden_layers": 12}, {"w": ("F32", 1000)})
     assert (six.global_layers, six.last_layer_global, twelve.global_layers) == (1, True, 2)
     assert estimate(six, 8192).prefill < estimate(twelve, 8192).prefill - 2048 * (8192 - 2560) * 4 * 4
+
+
+@pytest.mark.parametrize("command", [["chat", "hi"], ["bench"], ["load", "--launch"], ["serve", "--port", "1"]])
+def test_every_command_that_loads_a_model_checks_it_first(command, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from localchat.cli.app import app
+
+    monkeypatch.setenv("LOCALCHAT_HOME", str(tmp_path))
+    result = CliRunner().invoke(app, [*command, "--memory-limit", "1MB"])
+    assert result.exit_code == 1, result.output
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "demo needs ~" in errors[0] and "does not fit (--force to try anyway)" in errors[0]
+    assert "Traceback" not in result.stderr
+
+
+def test_models_and_doctor_show_the_budget_and_verdicts(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from localchat.cli.app import app
+
+    monkeypatch.setenv("LOCALCHAT_HOME", str(tmp_path))
+    (tmp_path / "config.yaml").write_text("memory_limit: 10MB\n")
+    models = CliRunner().invoke(app, ["models"])
+    assert "demo (default, tiny) · demo family · present · 0.9 MB · 4-bit · needs ~" in models.stdout
+    assert " at 1,024 tokens: does not fit" in models.stdout  # 10 MB is too little even for the demo
+    doctor = CliRunner().invoke(app, ["doctor", "--base-url", "http://127.0.0.1:9/v1"])
+    assert "memory budget" in doctor.stdout and "10.5 MB (your memory limit" in doctor.stdout
