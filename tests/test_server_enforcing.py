@@ -205,3 +205,24 @@ def test_chat_against_a_server_that_enforces_gets_valid_answers_and_no_note(smol
     assert result.exit_code == 0, result.stderr
     jsonschema.validate(json.loads(result.stdout), PERSON)
     assert "did not enforce" not in result.stderr
+
+
+def test_a_reply_the_grammar_can_take_no_further_ends_with_its_end_token_and_says_why(caplog):
+    import mlx.core as mx
+
+    from localchat.grammar.mask import DeadEnd
+    from localchat.server.enforcing import EndOnDeadEnd
+
+    calls = []
+
+    def stuck(tokens, logits):
+        calls.append(1)
+        raise DeadEnd("the format allows no next token here: the answer cannot go on")
+
+    guard = EndOnDeadEnd(stuck, eos=(2,))
+    with caplog.at_level("WARNING"):
+        for _ in range(3):
+            out = guard(mx.array([1, 5]), mx.zeros((1, 8)))
+            assert mx.argmax(out, axis=-1).item() == 2 and out[0, 3].item() == -float("inf")
+    assert len(calls) == 1  # said once, then only the end may follow
+    assert "a reply ended early: the format allows no next token" in caplog.text
