@@ -38,6 +38,7 @@ class FakeRepo:
     corrupt: str | None = None  # this file's last bytes are served flipped
     rate: int | None = None  # bytes per second
     claimed: dict[str, int] = field(default_factory=dict)
+    stall_s: float = 0.0  # the model info answers only after this long
     dropped: set[str] = field(default_factory=set)
     gets: list[tuple[str, str | None]] = field(default_factory=list)  # (file, Range header)
 
@@ -88,6 +89,7 @@ class FakeHub:
         repo = self._repo(request)
         if isinstance(repo, Response):
             return repo
+        await asyncio.sleep(repo.stall_s)
         siblings = []
         for name, data in repo.files.items():
             size = repo.claimed.get(name, len(data))

@@ -233,3 +233,11 @@ def test_serve_allow_download_pulls_first_then_serves(env):
     assert served.returncode == 0, served.stdout + served.stderr
     assert f"{DEMO} at " in served.stdout + served.stderr and "all required checks passed" in served.stdout
     assert blobs(env)
+
+
+def test_a_hub_that_never_answers_is_one_line_not_a_hang(env, hub):
+    hub.hub.repos[DEMO].stall_s = 30
+    started = time.monotonic()
+    result = localchat(env | {"HF_HUB_DOWNLOAD_TIMEOUT": "2"}, "pull", DEMO)
+    assert result.returncode == 1 and "cannot reach the Hub" in error_line(result)
+    assert time.monotonic() - started < 25

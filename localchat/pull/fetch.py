@@ -1,5 +1,6 @@
 """The download itself, in a process of its own so that Ctrl+C stops it at once (the Hub
-client's transfers do not stop when asked): ``python -m localchat.pull.fetch PLAN_JSON``.
+client's transfers do not stop when asked): ``python -m localchat.pull.fetch`` with the plan's JSON
+on its standard input.
 
 Each file goes through ``hf_hub_download`` into the Hugging Face cache at the plan's commit, so
 the cache is the client's own and what finished stays. Progress and the end are JSON lines on
@@ -82,7 +83,7 @@ def fetch_one(repo: str, revision: str, name: str, sha256: str | None, first: bo
 
 
 def main() -> int:
-    plan = json.loads(sys.argv[1])
+    plan = json.loads(sys.stdin.read())
     os.environ.pop("HF_HUB_OFFLINE", None)
     from huggingface_hub.utils import logging as hub_logging
 

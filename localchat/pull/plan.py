@@ -16,6 +16,7 @@ from localchat.fit.verdict import FitReport
 # the files mlx_lm's own download takes (mlx_lm.utils._download's allow_patterns)
 MODEL_FILES = ("*.json", "model*.safetensors", "*.py", "tokenizer.model", "*.tiktoken", "tiktoken.model",
                "*.txt", "*.jsonl", "*.jinja")
+MAX_FILES = 2000  # a model is a few dozen files; a listing of more is not one
 
 
 @dataclass(frozen=True)
@@ -76,12 +77,15 @@ def _wanted(name: str) -> bool:
 
 
 def _files(api, repo: str) -> tuple[str, list[RemoteFile]]:
-    from huggingface_hub import try_to_load_from_cache
+    from huggingface_hub import constants, try_to_load_from_cache
 
-    try:
-        info = api.model_info(repo, files_metadata=True)
+    try:  # the client sets no timeout here: a Hub that never answers would hang the pull
+        info = api.model_info(repo, files_metadata=True, timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT)
     except Exception as exc:  # every client error is one line, named by hub_error
         raise hub_error(repo, exc) from None
+    if len(info.siblings or []) > MAX_FILES or not isinstance(info.sha, str):
+        raise LocalchatError(f"{repo}: the Hub's listing is not a model's ({len(info.siblings or [])} files, "
+                             f"commit {info.sha!r}); nothing fetched")
     files = []
     for sibling in info.siblings or []:
         if not _wanted(sibling.rfilename):

@@ -60,9 +60,9 @@ def _partials(plan: PullPlan) -> set[Path]:
     return set(blobs.glob("*.incomplete")) if blobs.is_dir() else set()
 
 
-def _command(plan: PullPlan, files: list[RemoteFile]) -> list[str]:
-    spec = {"repo": plan.repo, "revision": plan.revision, "files": [[f.name, f.sha256] for f in files]}
-    return [sys.executable, "-m", "localchat.pull.fetch", json.dumps(spec)]
+def _spec(plan: PullPlan, files: list[RemoteFile]) -> str:
+    """What the fetcher reads on its standard input (a long listing would not fit a command line)."""
+    return json.dumps({"repo": plan.repo, "revision": plan.revision, "files": [[f.name, f.sha256] for f in files]})
 
 
 def download(plan: PullPlan, show: Callable[[int, str], None]) -> Transfer:
@@ -72,10 +72,12 @@ def download(plan: PullPlan, show: Callable[[int, str], None]) -> Transfer:
     missing = [f for f in plan.files if not f.cached]
     before = _partials(plan)
     progress = Progress(plan, show)
-    process = subprocess.Popen(_command(plan, missing), stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                               start_new_session=True, preexec_fn=child_preexec(), text=True)
+    process = subprocess.Popen([sys.executable, "-m", "localchat.pull.fetch"], stdout=subprocess.PIPE,
+                               stdin=subprocess.PIPE, start_new_session=True, preexec_fn=child_preexec(), text=True)
     error = None
     try:
+        process.stdin.write(_spec(plan, missing))
+        process.stdin.close()
         for line in process.stdout:
             try:
                 error = progress.take(json.loads(line)) or error
