@@ -107,13 +107,13 @@ def run_rm(*, model: str, yes: bool, console: Console) -> None:
 
     ref = hub_ref(model)
     try:
-        repos = [r for r in scan_cache_dir().repos if r.repo_id == ref.location and r.repo_type == "model"]
-    except Exception:  # no cache directory yet
-        repos = []
+        cache = scan_cache_dir()
+    except Exception:  # no cache directory yet (the client's CacheNotFound)
+        cache = None
+    repos = [r for r in cache.repos if r.repo_id == ref.location and r.repo_type == "model"] if cache else []
     if not repos:
         raise LocalchatError(f"{ref.location} is not in the Hugging Face cache: nothing to remove")
-    hashes = [rev.commit_hash for r in repos for rev in r.revisions]
-    strategy = scan_cache_dir().delete_revisions(*hashes)
+    strategy = cache.delete_revisions(*[rev.commit_hash for r in repos for rev in r.revisions])
     if not yes:
         if not sys.stdin.isatty():
             raise UsageError(f"rm would free {gb(strategy.expected_freed_size)} ({ref.location}): add --yes "

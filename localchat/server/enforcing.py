@@ -51,20 +51,21 @@ def check_seam(server: Any) -> None:
 
 
 class _Masks:
-    """Per loaded tokenizer: its grammar setup and template traits (read once, as in-process)."""
+    """The loaded tokenizer's grammar setup and template traits, read once (llguidance's view of a
+    49k vocabulary takes about a second: the first formatted request waits for it), again when the
+    server loads another model."""
 
     def __init__(self) -> None:
-        self._by_tokenizer: dict[int, tuple[Any, Any]] = {}
+        self._for: tuple[Any, Any, Any] | None = None  # (tokenizer, setup, traits)
 
     def of(self, tokenizer: Any, model: Any) -> tuple[Any, Any]:
         from localchat.backends.masking import GrammarSetup
         from localchat.templates.render import ChatTemplate
 
-        key = id(tokenizer)
-        if key not in self._by_tokenizer:
+        if self._for is None or self._for[0] is not tokenizer:
             setup = GrammarSetup(tokenizer, getattr(getattr(model, "args", None), "vocab_size", None))
-            self._by_tokenizer[key] = (setup, ChatTemplate(tokenizer, "served model").traits)
-        return self._by_tokenizer[key]
+            self._for = (tokenizer, setup, ChatTemplate(tokenizer, "served model").traits)
+        return self._for[1], self._for[2]
 
 
 class EndOnDeadEnd:
@@ -133,6 +134,7 @@ def install(server: Any) -> None:
         enforced: str | None = None
 
         def handle_completion(self, request, stop_words):
+            self.enforced = None  # each request its own (were connections kept alive, a handler would serve several)
             try:
                 enforcement = enforcement_of(self.body, self.response_generator.model_provider)
             except RequestRefused as exc:
