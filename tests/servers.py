@@ -19,3 +19,10 @@ def serving(model: str | Path, log_dir: Path, extra_args: tuple[str, ...] = ()) 
         yield server
     finally:
         server.stop()
+
+
+def openai_client(base_url: str):
+    """The official SDK against a test's server: no key, no retries (a failure shows at once)."""
+    import openai
+
+    return openai.OpenAI(base_url=base_url, api_key="none", max_retries=0)

@@ -8,7 +8,7 @@ import threading
 import jsonschema
 import openai
 import pytest
-from servers import serving
+from servers import openai_client, serving
 
 from localchat.server.enforcing import ENFORCED_HEADER, SEAM, TESTED_MLX_LM, check_seam
 
@@ -31,13 +31,13 @@ def smol_server(smollm2, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def smol(smol_server):
-    return openai.OpenAI(base_url=smol_server.base_url, api_key="none", max_retries=0)
+    return openai_client(smol_server.base_url)
 
 
 @pytest.fixture(scope="module")
 def tools_server(tmp_path_factory):
     with serving("demo-tools", tmp_path_factory.mktemp("tools")) as server:
-        yield openai.OpenAI(base_url=server.base_url, api_key="none", max_retries=0)
+        yield openai_client(server.base_url)
 
 
 def ask(client, content, **fields):
@@ -81,7 +81,7 @@ def test_a_request_without_a_format_is_plain_mlx_lm_servers_greedy_answer(smol, 
     plain = launch(str(smollm2), port=free_port(), log_path=tmp_path / "plain.log", plain=True)
     try:
         wait_ready(plain, timeout_s=120)
-        client = openai.OpenAI(base_url=plain.base_url, api_key="none", max_retries=0)
+        client = openai_client(plain.base_url)
         for prompt in PROMPTS:
             enforced, ours = ask(smol, prompt, max_tokens=40)
             header, theirs = ask(client, prompt, max_tokens=40)
