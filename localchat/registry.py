@@ -175,16 +175,27 @@ def resolve(name: str, entries: list[ModelEntry] | None = None) -> ModelRef:
         if name == entry.id or name in entry.aliases:
             location, kind = _entry_location(entry)
             return ModelRef(entry.id, location, kind, entry)
+    if not name.strip():
+        raise UsageError("the model name is empty: a models.yaml id, a local directory or a repo id like org/name")
     path = Path(name).expanduser()
-    if path.exists() or name.startswith((".", "/", "~")):
+    if _exists(path) or name.startswith((".", "/", "~")):
         by_source = next((e for e in entries if Path(e.source).expanduser() == path), None)
         return ModelRef(name, str(path), "local", by_source)
     if REPO_ID.match(name):
         by_source = next((e for e in entries if e.source == name), None)
         return ModelRef(by_source.id if by_source else name, name, "hub", by_source)
     known = ", ".join(e.id for e in entries)
-    raise UsageError(f"unknown model '{name}': not in models.yaml ({known}), "
+    shown = name if len(name) <= 80 else name[:80] + "…"
+    raise UsageError(f"unknown model '{shown}': not in models.yaml ({known}), "
                      "not a local directory, not a repo id like org/name")
+
+
+def _exists(path: Path) -> bool:
+    """Whether a name is a path here; one the system cannot even look up (too long) is not."""
+    try:
+        return path.exists()
+    except OSError:
+        return False
 
 
 def hub_snapshot(repo_id: str) -> Path | None:

@@ -19,10 +19,10 @@ from localchat.pull.transfer import PlainLines, Transfer, download
 from localchat.registry import ModelRef, resolve
 
 
-def hub_ref(model: str) -> ModelRef:
+def hub_ref(model: str, verb: str = "pull") -> ModelRef:
     ref = resolve(model)
     if ref.kind != "hub":
-        raise UsageError(f"{model} is not a Hugging Face model ({ref.kind}: {ref.location}); nothing to pull")
+        raise UsageError(f"{model} is not a Hugging Face model ({ref.kind}: {ref.location}); nothing to {verb}")
     return ref
 
 
@@ -105,7 +105,7 @@ def run_rm(*, model: str, yes: bool, console: Console) -> None:
     """Remove a model's snapshots from the Hugging Face cache (the client's own delete strategy)."""
     from huggingface_hub import scan_cache_dir
 
-    ref = hub_ref(model)
+    ref = hub_ref(model, "remove")
     try:
         cache = scan_cache_dir()
     except Exception:  # no cache directory yet (the client's CacheNotFound)
