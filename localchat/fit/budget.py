@@ -47,7 +47,9 @@ def configured_limit() -> int | None:
 def _metal_working_set() -> int | None:
     import mlx.core as mx
 
-    if not mx.metal.is_available():
+    from localchat.environment import mlx_device
+
+    if not mlx_device()[1]:
         return None
     value = mx.device_info().get("max_recommended_working_set_size")
     return int(value) if isinstance(value, int) and value > 0 else None

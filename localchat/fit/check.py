@@ -24,9 +24,10 @@ class FitSettings:
 
 
 def on_metal() -> bool:
-    import mlx.core as mx
+    """MLX computes on the GPU here (Metal's fused attention applies)."""
+    from localchat.environment import mlx_device
 
-    return bool(mx.metal.is_available())
+    return mlx_device()[0] == "gpu"
 
 
 def _bits(variant: str) -> float:

@@ -73,7 +73,7 @@ def fetch_one(repo: str, revision: str, name: str, sha256: str | None, first: bo
 
     path = Path(hf_hub_download(repo, name, revision="main" if first else revision,
                                 tqdm_class=functools.partial(Reporter, name)))
-    if first and path.parent.name != revision and revision not in path.parts:
+    if first and revision not in path.parts:
         raise ValueError(f"{repo} changed on the Hub while it was being pulled: run the pull again")
     if sha256 is not None and sha256_of(path) != sha256:
         _drop(path)

@@ -107,17 +107,16 @@ def _remote_config(api, repo: str, revision: str) -> dict:
     from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
     from localchat import bounded_json
-    from localchat.files import read_text
+    from localchat.registry import read_config
 
     cached = try_to_load_from_cache(repo, "config.json", revision=revision)
+    if isinstance(cached, str):
+        return read_config(Path(cached).parent)
     url = hf_hub_url(repo, "config.json", revision=revision, endpoint=api.endpoint)
     try:
-        if isinstance(cached, str):
-            config = bounded_json.loads(read_text(Path(cached)))
-        else:
-            response = get_session().get(url, headers=build_hf_headers(), timeout=30)
-            hf_raise_for_status(response)
-            config = bounded_json.loads(response.text)
+        response = get_session().get(url, headers=build_hf_headers(), timeout=30)
+        hf_raise_for_status(response)
+        config = bounded_json.loads(response.text)
     except Exception as exc:  # a missing or unreadable config: the fit cannot be judged
         raise LocalchatError(f"{repo}: cannot read its config.json ({exc})".splitlines()[0]) from None
     return config if isinstance(config, dict) else {}

@@ -46,15 +46,19 @@ class Enforcement:
 
 
 class BanToken:
+    """A processor that never lets one token through (its mask made once, at the first step)."""
+
     def __init__(self, token: int) -> None:
         self.token = token
+        self._keep: Any = None
 
     def __call__(self, tokens: Any, logits: Any) -> Any:
         import mlx.core as mx
 
-        keep = mx.ones(logits.shape[-1], dtype=mx.bool_)
-        keep[self.token] = False
-        return mx.where(keep, logits, mx.array(-float("inf"), dtype=logits.dtype))
+        if self._keep is None or self._keep.size != logits.shape[-1]:
+            self._keep = mx.ones(logits.shape[-1], dtype=mx.bool_)
+            self._keep[self.token] = False
+        return mx.where(self._keep, logits, mx.array(-float("inf"), dtype=logits.dtype))
 
 
 def _format(body: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
