@@ -27,7 +27,7 @@ DEMO_MODEL = "demo"  # the bundled toy: the one model smoke and bench judge on i
 DEFAULT_MODEL = DEMO_MODEL
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 ENTRY_FIELDS = {"id", "aliases", "source", "description", "family", "defaults", "chat_template_kwargs", "imported",
-                "variants"}
+                "variants", "vision"}
 DEFAULT_FIELDS = {"system": (str, type(None)), "temperature": (int, float), "top_p": (int, float),
                   "top_k": (int,), "min_p": (int, float), "repetition_penalty": (int, float), "max_tokens": (int,),
                   # mlx_lm's load-time features, in-process (see backends.mlx_options)
@@ -46,6 +46,7 @@ class ModelEntry:
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     imported: dict[str, Any] | None = None  # what `localchat import` recorded: file, bits, types
     variants: dict[str, str] = field(default_factory=dict)  # NAME@variant → another quantization's repo
+    vision: bool = False  # a vision-language model: runs through mlx-vlm, takes pictures
 
 
 @dataclass(frozen=True)
@@ -116,9 +117,12 @@ def _parse_entry(raw: Any, index: int, path: Path) -> ModelEntry:
     if not isinstance(variants, dict) or not all(isinstance(k, str) and isinstance(v, str) and REPO_ID.match(v)
                                                  for k, v in variants.items()):
         raise _fail(path, where, "field 'variants' must map names to repo ids (8bit: org/name-8bit)")
+    if not isinstance(raw.get("vision", False), bool):
+        raise _fail(path, where, "field 'vision' must be true or false")
     return ModelEntry(id=raw["id"], source=raw["source"], description=raw.get("description", ""),
                       family=raw.get("family", ""), aliases=tuple(aliases),
-                      defaults=defaults, chat_template_kwargs=kwargs, imported=imported, variants=variants)
+                      defaults=defaults, chat_template_kwargs=kwargs, imported=imported, variants=variants,
+                      vision=raw.get("vision", False))
 
 
 def user_models_file() -> Path:

@@ -16,6 +16,7 @@ from rich.console import Console
 from localchat.backends import Backend, GenerationParams
 from localchat.backends.mlx_options import RuntimeOptions, server_fields
 from localchat.cli import outcomes
+from localchat.cli.images import attach, check_model_sees, read_pictures
 from localchat.cli.options import ChatOptions
 from localchat.cli.render import ChatUI
 from localchat.cli.repl import REPL_COMMANDS, Repl
@@ -183,8 +184,8 @@ def open_inproc(ref: ModelRef, opts: ChatOptions, ui: ChatUI) -> Backend:
     machine's memory), behind a spinner."""
     if not opts.model.allow_download:
         os.environ["HF_HUB_OFFLINE"] = "1"  # read by huggingface_hub when mlx_lm first imports it
-    from localchat.backends.inproc import load_inproc
     from localchat.cli.pull import chat_fit, ready_model_dir
+    from localchat.vision.support import load_inproc_or_vision
 
     started = time.perf_counter()
     options = runtime_options(ref, opts).check()
@@ -192,7 +193,7 @@ def open_inproc(ref: ModelRef, opts: ChatOptions, ui: ChatUI) -> Backend:
     path = ready_model_dir(ref, chat_fit(opts, options), allow_download=opts.model.allow_download, err=ui.err,
                            also=drafts)
     with ui.err.status(f"Loading {ref.id} …"):
-        backend = load_inproc(ref, path, cache_reuse=opts.model.cache_reuse, options=options)
+        backend = load_inproc_or_vision(ref, path, cache_reuse=opts.model.cache_reuse, options=options)
     bits = quantization_bits(path)
     quant = f", {bits}-bit" if bits else ""
     group = backend.options.kv_group_size  # the user's, or the one that fits the model's heads
@@ -207,12 +208,10 @@ def open_inproc(ref: ModelRef, opts: ChatOptions, ui: ChatUI) -> Backend:
     return backend
 
 
-def open_backend(opts: ChatOptions, ui: ChatUI) -> tuple[ModelRef | None, Backend]:
-    if opts.model.backend == "server":
-        ref = _known_model(opts.model.model)
-        return ref, open_server(ref, opts, ui)
-    ref = resolve(opts.model.model or DEFAULT_MODEL)
-    return ref, open_inproc(ref, opts, ui)
+def open_backend(opts: ChatOptions, ui: ChatUI, pictures: tuple = ()) -> tuple[ModelRef | None, Backend]:
+    ref = _known_model(opts.model.model) if opts.model.backend == "server" else resolve(opts.model.model or DEFAULT_MODEL)
+    check_model_sees(ref, pictures)
+    return ref, open_server(ref, opts, ui) if opts.model.backend == "server" else open_inproc(ref, opts, ui)
 
 
 def tool_runner(options: ToolSettings, ui: ChatUI, hidden: list[str]) -> ToolRunner | None:
@@ -283,6 +282,7 @@ def chat_with_ui(*, opts: ChatOptions, prompt: str | None, ui: ChatUI) -> TurnSt
     """Answer ``prompt`` and return its status, or run the REPL (None) when it is None."""
     if prompt is not None and not opts.history:
         raise UsageError("--no-history is for the REPL: a single prompt has no history to leave out")
+    pictures = read_pictures(opts.context.images, prompt)  # before stdin is read for a prompt: one of them may be '-'
     text = read_prompt(prompt, opts.trim.max_input_chars) if prompt is not None else None
     schema = answer_schema(opts)
     keep = keeps_conversations(opts.storage.log)
@@ -293,7 +293,7 @@ def chat_with_ui(*, opts: ChatOptions, prompt: str | None, ui: ChatUI) -> TurnSt
     raise_on_sigterm()  # SIGTERM mid-reply: the turn is discarded and recorded, then exit 143
     tools = tool_runner(opts.tools, ui, hidden=[opts.model.api_key or ""])  # before the model loads: said at once
     try:
-        ref, backend = open_backend(opts, ui)
+        ref, backend = open_backend(opts, ui, pictures)
         if tools:
             from localchat.toolbox import offer_tools
 
@@ -310,6 +310,7 @@ def chat_with_ui(*, opts: ChatOptions, prompt: str | None, ui: ChatUI) -> TurnSt
                           recorder=recorder, compaction=compaction_policy(opts, ui), tools=tools).prepare()
     for fact in opts.context.pins:
         session.pin(fact)
+    attach(session, pictures, ui.info)
     template_notices(session, ui)
     caches = SessionCaches(cache_files(opts.storage.cache_max_bytes), write=opts.storage.save_cache)
     if saved:

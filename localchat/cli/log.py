@@ -89,9 +89,11 @@ def show_entry(*, console: Console, key: str) -> None:
         console.print(Padding(Text.from_markup(markup, style=style), (0, 0, 0, 5)))
 
     console.print(f"[bold]{escape(uid)}[/bold] · {count(len(rows), 'turn')} kept")
-    for number, (when, model, user, assistant, reasoning, steps, stats, taken_back) in enumerate(rows, 1):
+    for number, (when, model, user, assistant, reasoning, steps, stats, taken_back, images) in enumerate(rows, 1):
         back = " (taken back)" if taken_back else ""
         console.print(f"{number:>3}. {escape(when)} · {escape(model or '-')}{back}", style="dim")
+        for label in picture_labels(images):
+            indented(f"[cyan]user[/cyan]: {escape(label)}")
         indented(f"[cyan]user[/cyan]: {escape(user)}")
         for step in _steps(steps, tool_steps):
             for call, result in zip(step.calls, step.results):
@@ -112,6 +114,22 @@ def _json(text: str | None) -> Any:
         return bounded_json.loads(text) if text else None
     except ValueError:
         return None
+
+
+def picture_labels(text: str | None) -> list[str]:
+    """A logged turn's pictures as their labels; a damaged list shows as one ``[image]``."""
+    from localchat.vision.image import ImageRef
+
+    refs = _json(text)
+    if text and not isinstance(refs, list):
+        return ["[image]"]
+    labels = []
+    for raw in refs or []:
+        try:
+            labels.append(ImageRef.from_dict(raw).label())
+        except (KeyError, TypeError, ValueError):
+            labels.append("[image]")
+    return labels
 
 
 def _steps(text: str | None, read: Any) -> tuple:

@@ -293,6 +293,7 @@ class ContextOptions:
     compact_keep: int = 2
     compact_model: str | None = None
     pins: tuple[str, ...] = ()
+    images: tuple[str, ...] = ()  # --image: pictures the first question comes with
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from localchat.cli.terminal import console, for_stream
 from localchat.conversation.result import Compaction, Listeners, TurnResult, TurnStatus
 from localchat.conversation.stats import TurnStats, stats_line
 from localchat.grammar.formats import pretty
+from localchat.vision.image import shown_text
 from localchat.wording import count
 
 INDENT = 5  # "  1. ": where a message's text starts in /history and /preview
@@ -256,14 +257,16 @@ class ChatUI:
 
         self.err.print(Padding(escape(message), (0, 0, 0, 2)), style="dim")
 
-    def messages(self, messages: list[Message], title: str) -> None:
+    def messages(self, messages: list[Message], title: str, labels: dict[str, str] | None = None) -> None:
         """Numbered messages; a message's later lines are indented under its first; an assistant's
-        tool calls as ``→ name(arguments)``, a tool's result under the tool's name."""
+        tool calls as ``→ name(arguments)``, a tool's result under the tool's name; a picture as its
+        label (``labels``: data URL → label)."""
         self.err.print(f"[bold]{escape(title)}[/bold]")
         for i, m in enumerate(messages, 1):
             calls = [f"→ {c['function']['name']}({shortened(c['function']['arguments'], 300)})"
                      for c in m.get("tool_calls", [])]
-            first, *rest = "\n".join([*([m["content"]] if m["content"] or not calls else []), *calls]).split("\n")
+            text = shown_text(m["content"], labels)
+            first, *rest = "\n".join([*([text] if text or not calls else []), *calls]).split("\n")
             role = f"{m['role']} ({m['name']})" if m["role"] == "tool" and m.get("name") else m["role"]
             content = "\n".join([first, *(" " * INDENT + line if line.strip() else "" for line in rest)])
             self.err.print(f"{i:>3}. [cyan]{escape(role)}[/cyan]: {escape(content)}")

@@ -30,6 +30,7 @@ from localchat.server.launch import (
     failure_line,
     last_lines,
     server_command,
+    serves_vision,
     start_ready,
 )
 from localchat.server.parity import ParityReport, run_parity
@@ -62,7 +63,8 @@ def run_serve(*, model: str | None, host: str, port: int, log: Path | None, smok
     if dry_run:
         if ranks is not None:
             check_ranks(ranks, None)
-        console.print(shlex.join(server_command(ref.location, host, port, extra, ranks, plain)), markup=False,
+        console.print(shlex.join(server_command(ref.location, host, port, extra, ranks, plain, serves_vision(ref, ranks))),
+                      markup=False,
                       overflow="ignore", crop=False)
         return outcomes.OK
     if host not in LOOPBACK:

@@ -23,6 +23,7 @@ from localchat.conversation.stats import TurnStats
 from localchat.errors import UsageError
 from localchat.templates.render import TemplateError
 from localchat.templates.traits import TemplateTraits, fold_system
+from localchat.vision.image import Picture, labels_of
 
 NEXT_QUESTION = "…"  # stands for the next question when checking that an answer renders back
 NOTE_PREFIX = {"en": "Note: ", "zh": "笔记："}  # how pinned facts and summaries read (demo/notes.py)
@@ -60,10 +61,19 @@ def context_message(system: str | None, pins: list[str], summary: str | None) ->
     return "\n\n".join(parts) or None
 
 
+def user_content(text: str, images: tuple[Picture, ...] = ()) -> str | list[dict[str, Any]]:
+    """A user message's content: its text, or (with pictures) OpenAI content parts, the pictures
+    first as most vision models were trained to see them."""
+    if not images:
+        return text
+    return [*(picture.part() for picture in images), {"type": "text", "text": text}]
+
+
 def build_messages(prompt: str, system: str | None, history: list[Message] | None = None,
-                   fold: bool = False) -> list[Message]:
+                   fold: bool = False, images: tuple[Picture, ...] = ()) -> list[Message]:
     """The request's messages; a deep copy, so nothing the caller holds can change later."""
-    return copy.deepcopy(system_first(system, [*(history or []), {"role": "user", "content": prompt}], fold))
+    question = {"role": "user", "content": user_content(prompt, images)}
+    return copy.deepcopy(system_first(system, [*(history or []), question], fold))
 
 
 def validate_input(text: str, max_chars: int = DEFAULT_MAX_INPUT_CHARS) -> str:
@@ -108,6 +118,7 @@ class Turn:
     stats: TurnStats | None = field(default=None, compare=False)  # the turn's figures, for saving
     reasoning: str = field(default="", compare=False)  # kept beside the answer, not in it
     steps: tuple[ToolStep, ...] = ()  # the rounds of tool calls before the answer, whole
+    images: tuple[Picture, ...] = ()  # the pictures the question came with: trimmed, saved, logged with it
 
     def messages(self, reasoning_field: str | None = None) -> list[Message]:
         """The turn as messages: the question, each round of tool calls with its results, the
@@ -116,7 +127,7 @@ class Turn:
         if reasoning_field and self.reasoning:
             answer[reasoning_field] = self.reasoning
         steps = [m for step in self.steps for m in step.messages(reasoning_field)]
-        return [{"role": "user", "content": self.user}, *steps, answer]
+        return [{"role": "user", "content": user_content(self.user, self.images)}, *steps, answer]
 
 
 def turn_messages(turns: list[Turn] | tuple[Turn, ...], reasoning_field: str | None = None) -> list[Message]:
@@ -143,6 +154,7 @@ class Conversation:
     fold_system: bool = False  # the template takes no system message: fold it into the first user message
     pins: list[str] = field(default_factory=list)
     summary: Summary | None = None
+    attached: tuple[Picture, ...] = ()  # pictures for the next question (``--image``, ``/image``)
 
     @classmethod
     def for_backend(cls, backend: Any, system: str | None, turns: list[Turn] | tuple[Turn, ...] = ()) -> Conversation:
@@ -153,6 +165,10 @@ class Conversation:
         except TemplateError:  # a runaway template: the first turn says so
             traits = TemplateTraits()
         return cls(system, list(turns), reasoning_field=traits.reasoning_field, fold_system=traits.fold_system)
+
+    def picture_labels(self) -> dict[str, str]:
+        """Every picture of the conversation (and those attached to the next question) by data URL → label."""
+        return labels_of([*(p for turn in self.turns for p in turn.images), *self.attached])
 
     def context(self) -> str | None:
         """What every request starts with (see ``context_message``)."""
@@ -170,11 +186,12 @@ class Conversation:
 
         ``drop`` leaves out that many of the oldest turns (see ``plan_trim``).
         """
-        return self.preview_of(self.turns[drop:] if use_history else [], prompt)
+        return self.preview_of(self.turns[drop:] if use_history else [], prompt, self.attached)
 
-    def preview_of(self, turns: list[Turn], prompt: str) -> list[Message]:
-        """The context, ``turns`` and ``prompt`` as one request (a compaction's, for one)."""
-        return build_messages(prompt, self.context(), turn_messages(turns, self.reasoning_field), self.fold_system)
+    def preview_of(self, turns: list[Turn], prompt: str, images: tuple[Picture, ...] = ()) -> list[Message]:
+        """The context, ``turns`` and ``prompt`` (with ``images``) as one request (a compaction's, for one)."""
+        return build_messages(prompt, self.context(), turn_messages(turns, self.reasoning_field), self.fold_system,
+                              images)
 
     def after_commit(self, turn: Turn, drop: int = 0) -> list[Message]:
         """The messages of a next request if ``turn`` were accepted (to check that the template

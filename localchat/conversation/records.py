@@ -52,6 +52,8 @@ class TurnRecorder:
         record_id = f"{self.session_id}-{self.turn:04d}"
         try:
             self._ensure_directory()
+            if payload.get("messages"):
+                payload = {**payload, "messages": pictures_apart(payload["messages"], self.directory)}
             write_json_atomic(self.directory / f"{record_id}-request.json",
                               {"id": record_id, "session": self.session_id, "turn": self.turn,
                                "time": _now(), **payload})
@@ -74,6 +76,37 @@ class TurnRecorder:
         if not self.directory.is_dir():
             self.directory.mkdir(mode=DIR_MODE, parents=True)
             os.chmod(self.directory, DIR_MODE)  # mkdir's mode is filtered by the umask
+
+
+def pictures_apart(messages: list[dict[str, Any]], directory: Path) -> list[dict[str, Any]]:
+    """The messages with each picture's data URL replaced by the file that holds its bytes,
+    ``images/<sha256>.<ext>`` beside the records (written once, whatever the number of turns that send it)."""
+    out = []
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, list):
+            content = [_picture_file(part, directory) if part.get("type") == "image_url" else part for part in content]
+            message = {**message, "content": content}
+        out.append(message)
+    return out
+
+
+def _picture_file(part: dict[str, Any], directory: Path) -> dict[str, Any]:
+    import hashlib
+
+    from localchat.vision.image import bytes_of_data_url
+
+    url = part["image_url"]["url"]
+    if not url.startswith("data:"):
+        return part
+    data = bytes_of_data_url(url)
+    digest = hashlib.sha256(data).hexdigest()
+    suffix = url[len("data:image/"):url.index(";")] if url.startswith("data:image/") else "bin"
+    name = f"images/{digest}.{suffix.replace('jpeg', 'jpg')}"
+    if not (directory / name).exists():
+        (directory / "images").mkdir(mode=DIR_MODE, exist_ok=True)
+        write_atomic(directory / name, data, FILE_MODE)
+    return {**part, "image_url": {**part["image_url"], "url": name}}
 
 
 def _now() -> str:

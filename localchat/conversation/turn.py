@@ -103,9 +103,12 @@ class ChatSession:
             return TurnResult(prompt=prompt, messages=[], text="", stats=clock.finish(None), status=TurnStatus.ERROR,
                               error=str(exc), compaction=compaction)
         messages = self.conversation.preview(prompt, self.use_history, trim.drop)
-        result = self._answer(prompt, messages, listeners or Listeners(), clock, trim)
-        if result.committed:
-            self.conversation.commit(self._turn_of(result), trim.drop)
+        try:
+            result = self._answer(prompt, messages, listeners or Listeners(), clock, trim)
+            if result.committed:
+                self.conversation.commit(self._turn_of(result), trim.drop)
+        finally:
+            self.conversation.attached = ()  # the question that was sent took its pictures
         return replace(result, compaction=compaction)
 
     def _answer(self, prompt: str, messages: list[Message], listeners: Listeners, clock: TurnClock,
@@ -137,9 +140,9 @@ class ChatSession:
 
         return fit_results(step, tokens_of, budget.tokens, budget.limit)
 
-    @staticmethod
-    def _turn_of(result: TurnResult) -> Turn:
-        return Turn(result.prompt, result.text, result.stats, result.reasoning, result.steps)
+    def _turn_of(self, result: TurnResult) -> Turn:
+        return Turn(result.prompt, result.text, result.stats, result.reasoning, result.steps,
+                    images=self.conversation.attached)
 
     def retry(self, listeners: Listeners | None = None,
               on_compaction: Callable[[Compaction], None] = lambda _: None) -> TurnResult:
@@ -148,9 +151,11 @@ class ChatSession:
         if not self.conversation.turns:
             raise UsageError("nothing to retry: no question has been answered and kept yet")
         last = self.conversation.take_back()
+        self.conversation.attached = last.images
         try:
             result = self.ask(last.user, listeners, on_compaction)
         except BaseException:
+            self.conversation.attached = ()
             self.conversation.put_back(last)
             raise
         if not result.committed:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 
-from localchat.errors import LocalchatError
+from localchat.errors import LocalchatError, UsageError
 from localchat.files import private_dirs
 from localchat.fit.check import FitSettings, check_local, smaller_variants
 from localchat.log_lines import is_error
@@ -112,22 +112,24 @@ class RunningServer:
 
 
 def server_command(model_location: str, host: str, port: int, extra_args: tuple[str, ...] = (),
-                   ranks: Ranks | None = None, plain: bool = False) -> list[str]:
+                   ranks: Ranks | None = None, plain: bool = False, vision: bool = False) -> list[str]:
     """The command that starts mlx_lm.server: one process, or one a rank under ``mlx.launch``;
-    with the grammar mask added (``server.enforcing``) unless ``plain``."""
-    entry = ["mlx_lm", "server"] if plain else ["localchat.server.enforcing"]
+    with the grammar mask added (``server.enforcing``) unless ``plain``. A vision model gets
+    ``mlx_vlm.server`` instead (OpenAI's API with pictures; its own structured output)."""
+    entry = ["mlx_vlm.server"] if vision else ["mlx_lm", "server"] if plain else ["localchat.server.enforcing"]
     command = [sys.executable, "-m", *entry, "--model", model_location,
                "--host", host, "--port", str(port), *extra_args]
     return launch_command(ranks, command) if ranks is not None else command
 
 
 def launch(model_location: str, *, host: str = "127.0.0.1", port: int = 8080, log_path: Path,
-           extra_args: tuple[str, ...] = (), ranks: Ranks | None = None, plain: bool = False) -> RunningServer:
+           extra_args: tuple[str, ...] = (), ranks: Ranks | None = None, plain: bool = False,
+           vision: bool = False) -> RunningServer:
     """Start the child (not yet ready: see ``wait_ready``)."""
     if not port_is_free(host, port):
         raise ServerStartError(f"port {port} on {host} is busy: stop what is using it, or pick "
                                "another with --port")
-    command = server_command(model_location, host, port, extra_args, ranks, plain)
+    command = server_command(model_location, host, port, extra_args, ranks, plain, vision)
     ensure_hub_cache()
     with open_log(log_path) as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -240,6 +242,19 @@ def default_log(port: int) -> Path:
     return home_dir() / "logs" / f"server-{port}.log"
 
 
+def serves_vision(ref: ModelRef, ranks: Ranks | None = None) -> bool:
+    """Whether ``ref`` is served by mlx_vlm.server (the vision extra required; one machine only)."""
+    from localchat.vision.support import is_vision, require_extra
+
+    if not is_vision(ref):
+        return False
+    require_extra(f"serve -m {ref.id} (a vision model)")
+    if ranks is not None:
+        raise UsageError(f"--ranks is for mlx_lm.server: {ref.id} is a vision model, served by mlx_vlm.server "
+                         "on one machine")
+    return True
+
+
 def start_ready(ref: ModelRef, *, host: str = "127.0.0.1", port: int, log: Path | None = None,
                 extra: tuple[str, ...] = (), on_poll: Callable[[str], None] = lambda _: None,
                 ranks: Ranks | None = None, fit: FitSettings | None = None, plain: bool = False) -> RunningServer:
@@ -248,16 +263,18 @@ def start_ready(ref: ModelRef, *, host: str = "127.0.0.1", port: int, log: Path 
     child, every rank of it, is stopped if anything goes wrong. A model that does not fit this
     machine's memory (``fit``) is refused before the server starts."""
     model_dir = local_dir(ref)  # fail early, in one line, when the model is not on this machine
+    vision = serves_vision(ref, ranks)
     check_local(ref.id, model_dir, fit or FitSettings(), smaller_variants(ref))
     if ranks is not None:
         check_ranks(ranks, model_dir)
     server = launch(ref.location, host=host, port=port, log_path=log or default_log(port), extra_args=extra,
-                    ranks=ranks, plain=plain)
+                    ranks=ranks, plain=plain, vision=vision)
     where = f" on {ranks.size} ranks ({ranks.backend})" if ranks is not None else ""
+    name = "mlx_vlm.server" if vision else "mlx_lm.server"
     try:
-        on_poll(f"starting mlx_lm.server with {ref.id}{where} on port {port} …")
+        on_poll(f"starting {name} with {ref.id}{where} on port {port} …")
         wait_ready(server, on_poll=lambda s: on_poll(
-            f"loading {ref.id} in mlx_lm.server{where} … {s:.0f}s (waiting for a 1-token completion)"))
+            f"loading {ref.id} in {name}{where} … {s:.0f}s (waiting for a 1-token completion)"))
     except BaseException:
         server.stop()
         raise

@@ -21,6 +21,7 @@ from typing import Any
 from localchat.conversation.history import Turn
 from localchat.conversation.stats import stats_to_dict
 from localchat.errors import UsageError
+from localchat.store.pictures import drop_unreferenced, refs_json
 
 MARK_OPEN, MARK_CLOSE = "\x02", "\x03"  # around a term in a snippet; the renderer styles them
 CJK = re.compile(r"[\u3040-\u30ff\u3400-\u9fff\uac00-\ud7af]")
@@ -35,18 +36,23 @@ def tool_text(turn: Turn) -> str:
                      for step in turn.steps for c, r in zip(step.calls, step.results))
 
 
+def searched_question(turn: Turn) -> str:
+    """The question as the search reads it: its pictures' labels (their file names), then its text."""
+    return "\n".join([*(p.ref.label() for p in turn.images), turn.user])
+
+
 def append_turns(conn: sqlite3.Connection, session: Any, turns: Sequence[Turn]) -> None:
     """Log ``turns`` of the conversation ``session`` (a ``SavedSession``), with their figures."""
     for turn in turns:
         row = conn.execute(
-            "INSERT INTO log (uid, time, model, backend, user, assistant, reasoning, steps, stats) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO log (uid, time, model, backend, user, assistant, reasoning, steps, stats, images) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (session.uid, time.strftime("%Y-%m-%d %H:%M:%S"), session.model, session.backend, turn.user,
              turn.assistant, turn.reasoning or None,
              json.dumps([_step(s) for s in turn.steps]) if turn.steps else None,
-             json.dumps(stats_to_dict(turn.stats)) if turn.stats else None)).lastrowid
+             json.dumps(stats_to_dict(turn.stats)) if turn.stats else None, refs_json(turn.images))).lastrowid
         conn.execute("INSERT INTO log_search (rowid, user, assistant, tools) VALUES (?, ?, ?, ?)",
-                     (row, turn.user, turn.assistant, tool_text(turn)))
+                     (row, searched_question(turn), turn.assistant, tool_text(turn)))
 
 
 def _step(step: Any) -> dict[str, Any]:
@@ -168,8 +174,9 @@ def _substring_search(conn: sqlite3.Connection, query: str, where: str, args: li
 
 
 def entries(conn: sqlite3.Connection, uid: str) -> list[tuple]:
-    """A conversation's logged turns, in order: (time, model, user, assistant, reasoning, steps, stats, taken back)."""
-    return conn.execute("SELECT time, model, user, assistant, reasoning, steps, stats, taken_back FROM log "
+    """A conversation's logged turns, in order: (time, model, user, assistant, reasoning, steps, stats, taken back,
+    picture refs)."""
+    return conn.execute("SELECT time, model, user, assistant, reasoning, steps, stats, taken_back, images FROM log "
                         "WHERE uid = ? ORDER BY id", (uid,)).fetchall()
 
 
@@ -196,6 +203,7 @@ def remove(conn: sqlite3.Connection, uids: Sequence[str]) -> int:
         conn.execute("DELETE FROM log_search WHERE rowid IN (SELECT id FROM log WHERE uid = ?)", (uid,))
         removed += conn.execute("DELETE FROM log WHERE uid = ?", (uid,)).rowcount
         conn.execute("DELETE FROM sessions WHERE uid = ?", (uid,))
+    drop_unreferenced(conn)
     return removed
 
 

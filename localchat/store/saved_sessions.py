@@ -15,9 +15,10 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,9 @@ from localchat.conversation.history import ToolStep, Turn
 from localchat.conversation.stats import stats_from_dict, stats_to_dict
 from localchat.errors import LocalchatError, UsageError
 from localchat.files import private_dirs
+from localchat.store.pictures import drop_unreferenced, keep_pictures, read_pictures, refs_json
 from localchat.store.schema import MIGRATIONS
+from localchat.vision.image import Picture
 
 DB_NAME = "sessions.sqlite3"
 BUSY_TIMEOUT_S = 10.0
@@ -163,11 +166,13 @@ class SessionStore:
                                    "pins, summary) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                                    (session.uid, _now(), *values)).lastrowid
             conn.executemany(
-                "INSERT INTO turns (session_id, position, user, assistant, stats, reasoning, steps) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO turns (session_id, position, user, assistant, stats, reasoning, steps, images) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 [(key, i, t.user, t.assistant, json.dumps(stats_to_dict(t.stats)) if t.stats else None,
-                  t.reasoning or None, json.dumps([asdict(step) for step in t.steps]) if t.steps else None)
+                  t.reasoning or None, json.dumps([asdict(step) for step in t.steps]) if t.steps else None,
+                  refs_json(t.images))
                  for i, t in enumerate(session.turns)])
+            keep_pictures(conn, (p for t in (*session.turns, *log) for p in t.images))
             mark_taken_back(conn, session.uid, take_back)
             append_turns(conn, session, log)
             return bool(row and row[1] is not None and row[1] == session.name)
@@ -181,8 +186,7 @@ class SessionStore:
             if row is None:
                 raise SessionNotFound(f"no saved session named {shown_name(name)} (see: localchat sessions list, "
                                       "localchat log)")
-            turns = self._turns(conn, row[0])
-        return _session_from_rows(row, turns)
+            return _session_from_rows(row, self._turns(conn, row[0]), partial(read_pictures, conn))
 
     def latest(self) -> SavedSession | None:
         """The conversation kept most recently (``chat --continue``), or None."""
@@ -190,12 +194,11 @@ class SessionStore:
             return None
         with self._connect() as conn:
             row = conn.execute(f"SELECT {COLUMNS} FROM sessions ORDER BY updated DESC, id DESC LIMIT 1").fetchone()
-            turns = self._turns(conn, row[0]) if row else []
-        return _session_from_rows(row, turns) if row else None
+            return _session_from_rows(row, self._turns(conn, row[0]), partial(read_pictures, conn)) if row else None
 
     @staticmethod
     def _turns(conn: sqlite3.Connection, key: int) -> list[tuple]:
-        return conn.execute("SELECT user, assistant, stats, reasoning, steps FROM turns WHERE session_id = ? "
+        return conn.execute("SELECT user, assistant, stats, reasoning, steps, images FROM turns WHERE session_id = ? "
                             "ORDER BY position", (key,)).fetchall()
 
     def list(self) -> list[SessionSummary]:
@@ -222,6 +225,7 @@ class SessionStore:
             conn.execute("DELETE FROM sessions WHERE id = ?", (row[0],))
             conn.execute("DELETE FROM log_search WHERE rowid IN (SELECT id FROM log WHERE uid = ?)", (row[1],))
             conn.execute("DELETE FROM log WHERE uid = ?", (row[1],))
+            drop_unreferenced(conn)
             return row[1]
 
     def connect(self, write: bool = False):
@@ -229,7 +233,8 @@ class SessionStore:
         return self._connect(write)
 
 
-def _session_from_rows(row: tuple, turns: list[tuple]) -> SavedSession:
+def _session_from_rows(row: tuple, turns: list[tuple],
+                       pictures: Callable[[Any], tuple[Picture, ...]] = lambda _: ()) -> SavedSession:
     """A saved session as stored by any version; a damaged field is one error naming it (the
     turns' figures are only figures: unknown or missing ones are tolerated)."""
     name = row[1] if isinstance(row[1], str) else row[2]  # a conversation never named is known by its id
@@ -258,7 +263,7 @@ def _session_from_rows(row: tuple, turns: list[tuple]) -> SavedSession:
     if not isinstance(params, dict):
         raise damaged("params", "is not a JSON object")
     loaded = []
-    for position, (user, assistant, stats, reasoning, steps) in enumerate(turns, 1):
+    for position, (user, assistant, stats, reasoning, steps, images) in enumerate(turns, 1):
         if not isinstance(user, str) or not isinstance(assistant, str):
             raise damaged(f"turn {position}", "has a message that is not text")
         if reasoning is not None and not isinstance(reasoning, str):
@@ -271,7 +276,11 @@ def _session_from_rows(row: tuple, turns: list[tuple]) -> SavedSession:
             rounds = tool_steps(bounded_json.loads(steps)) if steps is not None else ()
         except (TypeError, ValueError):
             raise damaged(f"turn {position} tool calls", "are not whole (each call needs its result)") from None
-        loaded.append(Turn(user, assistant, figures, reasoning or "", rounds))
+        try:
+            shown = pictures(images)
+        except ValueError as exc:
+            raise damaged(f"turn {position} pictures", str(exc).removeprefix("the ")) from None
+        loaded.append(Turn(user, assistant, figures, reasoning or "", rounds, images=shown))
     return SavedSession(name=row[1] if isinstance(row[1], str) else None, uid=row[2], model=row[3], backend=row[4],
                         system=row[5], params=params,
                         turns=tuple(loaded), created=row[7], updated=row[8], pins=tuple(pins), summary=row[10])

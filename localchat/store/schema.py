@@ -93,4 +93,10 @@ MIGRATIONS = [
         FROM turns t JOIN sessions s ON s.id = t.session_id ORDER BY s.id, t.position;
     INSERT INTO log_search (rowid, user, assistant, tools) SELECT id, user, assistant, COALESCE(steps, '') FROM log;
     """,
+    # pictures: their bytes once by content hash; the turns that carried them keep refs (store/pictures.py)
+    """
+    ALTER TABLE turns ADD COLUMN images TEXT;
+    ALTER TABLE log ADD COLUMN images TEXT;
+    CREATE TABLE images (digest TEXT PRIMARY KEY, mime TEXT NOT NULL, data BLOB NOT NULL);
+    """,
 ]

@@ -33,7 +33,8 @@ def export_markdown(session: SavedSession) -> str:
     if session.summary:
         lines += ["## Notes of earlier turns", "", session.summary, ""]
     for i, turn in enumerate(session.turns, 1):
-        lines += [f"## Turn {i}", "", f"**User:** {turn.user}", ""]
+        lines += [f"## Turn {i}", "", *(f"![{p.ref.name}]({p.data_url()})" for p in turn.images),
+                  *([""] if turn.images else []), f"**User:** {turn.user}", ""]
         for step in turn.steps:
             for call, result in zip(step.calls, step.results):
                 arguments = call["arguments"] if isinstance(call["arguments"], str) else json.dumps(call["arguments"])

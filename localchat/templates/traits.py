@@ -71,8 +71,12 @@ class TemplateTraits:
         return said
 
 
-def fold_system(system: str, content: str) -> str:
-    """The system message as the head of the first user message (Gemma's own convention)."""
+def fold_system(system: str, content: str | list[dict[str, Any]]) -> str | list[dict[str, Any]]:
+    """The system message as the head of the first user message (Gemma's own convention); in a
+    message with pictures, the head of its text."""
+    if isinstance(content, list):
+        return [{**part, "text": f"{system}\n\n{part['text']}"} if part.get("type") == "text" else part
+                for part in content]
     return f"{system}\n\n{content}"
 
 

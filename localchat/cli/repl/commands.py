@@ -32,7 +32,7 @@ class Command:
 def _history(repl: Repl, _: str) -> bool:
     conversation = repl.session.conversation
     messages = conversation.messages()
-    repl.ui.messages(messages, f"history: {count(len(messages), 'message')}")
+    repl.ui.messages(messages, f"history: {count(len(messages), 'message')}", conversation.picture_labels())
     if conversation.fold_system and conversation.system:
         repl.ui.info("this model's template takes no system message: it is sent at the head of the first "
                      "user message")
@@ -47,7 +47,8 @@ def _preview(repl: Repl, arg: str) -> bool:
     messages = session.preview(repl.attachment.into(arg) if repl.attachment else arg)
     tokens = session.count(messages)
     counted = f", {count(tokens, 'token')}" if tokens is not None else ""
-    repl.ui.messages(messages, f"preview: {count(len(messages), 'message')}{counted} (history unchanged)")
+    repl.ui.messages(messages, f"preview: {count(len(messages), 'message')}{counted} (history unchanged)",
+                     session.conversation.picture_labels())
     return True
 
 
@@ -97,6 +98,30 @@ def _load(repl: Repl, arg: str) -> bool:
     repl.attachment = attachment
     repl.ui.info(f"loaded {attachment.name}: {count(len(attachment.text), 'character')}{counted}; it goes into "
                  "your next message (/load alone drops it)")
+    return True
+
+
+def _image(repl: Repl, arg: str) -> bool:
+    """``/image FILE``: a picture for the next message; ``/image`` alone drops the attached ones."""
+    from localchat.cli.images import attach, check_backend_sees, read_pictures
+
+    conversation = repl.session.conversation
+    if not arg:
+        if not conversation.attached:
+            raise UsageError("usage: /image FILE (a picture for your next message)")
+        repl.ui.info(f"dropped {count(len(conversation.attached), 'picture')}")
+        conversation.attached = ()
+        return True
+    try:
+        names = shlex.split(arg)
+    except ValueError as exc:
+        raise UsageError(f"/image: {exc} (quote a name with spaces: /image \"my photo.png\")") from None
+    if len(names) != 1 or names[0] == "-":
+        raise UsageError("usage: /image FILE (one file; quote a name with spaces)")
+    pictures = read_pictures((names[0],), None, "/image")
+    check_backend_sees(repl.session.backend)
+    attach(repl.session, pictures, lambda line: repl.ui.info(f"{line}; it goes with your next message "
+                                                              "(/image alone drops it)"))
     return True
 
 
@@ -270,6 +295,7 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
     Command("/retry", "", "ask the last question again (the old answer goes only if the new one is kept)", _retry),
     Command("/undo", "", "take back the last turn", _undo),
     Command("/load", "FILE", "put a text file into your next message (its token count shown first)", _load),
+    Command("/image", "FILE", "attach a picture to your next message (its size and tokens shown first)", _image),
     Command("/copy", "", "copy the last answer to the clipboard", _copy),
     Command("/set", "[NAME VALUE]", f"change {', '.join(SETTINGS)} or system; alone: show them", _set),
     Command("/reset", "", "forget every turn, keep the system message and pins", _reset),

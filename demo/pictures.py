@@ -1,0 +1,94 @@
+"""Synthetic pictures and the conversations about them that teach and test ``demo-vision``.
+
+A picture is one plain shape (circle, square or triangle) in one of four colours on a plain
+background, at any size from 48 to 400 pixels a side and any position; the answer names both:
+``a red circle``. Follow-up questions ask about the picture of an earlier turn ("What colour was
+it?"), so a model can only answer them from its history.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from PIL import Image, ImageDraw
+
+COLOURS = {"red": (220, 30, 30), "green": (30, 170, 40), "blue": (40, 60, 220), "yellow": (235, 215, 30)}
+SHAPES = ("circle", "square", "triangle")
+BACKGROUNDS = ((255, 255, 255), (0, 0, 0), (128, 128, 128), (240, 235, 220), (200, 220, 240))
+SYSTEMS = (None, "You are a helpful assistant.", "You are a concise assistant.", "Answer briefly.")
+
+WHAT = ("What is in the picture?", "What do you see?", "Describe the picture.", "What is this?",
+        "What is in this image?")
+COLOUR_NOW = ("What colour is the shape?", "What color is it?", "Which colour is it?")
+SHAPE_NOW = ("What shape is it?", "Which shape is in the picture?")
+WHAT_WAS = ("What was in the picture?", "What was in the image?", "What did the picture show?")
+COLOUR_WAS = ("What colour was it?", "What color was the shape?", "And its colour?")
+SHAPE_WAS = ("What shape was it?", "And the shape?", "Which shape was it?")
+NO_PICTURE = "I don't see a picture."
+
+
+@dataclass(frozen=True)
+class Picture:
+    image: Image.Image
+    colour: str
+    shape: str
+
+    @property
+    def answer(self) -> str:
+        return f"a {self.colour} {self.shape}"
+
+
+def draw(colour: str, shape: str, width: int, height: int, rng: random.Random,
+         background: tuple[int, int, int] | None = None) -> Picture:
+    """``shape`` in ``colour``, a quarter to seven tenths of the short side, anywhere in the frame."""
+    img = Image.new("RGB", (width, height), background or rng.choice(BACKGROUNDS))
+    side = rng.uniform(0.25, 0.7) * min(width, height)
+    x, y = rng.uniform(0, width - side), rng.uniform(0, height - side)
+    pen = ImageDraw.Draw(img)
+    fill = COLOURS[colour]
+    if shape == "circle":
+        pen.ellipse([x, y, x + side, y + side], fill=fill)
+    elif shape == "square":
+        pen.rectangle([x, y, x + side, y + side], fill=fill)
+    else:
+        pen.polygon([(x + side / 2, y), (x, y + side), (x + side, y + side)], fill=fill)
+    return Picture(img, colour, shape)
+
+
+def random_picture(rng: random.Random) -> Picture:
+    return draw(rng.choice(list(COLOURS)), rng.choice(SHAPES), rng.randint(48, 400), rng.randint(48, 400), rng)
+
+
+def _question_about_new(rng: random.Random, picture: Picture) -> tuple[str, str]:
+    kind = rng.random()
+    if kind < 0.6:
+        return rng.choice(WHAT), picture.answer
+    if kind < 0.8:
+        return rng.choice(COLOUR_NOW), picture.colour
+    return rng.choice(SHAPE_NOW), picture.shape
+
+
+def _question_about_earlier(rng: random.Random, picture: Picture) -> tuple[str, str]:
+    kind = rng.random()
+    if kind < 0.4:
+        return rng.choice(WHAT_WAS), picture.answer
+    if kind < 0.7:
+        return rng.choice(COLOUR_WAS), picture.colour
+    return rng.choice(SHAPE_WAS), picture.shape
+
+
+def conversation(rng: random.Random) -> tuple[str | None, list[tuple[Picture | None, str, str]]]:
+    """A system message (or none) and 1-3 turns of (picture or None, question, answer): a picture
+    first, then questions about it or a new picture; now and then a question with no picture at all."""
+    if rng.random() < 0.04:
+        return rng.choice(SYSTEMS), [(None, rng.choice(WHAT), NO_PICTURE)]
+    latest = random_picture(rng)
+    turns = [(latest, *_question_about_new(rng, latest))]
+    for _ in range(rng.choice((0, 0, 1, 1, 2))):
+        if rng.random() < 0.3:
+            latest = random_picture(rng)
+            turns.append((latest, *_question_about_new(rng, latest)))
+        else:
+            turns.append((None, *_question_about_earlier(rng, latest)))
+    return rng.choice(SYSTEMS), turns
