@@ -168,7 +168,7 @@ ANTHROPIC_BAD = {
     "unknown role": ({**GOOD, "messages": [{"role": "tool", "content": "Hi"}]}, "messages.0.role"),
     "an image": ({**GOOD, "messages": [{"role": "user", "content": [
         {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}]}]},
-        "image blocks are not supported"),
+        "is not a picture localchat can read"),
     "a result with no call": ({**GOOD, "messages": [{"role": "user", "content": [
         {"type": "tool_result", "tool_use_id": "toolu_x", "content": "42"}]}]}, "no tool_use before it"),
     "an assistant last": ({**GOOD, "messages": [{"role": "user", "content": "Hi"},
@@ -197,7 +197,7 @@ def test_bad_messages_requests_are_anthropic_errors(gateway, body, words):
 RESPONSES_BAD = {
     "input a number": ({"model": "m", "input": 3}, "input: must be a list"),
     "an image part": ({"model": "m", "input": [{"role": "user", "content": [
-        {"type": "input_image", "image_url": "https://example.com/a.png"}]}]}, "input_image parts are not supported"),
+        {"type": "input_image", "image_url": "https://example.com/a.png"}]}]}, "only an image_url holding a data: URL"),
     "an output with no call": ({"model": "m", "input": [{"type": "function_call_output", "call_id": "call_1",
                                                           "output": "42"}]}, "no function_call before it"),
     "an unknown item": ({"model": "m", "input": [{"type": "computer_call", "call_id": "c"}]}, "not supported"),

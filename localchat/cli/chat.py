@@ -209,9 +209,10 @@ def open_inproc(ref: ModelRef, opts: ChatOptions, ui: ChatUI) -> Backend:
 
 
 def open_backend(opts: ChatOptions, ui: ChatUI, pictures: tuple = ()) -> tuple[ModelRef | None, Backend]:
-    ref = _known_model(opts.model.model) if opts.model.backend == "server" else resolve(opts.model.model or DEFAULT_MODEL)
+    server = opts.model.backend == "server"
+    ref = _known_model(opts.model.model) if server else resolve(opts.model.model or DEFAULT_MODEL)
     check_model_sees(ref, pictures)
-    return ref, open_server(ref, opts, ui) if opts.model.backend == "server" else open_inproc(ref, opts, ui)
+    return ref, open_server(ref, opts, ui) if server else open_inproc(ref, opts, ui)
 
 
 def tool_runner(options: ToolSettings, ui: ChatUI, hidden: list[str]) -> ToolRunner | None:

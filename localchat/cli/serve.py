@@ -63,8 +63,8 @@ def run_serve(*, model: str | None, host: str, port: int, log: Path | None, smok
     if dry_run:
         if ranks is not None:
             check_ranks(ranks, None)
-        console.print(shlex.join(server_command(ref.location, host, port, extra, ranks, plain, serves_vision(ref, ranks))),
-                      markup=False,
+        command = server_command(ref.location, host, port, extra, ranks, plain, serves_vision(ref, ranks))
+        console.print(shlex.join(command), markup=False,
                       overflow="ignore", crop=False)
         return outcomes.OK
     if host not in LOOPBACK:

@@ -4,7 +4,8 @@ into chat messages, and the reply written back as Anthropic's message or its eve
 Read: ``system`` (a string or text blocks), messages of text (a system message among them, as
 Claude Code sends its reminders, is read as the user's text where it stands: a chat template takes
 one system message, first, and moving it there would lose the server's prompt cache), ``tool_use``, ``tool_result`` and
-``thinking`` blocks (an image or a document is refused: the model reads text), the samplers,
+``thinking`` blocks, ``image`` blocks with base64 data (checked, sent as OpenAI image parts: the
+model must see; a document is refused), the samplers,
 ``stop_sequences``, ``tools`` with ``input_schema`` and ``tool_choice``, ``thinking``. Tools of
 Anthropic's own kinds (web search, a computer) are left out, said in the gateway's log. Written:
 ``thinking``, ``text`` and ``tool_use`` blocks, ``stop_reason`` and ``usage``, where
@@ -25,10 +26,13 @@ from localchat.gateway.shapes import (
     GatewayRequest,
     arguments_object,
     check_results_follow_calls,
+    content_of,
     function_tool,
     invalid,
     items_of,
     joined_calls,
+    joined_content,
+    picture_part,
     read,
     read_count,
     read_number,
@@ -37,7 +41,7 @@ from localchat.gateway.shapes import (
 from localchat.gateway.upstream import REASONING_KEY
 
 MAX_STOP_SEQUENCES = 16
-NOT_TEXT = {"image", "document", "search_result", "container_upload"}
+NOT_TEXT = {"document", "search_result", "container_upload"}
 STATUS_KINDS = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                 404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 529: "overloaded_error"}
 
@@ -110,18 +114,37 @@ def _messages(body: dict[str, Any]) -> list[Message]:
 
 
 def _user(blocks: list[Any], path: str, names: dict[str, str]) -> list[Message]:
-    results, texts = [], []
+    results, parts = [], []
     for i, block in enumerate(blocks):
         where, kind = f"{path}.content.{i}", _kind(block, f"{path}.content.{i}")
         if kind == "text":
-            texts.append(_text_block(block, where))
+            parts.append({"type": "text", "text": _text_block(block, where)})
+        elif kind == "image":
+            parts.append(_image(block, where))
         elif kind == "tool_result":
             results.append(_tool_result(block, where, names))
         elif kind in NOT_TEXT:
             raise invalid(f"{where}: {kind} blocks are not supported: the model behind this gateway reads text", where)
         else:
             raise invalid(f"{where}.type: {kind!r} is not a content block a user message takes here", f"{where}.type")
-    return [*results, *([{"role": "user", "content": "\n\n".join(texts)}] if texts else [])]
+    return [*results, *([{"role": "user", "content": content_of(parts)}] if parts else [])]
+
+
+def _image(block: dict[str, Any], where: str) -> dict[str, Any]:
+    """An image block with base64 data, as the OpenAI part the backend sends (a URL source is
+    refused: the gateway fetches nothing)."""
+    source = read(block, "source", dict, where, required=True)
+    if source.get("type") != "base64":
+        raise invalid(f"{where}.source: only base64 image sources are supported (the gateway fetches no URL)",
+                      f"{where}.source")
+    import base64
+    import binascii
+
+    try:
+        data = base64.b64decode(read(source, "data", str, f"{where}.source", required=True), validate=True)
+    except (binascii.Error, ValueError):
+        raise invalid(f"{where}.source.data: not valid base64", f"{where}.source.data") from None
+    return picture_part(data, where)
 
 
 def _tool_result(block: dict[str, Any], where: str, names: dict[str, str]) -> Message:
@@ -178,7 +201,7 @@ def _joined_users(messages: list[Message]) -> list[Message]:
     out: list[Message] = []
     for message in messages:
         if out and out[-1]["role"] == message["role"] == "user":
-            out[-1] = {**out[-1], "content": out[-1]["content"] + "\n\n" + message["content"]}
+            out[-1] = {**out[-1], "content": joined_content(out[-1]["content"], message["content"])}
         else:
             out.append(message)
     return out

@@ -27,10 +27,12 @@ from localchat.gateway.shapes import (
     GatewayRequest,
     arguments_object,
     check_results_follow_calls,
+    content_of,
     function_tool,
     invalid,
     items_of,
     joined_calls,
+    picture_part,
     read,
     read_count,
     read_number,
@@ -109,7 +111,7 @@ def _input(body: dict[str, Any]) -> tuple[list[str], list[Message]]:
         kind = read(item, "type", str, path, default="message")
         if kind == "message":
             role = read(item, "role", str, path, required=True)
-            text = _content(item.get("content"), f"{path}.content")
+            text = _content(item.get("content"), f"{path}.content", pictures=role == "user")
             if role in ("system", "developer"):
                 systems.append(text)
             elif role in ("user", "assistant"):
@@ -153,22 +155,31 @@ def _call(item: dict[str, Any], path: str, names: dict[str, str], reasoning: lis
         {"id": wire_call_id(client_id), "type": "function", "function": {"name": name, "arguments": arguments}}]}
 
 
-def _content(content: Any, path: str) -> str:
+def _content(content: Any, path: str, pictures: bool = False) -> str | list[dict[str, Any]]:
+    """Text parts joined; with ``pictures`` (a user's message), ``input_image`` parts too, as
+    OpenAI image parts in their place (a data URL; the gateway fetches no URL, knows no file id)."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
         raise invalid(f"{path}: must be a string or a list of content parts", path)
-    texts = []
+    parts = []
     for i, part in enumerate(content):
-        kind = read(part, "type", str, f"{path}.{i}", required=True) if isinstance(part, dict) else None
+        where = f"{path}.{i}"
+        kind = read(part, "type", str, where, required=True) if isinstance(part, dict) else None
         if kind in TEXT_PARTS:
-            texts.append(read(part, "text", str, f"{path}.{i}", required=True))
+            parts.append({"type": "text", "text": read(part, "text", str, where, required=True)})
         elif kind == "refusal":
-            texts.append(read(part, "refusal", str, f"{path}.{i}", required=True))
+            parts.append({"type": "text", "text": read(part, "refusal", str, where, required=True)})
+        elif kind == "input_image" and pictures:
+            url = read(part, "image_url", str, where)
+            if not url or not url.startswith("data:"):
+                raise invalid(f"{where}: only an image_url holding a data: URL is supported (no file_id, no fetching)",
+                              where)
+            parts.append(picture_part(url, where))
         else:
-            raise invalid(f"{path}.{i}: {kind or 'this'} parts are not supported: the model behind this gateway "
-                          "reads text", f"{path}.{i}")
-    return "".join(texts)
+            raise invalid(f"{where}: {kind or 'this'} parts are not supported here: the model behind this gateway "
+                          "reads text" + (" and pictures of a user's message" if kind == "input_image" else ""), where)
+    return content_of(parts, joiner="")
 
 
 def _tools(body: dict[str, Any]) -> tuple[list[dict[str, Any]], tuple[str, ...]]:

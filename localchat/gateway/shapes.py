@@ -173,3 +173,38 @@ def check_results_follow_calls(messages: list[Message], result_name: str, call_n
             open_calls.discard(message["tool_call_id"])
     for message in messages:
         message.pop("_client_id", None)
+
+
+def picture_part(data: bytes | str, where: str) -> dict[str, Any]:
+    """A client's picture (its bytes, or a base64 data URL), checked as ``--image`` checks a file,
+    as the OpenAI content part every backend sends; a bad one is the client's 400."""
+    from localchat.errors import UsageError
+    from localchat.vision.image import bytes_of_data_url, picture_from_bytes
+    from localchat.vision.support import has_extra
+
+    if not has_extra():
+        raise invalid(f"{where}: pictures need localchat's vision extra (mlx-vlm) where the gateway runs", where)
+    try:
+        raw = bytes_of_data_url(data) if isinstance(data, str) else data
+        return picture_from_bytes(raw, "the picture", where).part()
+    except UsageError as exc:
+        raise invalid(str(exc), where) from None
+
+
+def joined_content(first: str | list[dict[str, Any]], second: str | list[dict[str, Any]]) -> str | list[dict[str, Any]]:
+    """Two user messages' contents as one: text joined by a blank line, pictures kept in order."""
+    if isinstance(first, str) and isinstance(second, str):
+        return first + "\n\n" + second
+
+    def parts(content: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
+
+    return [*parts(first), *parts(second)]
+
+
+def content_of(parts: list[dict[str, Any]], joiner: str = "\n\n") -> str | list[dict[str, Any]]:
+    """A message's content from its parts in order: the texts joined when there is no picture,
+    else the parts themselves (OpenAI's shape)."""
+    if all(part["type"] == "text" for part in parts):
+        return joiner.join(part["text"] for part in parts)
+    return parts

@@ -16,9 +16,12 @@ from localchat.conversation.turn import ChatSession, TurnResult
 from localchat.registry import DEFAULT_MODEL, ModelRef, local_dir, resolve
 from localchat.server.distributed import Ranks
 from localchat.server.launch import free_port, start_ready
+from localchat.vision.image import sample_picture
+from localchat.vision.support import is_vision, load_inproc_or_vision
 
 PARITY_TURNS = ("Remember the code harbor 17. Reply only OK.", "How are you?",
                 "What was the code? Reply with the code only.")
+PICTURE_TURNS = ("What is in the picture?", "What colour was it?", "What shape was it?")  # a vision model's
 
 
 @dataclass
@@ -35,7 +38,10 @@ class ParityReport:
 def play(backend: Backend, ref: ModelRef) -> list[TurnResult]:
     session = ChatSession(backend, Conversation.for_backend(backend, ref.default("system")),
                           GenerationParams(temperature=0.0, max_tokens=ref.default("max_tokens", 256)))
-    return [session.ask(turn) for turn in PARITY_TURNS]
+    if not is_vision(ref):
+        return [session.ask(turn) for turn in PARITY_TURNS]
+    session.conversation.attached = (sample_picture(),)  # the first turn shows a red circle
+    return [session.ask(turn) for turn in PICTURE_TURNS]
 
 
 def compare(model: str, inproc_results: list[TurnResult], server_results: list[TurnResult],
@@ -64,12 +70,12 @@ def run_parity(model: str | None, on_status: Callable[[str], None] = lambda _: N
                ranks: Ranks | None = None) -> ParityReport:
     """The 3-turn greedy conversation in this process, then through a launched mlx_lm.server (on
     ``ranks``, a sharded one): the same prompts and the same tokens?"""
-    from localchat.backends.inproc import load_inproc
+    from localchat.backends.mlx_options import RuntimeOptions
     from localchat.backends.openai_http import backend_for
 
     ref = resolve(model or DEFAULT_MODEL)
     on_status(f"loading {ref.id} in-process …")
-    inproc = load_inproc(ref, local_dir(ref))
+    inproc = load_inproc_or_vision(ref, local_dir(ref), cache_reuse=True, options=RuntimeOptions())
     inproc_results = play(inproc, ref)
     server = start_ready(ref, port=free_port(), on_poll=on_status, ranks=ranks)
     try:

@@ -28,6 +28,8 @@ class VisionBackend:
 
     name = "inproc"
     template = None  # mlx-vlm renders the chat template itself
+    timing_note = ("TTFT includes encoding the pictures: mlx-vlm encodes them in its prefill; a turn that brings a "
+                   "new picture is prefilled whole, one with text only reuses the cached prefix, pictures and all")
 
     def __init__(self, model: Any, processor: Any, model_id: str, *, cache_reuse: bool = True):
         self.model = model
@@ -36,6 +38,10 @@ class VisionBackend:
         self.cache_reuse = cache_reuse
         self._state = self._new_state()
         self._pictures: dict[str, Any] = {}  # data URL → decoded picture, for the session's life
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.processor.tokenizer
 
     @staticmethod
     def _new_state() -> Any:

@@ -4,7 +4,8 @@ Only a regular file (or a pipe's bytes for ``-``) of at most ``MAX_IMAGE_BYTES``
 reads the header first, so a picture whose size is over ``MAX_PIXELS`` (a decompression bomb: a
 few kilobytes claiming 20,000 × 20,000) is refused before any pixel is decoded; then every pixel
 is decoded once, so a truncated or corrupt file is refused too, before anything is sent or kept.
-Vector drawings (SVG) and anything Pillow does not read as PNG, JPEG, WebP, GIF or BMP are refused.
+Vector drawings (SVG), anything Pillow does not read as PNG, JPEG, WebP, GIF or BMP, and a picture
+carrying over a megabyte of metadata (EXIF, ICC, text chunks) are refused.
 The bytes kept are the file's own for PNG, JPEG and WebP (what every server takes) and a PNG of
 the first frame otherwise; metadata such as EXIF travels only inside the file's own bytes.
 """
@@ -27,6 +28,7 @@ MAX_IMAGE_BYTES = 20 * 1024**2
 MAX_PIXELS = 40_000_000  # 8,000 × 5,000: past any photo or screenshot; 20,000 × 20,000 is not a picture to chat about
 FORMATS = {"PNG": "image/png", "JPEG": "image/jpeg", "WEBP": "image/webp", "GIF": "image/gif", "BMP": "image/bmp"}
 KEPT_AS_IS = {"PNG", "JPEG", "WEBP"}
+MAX_METADATA_BYTES = 1024**2  # EXIF, ICC profile, XMP and text chunks together: a camera's is tens of kilobytes
 
 
 @dataclass(frozen=True)
@@ -83,28 +85,34 @@ def read_picture(path_text: str, where: str = "--image") -> Picture:
         return picture_from_bytes(data, "stdin", where)
     if "\0" in path_text:
         raise UsageError(f"{where}: a file name cannot hold a NUL character")
-    path = Path(path_text).expanduser()
+    try:
+        path = Path(path_text).expanduser()
+    except RuntimeError:  # ~someone who is not a user here
+        raise UsageError(f"{where}: cannot find the home directory in {safe_name(path_text)}") from None
     try:
         data = read_regular(path, MAX_IMAGE_BYTES)
     except FileNotFoundError:
-        raise UsageError(f"{where}: no such file: {path_text}") from None
+        raise UsageError(f"{where}: no such file: {safe_name(path_text)}") from None
     except OSError as exc:
         if exc.errno in (errno.EISDIR, errno.EINVAL):
-            raise UsageError(f"{where}: {path_text} is not a regular file") from None
-        raise UsageError(f"{where}: cannot read {path_text}: {exc.strerror}") from None
-    return picture_from_bytes(data, path.name, where)
+            raise UsageError(f"{where}: {safe_name(path_text)} is not a regular file") from None
+        raise UsageError(f"{where}: cannot read {safe_name(path_text)}: {exc.strerror}") from None
+    return picture_from_bytes(data, path.name, where, shown=path_text)
 
 
-def picture_from_bytes(data: bytes, name: str, where: str = "--image") -> Picture:
-    """Check ``data`` is one raster picture within the limits; the bytes to keep and their ref."""
+def picture_from_bytes(data: bytes, name: str, where: str = "--image", shown: str | None = None) -> Picture:
+    """Check ``data`` is one raster picture within the limits; the bytes to keep and their ref
+    (``name``); errors name it as the user gave it (``shown``)."""
+    said = safe_name(shown or name)
     if len(data) > MAX_IMAGE_BYTES:
-        raise UsageError(f"{where}: {name} is over {MAX_IMAGE_BYTES // 1024**2} MiB: too large to send")
+        raise UsageError(f"{where}: {said} is over {MAX_IMAGE_BYTES // 1024**2} MiB: too large to send")
     if not data:
-        raise UsageError(f"{where}: {name} is empty")
+        raise UsageError(f"{where}: {said} is empty")
     head = data[:1024].lstrip().lower()
     if head.startswith((b"<svg", b"<?xml", b"<!doctype svg")) or b"<svg" in head:
-        raise UsageError(f"{where}: {name} is an SVG drawing: only pictures (PNG, JPEG, WebP, GIF, BMP) can be sent")
-    image = _opened(data, name, where)
+        raise UsageError(f"{where}: {said} is an SVG drawing: only pictures (PNG, JPEG, WebP, GIF, BMP) can be sent")
+    image = _opened(data, said, where)
+    name = safe_name(name)
     fmt = image.format
     if fmt in KEPT_AS_IS:
         kept, mime = data, FORMATS[fmt]
@@ -115,6 +123,13 @@ def picture_from_bytes(data: bytes, name: str, where: str = "--image") -> Pictur
     ref = ImageRef(digest=hashlib.sha256(kept).hexdigest(), name=name, width=image.width, height=image.height,
                    mime=mime)
     return Picture(ref=ref, data=kept)
+
+
+def safe_name(name: str) -> str:
+    """A file name as a label shows it: control characters (a terminal's escapes) made visible, at most
+    80 characters."""
+    shown = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in name)
+    return shown if len(shown) <= 80 else shown[:79] + "…"
 
 
 def _opened(data: bytes, name: str, where: str) -> Any:
@@ -131,10 +146,15 @@ def _opened(data: bytes, name: str, where: str) -> Any:
                 raise UsageError(f"{where}: {name} is {image.width}×{image.height} pixels, over the limit of "
                                  f"{MAX_PIXELS:,}: resize it first")
             image.load()
+            metadata = sum(len(v) for v in image.info.values() if isinstance(v, (bytes, str)))
+            if metadata > MAX_METADATA_BYTES:
+                raise UsageError(f"{where}: {name} carries {metadata:,} bytes of metadata (EXIF, text): over "
+                                 f"{MAX_METADATA_BYTES:,}, refused")
     except UnidentifiedImageError:
         raise UsageError(f"{where}: {name} is not a picture localchat can read (PNG, JPEG, WebP, GIF or BMP)") from None
     except (Image.DecompressionBombError, Image.DecompressionBombWarning):
-        raise UsageError(f"{where}: {name} claims more pixels than a picture should: refused") from None
+        raise UsageError(f"{where}: {name} claims more pixels than any picture to chat about (a decompression bomb): "
+                         "refused") from None
     except (OSError, ValueError, SyntaxError, EOFError) as exc:
         raise UsageError(f"{where}: {name} is damaged or truncated ({str(exc).splitlines()[0] or type(exc).__name__})"
                          ) from None
@@ -159,6 +179,17 @@ def shown_text(content: str | list[dict[str, Any]] | None, labels: dict[str, str
 def labels_of(pictures: list[Picture] | tuple[Picture, ...]) -> dict[str, str]:
     """Each picture's data URL → its label, for ``shown_text``."""
     return {picture.data_url(): picture.ref.label() for picture in pictures}
+
+
+def sample_picture() -> Picture:
+    """A red circle on white, 200 × 160 (``examples/images/red-circle.png``): what parity shows a vision model."""
+    from PIL import Image, ImageDraw
+
+    image = Image.new("RGB", (200, 160), (255, 255, 255))
+    ImageDraw.Draw(image).ellipse([60, 40, 140, 120], fill=(220, 30, 30))
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return picture_from_bytes(buffer.getvalue(), "red-circle.png")
 
 
 def decoded(picture_bytes: bytes) -> Any:

@@ -62,9 +62,9 @@ def load_inproc_or_vision(ref: ModelRef, path: Path, *, cache_reuse: bool, optio
 
         return load_inproc(ref, path, cache_reuse=cache_reuse, options=options)
     require_extra(f"-m {ref.id} (a vision model)")
-    unsupported = [flag for flag, value in (("--adapter-path", options.adapter_path), ("--draft-model", options.draft_model),
-                                            ("--kv-bits", options.kv_bits), ("--max-kv-size", options.max_kv_size))
-                   if value is not None]
+    flags = (("--adapter-path", options.adapter_path), ("--draft-model", options.draft_model),
+             ("--kv-bits", options.kv_bits), ("--max-kv-size", options.max_kv_size))
+    unsupported = [flag for flag, value in flags if value is not None]
     if unsupported:
         raise UsageError(f"{unsupported[0]} is mlx_lm's: {ref.id} is a vision model, run by mlx-vlm without it")
     from localchat.vision.backend import load_vision

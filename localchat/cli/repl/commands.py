@@ -201,6 +201,8 @@ def _unpin(repl: Repl, arg: str) -> bool:
 def _stats(repl: Repl, _: str) -> bool:
     ledger = repl.session.ledger
     repl.ui.ledger(ledger.summary(), ledger.turns[-1] if ledger.turns else None)
+    if note := getattr(repl.session.backend, "timing_note", None):
+        repl.ui.info(note)
     return True
 
 
