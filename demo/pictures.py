@@ -78,6 +78,12 @@ def _question_about_earlier(rng: random.Random, picture: Picture) -> tuple[str, 
     return rng.choice(SHAPE_WAS), picture.shape
 
 
+def one_question(rng: random.Random) -> tuple[str | None, list[tuple[Picture | None, str, str]]]:
+    """A picture and one question about it, no system message: short, so a step sees many pictures."""
+    picture = random_picture(rng)
+    return None, [(picture, *_question_about_new(rng, picture))]
+
+
 def conversation(rng: random.Random) -> tuple[str | None, list[tuple[Picture | None, str, str]]]:
     """A system message (or none) and 1-3 turns of (picture or None, question, answer): a picture
     first, then questions about it or a new picture; now and then a question with no picture at all."""

@@ -25,7 +25,7 @@ import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten
 
-from demo.pictures import conversation
+from demo.pictures import conversation, one_question
 from localchat.vision.prompt import vlm_prompt
 
 IMAGE_SPECIALS = ["<fake_token_around_image>", "<image>", "<global-img>", "<end_of_utterance>"]
@@ -90,9 +90,10 @@ def messages_of(system: str | None, turns) -> tuple[list[dict], list]:
     return messages, pictures
 
 
-def example(processor, config: dict, rng: random.Random):
-    """Token ids of one whole conversation, the positions of its answers, and its pixel values."""
-    system, turns = conversation(rng)
+def example(processor, config: dict, rng: random.Random, focus: float = 0.0):
+    """Token ids of one whole conversation (one question about a picture, with probability
+    ``focus``), the positions of its answers, and its pixel values."""
+    system, turns = one_question(rng) if rng.random() < focus else conversation(rng)
     messages, pictures = messages_of(system, turns)
     full = vlm_prompt(processor, config, messages, add_generation_prompt=False)
     batch = processor(text=full, images=pictures or None, return_tensors="np")
@@ -114,11 +115,12 @@ def _expanded(processor) -> str:
     return "<fake_token_around_image><global-img>" + "<image>" * 16 + "<fake_token_around_image>"
 
 
-def batches(processor, config: dict, rng: random.Random, size: int, pool: int = 4):
+def batches(processor, config: dict, rng: random.Random, size: int, pool: int = 4, focus: float = 0.0):
     """Batches of ``size`` conversations, drawn ``pool`` batches at a time and grouped by length, so
     little of each batch is padding."""
     while True:
-        examples = sorted((example(processor, config, rng) for _ in range(size * pool)), key=lambda e: len(e[0]))
+        examples = sorted((example(processor, config, rng, focus) for _ in range(size * pool)),
+                          key=lambda e: len(e[0]))
         order = list(range(pool))
         rng.shuffle(order)
         for k in order:
@@ -161,7 +163,7 @@ def train(model, processor, config: dict, args) -> float:
     opt = optim.AdamW(learning_rate=schedule, weight_decay=0.01)
     step = nn.value_and_grad(model, loss_fn)
     started = time.time()
-    source = batches(processor, config, rng, args.batch)
+    source = batches(processor, config, rng, args.batch, focus=args.focus)
     for n in range(1, args.steps + 1):
         loss, grads = step(model, *next(source))
         opt.update(model, grads)
@@ -182,18 +184,28 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--vision-hidden", type=int, default=96)
     parser.add_argument("--vision-layers", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--focus", type=float, default=0.0,
+                        help="Share of conversations that are one question about one picture (shapes need many).")
+    parser.add_argument("--start", type=Path, help="Go on from this trained model (its weights and stages).")
     args = parser.parse_args(argv)
+    stages = json.loads((args.start / "training.json").read_text())["stages"] if args.start else []
+    start = args.start / "model.safetensors" if args.start else None
+    if start is not None:
+        shutil.copy(start, scratch := Path(f"/tmp/demo-vision-start-{time.time_ns()}.safetensors"))
     shutil.rmtree(args.out, ignore_errors=True)
     args.out.mkdir(parents=True)
     processor = build_processor(args.out)
     config = model_config(args, processor)
     model = new_model(config)
+    if start is not None:
+        model.load_weights(str(scratch))
+        scratch.unlink()
     print("parameters:", sum(v.size for _, v in tree_flatten(model.parameters())), flush=True)
     seconds = train(model, processor, config, args)
     model.save_weights(str(args.out / "model.safetensors"))
     (args.out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    (args.out / "training.json").write_text(json.dumps({"argv": vars(args) | {"out": str(args.out)},
-                                                        "train_seconds": round(seconds)}, indent=2) + "\n")
+    stage = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()} | {"train_seconds": round(seconds)}
+    (args.out / "training.json").write_text(json.dumps({"stages": [*stages, stage]}, indent=2) + "\n")
     print(f"trained in {seconds:.0f} s; saved to {args.out}")
 
 

@@ -121,7 +121,11 @@ def card(figures: dict[str, Any], training: dict[str, Any]) -> str:
                      for where, f in (("in-process (mlx-vlm)", figures["in_process"]),
                                       ("`mlx_vlm.server` (HTTP)", figures["mlx_vlm_server"])))
     misses = "; ".join(figures["in_process"]["misses"]) or "none"
-    argv = training["argv"]
+    argv = training["stages"][0]
+    stages = "; then ".join(f"{s['steps']} steps of {s['batch']} conversations at learning rate {s['lr']}"
+                            + (f", {s['focus']:.0%} of them one question about one picture" if s["focus"] else "")
+                            for s in training["stages"])
+    seconds = sum(s["train_seconds"] for s in training["stages"])
     return f"""# demo-vision: a toy that really looks
 
 A **toy** vision-language model, bundled so that image chat can be tried and tested offline. It is
@@ -129,9 +133,10 @@ mlx-vlm's own `idefics3` architecture (SmolVLM's): a {argv['vision_layers']}-lay
 {argv['vision_hidden']}, 16-pixel patches on a 128 × 128 picture) whose 64 patches are pooled into 16
 image tokens, in front of a {argv['layers']}-layer llama (hidden {argv['hidden']}) with the demo model's
 byte-level BPE tokenizer and a ChatML template: 828,384 parameters in float32. It was trained from
-scratch by `demo/vision.py` ({argv['steps']} steps of {argv['batch']} conversations, {training['train_seconds']} s on
-this machine's CPU) on synthetic pictures, each conversation rendered exactly as mlx-vlm (and so
-`mlx_vlm.server`) renders it.
+scratch by `demo/vision.py` on synthetic pictures, each conversation rendered exactly as mlx-vlm (and
+so `mlx_vlm.server`) renders it: {stages} ({seconds} s in all on this machine's CPU; the second stage
+starts from the first's weights, `--start`). Colour comes first and fast; the shape takes the many
+short single-picture conversations of the second stage.
 
 It is not an assistant: it names the one shape in a plain picture and nothing else.
 

@@ -117,6 +117,16 @@ def test_the_repl_attaches_with_slash_image_and_recalls_it_turns_later(tmp_path)
         assert all("base64" not in (row[0] or "") for row in db.execute("SELECT images FROM log"))
 
 
+def test_a_new_picture_after_reset_is_seen_not_the_cached_one(tmp_path):
+    """mlx-vlm matches its cached prefix by token ids, and two pictures of one size are the same
+    ids: after /reset the next picture must be looked at, not the old one's cached keys reused."""
+    first = picture_file(tmp_path, "red", "circle", "first.png")
+    second = picture_file(tmp_path, "blue", "square", "second.png")
+    script = f"/image {first}\n{WHAT}\n/reset\n/image {second}\n{WHAT}\n"
+    done = localchat(tmp_path, "chat", "-m", "demo-vision", "--no-log", stdin=script)
+    assert answers(done.stdout) == ["a red circle", "a blue square"], done.stderr
+
+
 def test_records_keep_each_picture_once_beside_them(tmp_path):
     records = tmp_path / "records"
     done = localchat(tmp_path, "chat", "-m", "demo-vision", "--record", str(records), "--no-log",
@@ -310,6 +320,24 @@ def test_the_gateway_maps_anthropic_image_blocks_and_responses_input_images(visi
         refused = gateway.post("/v1/messages", json={"model": "m", "max_tokens": 4, "messages": [
             {"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "http://x/a.png"}}]}]})
         assert refused.status_code == 400 and "base64" in refused.json()["error"]["message"]
+
+
+def test_serve_smoke_and_parity_hold_for_the_vision_toy(tmp_path):
+    """serve --smoke shows it a red circle (required); parity plays three turns about one picture
+    in this process and through mlx_vlm.server: the same prompts and the same answers."""
+    smoke = localchat(tmp_path, "serve", "-m", "demo-vision", "--port", str(_free_port()), "--smoke")
+    assert smoke.returncode == 0, smoke.stdout + smoke.stderr
+    assert "a picture answered" in smoke.stdout and "'a red circle'" in smoke.stdout
+    parity = localchat(tmp_path, "parity", "-m", "demo-vision", "--json")
+    report = json.loads(parity.stdout)
+    assert parity.returncode == 0 and report["first_difference"] is None, parity.stdout + parity.stderr
+    assert [t["inproc_text"] for t in report["turns"]] == ["a red circle", "red", "circle"]
+
+
+def _free_port() -> int:
+    from localchat.server.launch import free_port
+
+    return free_port()
 
 
 def test_serve_launches_mlx_vlm_server_for_a_vision_model(tmp_path):

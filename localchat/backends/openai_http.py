@@ -99,6 +99,7 @@ class ServerBackend:
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self._context = known_context
         self.timeout_s = timeout_s
+        self.image_tokens: Callable[[bytes], int | None] | None = None  # a vision model's processor, when here
         self.tools: list[dict[str, Any]] = []
 
     @property

@@ -16,7 +16,7 @@ from rich.console import Console
 from localchat.backends import Backend, GenerationParams
 from localchat.backends.mlx_options import RuntimeOptions, server_fields
 from localchat.cli import outcomes
-from localchat.cli.images import attach, check_model_sees, read_pictures
+from localchat.cli.images import attach, check_model_sees, read_pictures, server_picture_tokens
 from localchat.cli.options import ChatOptions
 from localchat.cli.render import ChatUI
 from localchat.cli.repl import REPL_COMMANDS, Repl
@@ -175,6 +175,7 @@ def open_server(ref: ModelRef | None, opts: ChatOptions, ui: ChatUI) -> Backend:
     backend = backend_for(opts.model.base_url, ref, name=opts.model.model, api_key=opts.model.api_key,
                           timeout_s=opts.model.timeout_s)
     backend.extra_fields = server_fields(runtime_options(ref, opts), backend.model_field, SERVER_DEFAULT_MODEL)
+    backend.image_tokens = server_picture_tokens(ref)
     ui.info(f"talking to {backend.url} (model: {backend.model_id})")
     return backend
 
@@ -185,7 +186,7 @@ def open_inproc(ref: ModelRef, opts: ChatOptions, ui: ChatUI) -> Backend:
     if not opts.model.allow_download:
         os.environ["HF_HUB_OFFLINE"] = "1"  # read by huggingface_hub when mlx_lm first imports it
     from localchat.cli.pull import chat_fit, ready_model_dir
-    from localchat.vision.support import load_inproc_or_vision
+    from localchat.vision.loading import load_inproc_or_vision
 
     started = time.perf_counter()
     options = runtime_options(ref, opts).check()

@@ -35,10 +35,25 @@ def check_backend_sees(backend: Any) -> None:
         raise text_only(backend.model_id)
 
 
+def server_picture_tokens(ref: ModelRef | None) -> Any:
+    """A server's vision model counted by its processor, when its directory is on this machine."""
+    from localchat.errors import LocalchatError
+    from localchat.registry import local_dir
+    from localchat.vision.counting import local_picture_tokens
+    from localchat.vision.support import has_extra, is_vision
+
+    if ref is None or not has_extra() or not is_vision(ref):
+        return None
+    try:
+        return local_picture_tokens(local_dir(ref))
+    except LocalchatError:  # not on this machine: the server counts, after the fact
+        return None
+
+
 def counted(backend: Any, pictures: tuple[Picture, ...]) -> tuple[Picture, ...]:
     """The pictures with their token counts, when the backend's processor is here to count them."""
     count = getattr(backend, "image_tokens", None)
-    return tuple(p.with_tokens(count(p.data)) for p in pictures) if count else pictures
+    return tuple(p.with_tokens(count(p.data)) for p in pictures) if count is not None else pictures
 
 
 def attach(session: Any, pictures: tuple[Picture, ...], info: Any) -> None:

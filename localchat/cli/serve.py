@@ -79,7 +79,8 @@ def run_serve(*, model: str | None, host: str, port: int, log: Path | None, smok
         console.print(f"[green]ready[/green] {server.base_url} · model {ref.id} ({ref.location}){where} · "
                       f"loaded in {server.load_s:.1f}s · log {server.log_path}")
         if smoke:
-            report = run_smoke(backend_for(server.base_url, ref), judge_recall=ref.id == DEMO_MODEL)
+            report = run_smoke(backend_for(server.base_url, ref), judge_recall=ref.id == DEMO_MODEL,
+                               picture=picture_expected(ref))
             show_smoke(console, report, as_json=False)
             return outcomes.report_exit(report.ok)
         console.print("chat with:", style="dim")
@@ -154,6 +155,15 @@ def run_smoke_cmd(*, base_url: str, model: str | None, api_key: str | None, time
     return outcomes.report_exit(all(r.ok for r in reports))
 
 
+def picture_expected(ref: ModelRef | None) -> str | None:
+    """What smoke expects a vision model to say of a red circle: the toy's exact answer, or any."""
+    from localchat.vision.support import is_vision
+
+    if ref is None or not is_vision(ref):
+        return None
+    return "a red circle" if ref.id == "demo-vision" else ""
+
+
 def smoke_api(base_url: str, ref: ModelRef | None, api: str | None, *, api_key: str | None = None,
               timeout_s: float = DEFAULT_TIMEOUT_S) -> SmokeReport:
     """``smoke`` through chat completions, or through one of the gateway's APIs."""
@@ -164,7 +174,8 @@ def smoke_api(base_url: str, ref: ModelRef | None, api: str | None, *, api_key: 
     backend = backend_for(base_url, ref, api_key=api_key, timeout_s=timeout_s, kind=kind)
     try:
         return run_smoke(backend, judge_recall=ref is not None and ref.id == DEMO_MODEL, api=api,
-                         judge_tools=ref is not None and ref.id == "demo-tools")
+                         judge_tools=ref is not None and ref.id == "demo-tools",
+                         picture=picture_expected(ref) if api is None else None)
     finally:
         backend.close()
 

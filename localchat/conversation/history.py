@@ -6,7 +6,9 @@ drops. A template that refuses a system role (Gemma 2, Mistral v0.2) gets it fol
 user message instead, the same way every turn. A turn enters the history only after its reply
 finished cleanly (see ``Conversation.commit``). A thinking model's reasoning is kept beside its
 turn; it goes back to the model (in the assistant message field the model's chat template renders
-reasoning from) only when the template reads one.
+reasoning from) only when the template reads one. Pictures are part of their turn's question
+(``Turn.images``; ``Conversation.attached`` for the next one): its content becomes OpenAI content
+parts, so they are trimmed, kept and sent with the turn, never alone.
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ from localchat.registry import DEFAULT_MODEL, ModelRef, local_dir, resolve
 from localchat.server.distributed import Ranks
 from localchat.server.launch import free_port, start_ready
 from localchat.vision.image import sample_picture
-from localchat.vision.support import is_vision, load_inproc_or_vision
+from localchat.vision.loading import load_inproc_or_vision
+from localchat.vision.support import is_vision
 
 PARITY_TURNS = ("Remember the code harbor 17. Reply only OK.", "How are you?",
                 "What was the code? Reply with the code only.")

@@ -81,10 +81,12 @@ def _json_object(response: httpx.Response) -> dict:
 
 
 def run_smoke(backend: ServerBackend, judge_recall: bool, api: str | None = None,
-              judge_tools: bool = False) -> SmokeReport:
+              judge_tools: bool = False, picture: str | None = None) -> SmokeReport:
     """All checks against the server behind ``backend`` (its client and model field); with
     ``api``, the backend speaks that API and its completion and a tool round trip are checked
-    through its SDK (``api_smoke``)."""
+    through its SDK (``api_smoke``). With ``picture`` (a vision model's server: mlx_vlm.server) a
+    red circle is shown and the answer must be ``picture`` (any answer when it is ""); the prompt
+    cache check is then not required (mlx_vlm.server reports no cached tokens)."""
     client, root = backend.client, backend.url.removesuffix("/v1")
     report = SmokeReport(backend.url, backend.model_id)
     params = GenerationParams(temperature=0.0, max_tokens=32)
@@ -168,6 +170,17 @@ def run_smoke(backend: ServerBackend, judge_recall: bool, api: str | None = None
             return False, "no second turn to look at (the recall check failed first)"
         return stats.cached_tokens > 0, f"turn 2 cached_tokens = {stats.cached_tokens} of {stats.prompt_tokens}"
 
+    def sees():
+        from localchat.vision.image import sample_picture
+
+        chat = ChatSession(backend, Conversation.for_backend(backend, None), params).prepare()
+        chat.conversation.attached = (sample_picture(),)
+        result = chat.ask("What is in the picture?")
+        if result.status is TurnStatus.ERROR:
+            return False, f"the picture was refused: {result.error}"
+        answer = result.text.strip()
+        return (answer == picture) if picture else bool(answer), f"shown a red circle, answered {answer!r}"
+
     endpoint = f"{backend.url}/" + {None: "chat/completions", "anthropic": "messages", "responses": "responses"}[api]
     api_checks = []
     if api is not None:
@@ -182,11 +195,14 @@ def run_smoke(backend: ServerBackend, judge_recall: bool, api: str | None = None
         ("completion", endpoint, completion),
         ("streaming + usage", endpoint, streaming),
         ("two-turn recall" + ("" if judge_recall else " (not required)"), endpoint, recall),
-        ("prompt cache hit on turn 2", endpoint, cache_hit),
+        ("prompt cache hit on turn 2" + ("" if picture is None else " (not required)"), endpoint, cache_hit),
     ]
     if api is None:
         api_checks = [("response_format enforced (not required)", endpoint, answer_format, False)]
-    rows = [_timed(name, url, run, required=judge_recall or run is not recall) for name, url, run in checks]
+    if picture is not None:
+        api_checks.insert(0, ("a picture answered", endpoint, sees, True))
+    optional = {*(() if judge_recall else (recall,)), *(() if picture is None else (cache_hit,))}
+    rows = [_timed(name, url, run, required=run not in optional) for name, url, run in checks]
     rows += [_timed(name, url, run, required) for name, url, run, required in api_checks]
     report.checks = [_redacted(row, backend) for row in rows]
     return report

@@ -6,6 +6,10 @@ same typed events as mlx_lm's, sampled by mlx_lm's own sampler. The KV cache is 
 ``PromptCacheState``: a turn whose new part is text only reuses the cached prefix, pictures of
 earlier turns included; a turn that brings a new picture is prefilled whole (mlx-vlm never reuses
 a prefix whose suffix holds a picture). Either way ``Finished.cached_tokens`` says what was reused.
+mlx-vlm matches the cached prefix by token ids alone, and every picture of a size is the same run of
+``<image>`` tokens: a new conversation with another picture of that size would reuse the old
+picture's keys and values and describe the old picture. So the cache is kept only while the prompt's
+pictures are the very ones it was built with, and started afresh otherwise.
 TTFT includes encoding the pictures: mlx-vlm encodes them inside its prefill.
 """
 
@@ -16,11 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from localchat.backends import Event, Finished, GenerationParams, Message, Progress, TextChunk
-from localchat.backends.mlx_options import logits_processors_for, sampler_for
+from localchat.backends.mlx_options import RuntimeOptions, logits_processors_for, sampler_for
 from localchat.errors import LocalchatError, UsageError
 from localchat.registry import ModelRef, context_length
-from localchat.vision.image import bytes_of_data_url, decoded
-from localchat.vision.prompt import image_urls, vlm_prompt
+from localchat.vision.counting import PictureCounter
+from localchat.vision.prompt import image_urls
+from localchat.vision.support import quiet_transformers
 
 
 class VisionBackend:
@@ -31,13 +36,16 @@ class VisionBackend:
     timing_note = ("TTFT includes encoding the pictures: mlx-vlm encodes them in its prefill; a turn that brings a "
                    "new picture is prefilled whole, one with text only reuses the cached prefix, pictures and all")
 
-    def __init__(self, model: Any, processor: Any, model_id: str, *, cache_reuse: bool = True):
+    def __init__(self, model: Any, processor: Any, model_id: str, *, cache_reuse: bool = True,
+                 options: RuntimeOptions | None = None):
         self.model = model
+        self.options = options or RuntimeOptions()  # as given: none of mlx_lm's load-time options applies
         self.processor = processor
         self.model_id = model_id
         self.cache_reuse = cache_reuse
         self._state = self._new_state()
-        self._pictures: dict[str, Any] = {}  # data URL → decoded picture, for the session's life
+        self._shown: tuple[str, ...] = ()  # the pictures of the prompt the cache holds
+        self.counter = PictureCounter(processor, model.config)
 
     @property
     def tokenizer(self) -> Any:
@@ -49,34 +57,13 @@ class VisionBackend:
 
         return PromptCacheState()
 
-    def _inputs(self, messages: list[Message]) -> tuple[str, list[Any]]:
-        prompt = vlm_prompt(self.processor, self.model.config, messages)
-        pictures = []
-        for url in image_urls(messages):
-            if url not in self._pictures:
-                self._pictures[url] = decoded(bytes_of_data_url(url))
-            pictures.append(self._pictures[url])
-        return prompt, pictures
-
     def count_tokens(self, messages: list[Message], think: bool | None = None) -> int:
         """The prompt's tokens as the processor makes them, every picture's tokens included."""
-        from mlx_vlm.utils import prepare_inputs
-
-        prompt, pictures = self._inputs(messages)
-        inputs = prepare_inputs(self.processor, images=pictures or None, prompts=prompt)
-        return int(inputs["input_ids"].size)
+        return self.counter.prompt_tokens(messages)
 
     def image_tokens(self, picture_bytes: bytes) -> int:
-        """How many tokens the processor gives this picture (its prompt with and without it)."""
-        url = "data:image/png;base64,"
-        text = [{"role": "user", "content": "?"}]
-        with_picture = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
-                                                     {"type": "text", "text": "?"}]}]
-        self._pictures[url] = decoded(picture_bytes)
-        try:
-            return self.count_tokens(with_picture) - self.count_tokens(text)
-        finally:
-            del self._pictures[url]
+        """How many tokens the processor gives this picture."""
+        return self.counter.picture_tokens(picture_bytes)
 
     def context_length(self) -> int | None:
         config = getattr(self.model, "config", None)
@@ -88,16 +75,18 @@ class VisionBackend:
 
     def prepare_answer(self, fmt: Any) -> None:
         if fmt is not None:
-            raise UsageError(f"{self.model_id} is a vision model run by mlx-vlm: --format / --json-schema are "
-                             "enforced for text models only")
+            raise UsageError(f"{self.model_id} is a vision model run by mlx-vlm: --json, --json-schema, --regex "
+                             "and --choice are enforced for text models only")
 
     def stream(self, messages: list[Message], params: GenerationParams) -> Iterator[Event]:
         import mlx.core as mx
         from mlx_vlm import stream_generate
 
-        prompt, pictures = self._inputs(messages)
-        if not self.cache_reuse:
-            self._state = self._new_state()
+        prompt, pictures = self.counter.inputs(messages)
+        shown = tuple(image_urls(messages))
+        if not self.cache_reuse or shown != self._shown:
+            self._state = self._new_state()  # see below: a cached prefix is only ever one with the same pictures
+        self._shown = shown
         yield Progress(0, 0)
         if params.seed is not None:
             mx.random.seed(params.seed)
@@ -124,8 +113,10 @@ class VisionBackend:
         self._state = self._new_state()
 
 
-def load_vision(ref: ModelRef, path: Path, *, cache_reuse: bool = True) -> VisionBackend:
+def load_vision(ref: ModelRef, path: Path, *, cache_reuse: bool = True,
+                options: RuntimeOptions | None = None) -> VisionBackend:
     """``mlx_vlm.load`` of a model directory; one line for whatever goes wrong."""
+    quiet_transformers()
     from mlx_vlm import load
 
     try:
@@ -134,4 +125,4 @@ def load_vision(ref: ModelRef, path: Path, *, cache_reuse: bool = True) -> Visio
         lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
         raise LocalchatError(f"cannot load {ref.id} from {path} with mlx-vlm: "
                              f"{lines[0] if lines else type(exc).__name__}") from None
-    return VisionBackend(model, processor, ref.id, cache_reuse=cache_reuse)
+    return VisionBackend(model, processor, ref.id, cache_reuse=cache_reuse, options=options)

@@ -17,6 +17,23 @@ from localchat.registry import ModelRef, load_registry, read_config
 EXTRA_COMMAND = "uv run --extra vision localchat chat …"
 
 
+def quiet_transformers() -> None:
+    """transformers (under mlx-vlm) warns on stderr about PyTorch's absence and its own deprecations,
+    a line each time a processor runs; the chat's stderr is for the chat. Read when transformers
+    is first imported, or set on its logger once it is (mlx_lm imports it too); a user's own
+    ``TRANSFORMERS_VERBOSITY`` wins."""
+    import os
+    import sys
+
+    if "TRANSFORMERS_VERBOSITY" in os.environ:
+        return
+    os.environ["TRANSFORMERS_VERBOSITY"] = "error"
+    if "transformers" in sys.modules:
+        from transformers.utils import logging
+
+        logging.set_verbosity_error()
+
+
 def has_extra() -> bool:
     try:
         return importlib.util.find_spec("mlx_vlm") is not None
@@ -54,21 +71,3 @@ def refuse_text_only(ref: ModelRef) -> None:
     if not is_vision(ref):
         raise text_only(ref.id)
 
-
-def load_inproc_or_vision(ref: ModelRef, path: Path, *, cache_reuse: bool, options) -> object:
-    """mlx-vlm for a vision model (the extra required), mlx_lm for any other."""
-    if not is_vision(ref):
-        from localchat.backends.inproc import load_inproc
-
-        return load_inproc(ref, path, cache_reuse=cache_reuse, options=options)
-    require_extra(f"-m {ref.id} (a vision model)")
-    flags = (("--adapter-path", options.adapter_path), ("--draft-model", options.draft_model),
-             ("--kv-bits", options.kv_bits), ("--max-kv-size", options.max_kv_size))
-    unsupported = [flag for flag, value in flags if value is not None]
-    if unsupported:
-        raise UsageError(f"{unsupported[0]} is mlx_lm's: {ref.id} is a vision model, run by mlx-vlm without it")
-    from localchat.vision.backend import load_vision
-
-    backend = load_vision(ref, path, cache_reuse=cache_reuse)
-    backend.options = options
-    return backend
