@@ -60,22 +60,21 @@ def random_picture(rng: random.Random) -> Picture:
     return draw(rng.choice(list(COLOURS)), rng.choice(SHAPES), rng.randint(48, 400), rng.randint(48, 400), rng)
 
 
-def _question_about_new(rng: random.Random, picture: Picture) -> tuple[str, str]:
+def _question(rng: random.Random, picture: Picture, asks: tuple[tuple[str, ...], ...],
+              cuts: tuple[float, float]) -> tuple[str, str]:
+    """A question of ``asks`` (the whole picture, its colour, its shape) and its answer: the whole
+    while a draw is under ``cuts[0]``, the colour under ``cuts[1]``, else the shape."""
     kind = rng.random()
-    if kind < 0.6:
-        return rng.choice(WHAT), picture.answer
-    if kind < 0.8:
-        return rng.choice(COLOUR_NOW), picture.colour
-    return rng.choice(SHAPE_NOW), picture.shape
+    which = 0 if kind < cuts[0] else 1 if kind < cuts[1] else 2
+    return rng.choice(asks[which]), (picture.answer, picture.colour, picture.shape)[which]
+
+
+def _question_about_new(rng: random.Random, picture: Picture) -> tuple[str, str]:
+    return _question(rng, picture, (WHAT, COLOUR_NOW, SHAPE_NOW), (0.6, 0.8))
 
 
 def _question_about_earlier(rng: random.Random, picture: Picture) -> tuple[str, str]:
-    kind = rng.random()
-    if kind < 0.4:
-        return rng.choice(WHAT_WAS), picture.answer
-    if kind < 0.7:
-        return rng.choice(COLOUR_WAS), picture.colour
-    return rng.choice(SHAPE_WAS), picture.shape
+    return _question(rng, picture, (WHAT_WAS, COLOUR_WAS, SHAPE_WAS), (0.4, 0.7))
 
 
 def one_question(rng: random.Random) -> tuple[str | None, list[tuple[Picture | None, str, str]]]:

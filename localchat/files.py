@@ -12,6 +12,7 @@ import errno
 import os
 import secrets
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
 from localchat.errors import LocalchatError, UsageError
@@ -37,6 +38,25 @@ def read_regular(path: Path, limit: int = MAX_SETTINGS_BYTES) -> bytes:
     finally:
         os.close(fd)
     return b"".join(chunks)
+
+
+def read_named(path_text: str, limit: int, where: str, shown: Callable[[str], str] = str) -> tuple[Path, bytes]:
+    """A file the user named (``/load``, ``--image``), read as ``read_regular`` reads it; each
+    failure one ``UsageError`` line starting with ``where`` (``shown`` writes the name)."""
+    if "\0" in path_text:
+        raise UsageError(f"{where}: a file name cannot hold a NUL character")
+    try:
+        path = Path(path_text).expanduser()
+    except RuntimeError:  # ~someone who is not a user here
+        raise UsageError(f"{where}: cannot find the home directory in {shown(path_text)}") from None
+    try:
+        return path, read_regular(path, limit)
+    except FileNotFoundError:
+        raise UsageError(f"{where}: no such file: {shown(path_text)}") from None
+    except OSError as exc:
+        if exc.errno in (errno.EISDIR, errno.EINVAL):
+            raise UsageError(f"{where}: {shown(path_text)} is not a regular file") from None
+        raise UsageError(f"{where}: cannot read {shown(path_text)}: {exc.strerror}") from None
 
 
 def read_text(path: Path, limit: int = MAX_SETTINGS_BYTES) -> str:

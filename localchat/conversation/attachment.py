@@ -8,12 +8,10 @@ ends; the history builder then treats it as that message, nothing more.
 
 from __future__ import annotations
 
-import errno
 from dataclasses import dataclass
-from pathlib import Path
 
 from localchat.errors import UsageError
-from localchat.files import read_regular
+from localchat.files import read_named
 
 BYTES_PER_CHAR = 4  # UTF-8's longest character: the most bytes ``max_chars`` characters can take
 
@@ -31,20 +29,7 @@ class Attachment:
 
 def read_attachment(path_text: str, max_chars: int) -> Attachment:
     """The file's text, or a UsageError saying in one line why it cannot be used."""
-    if "\0" in path_text:
-        raise UsageError("/load: a file name cannot hold a NUL character")
-    try:
-        path = Path(path_text).expanduser()
-    except RuntimeError:  # ~someone who is not a user here
-        raise UsageError(f"/load: cannot find the home directory in {path_text}") from None
-    try:
-        data = read_regular(path, max_chars * BYTES_PER_CHAR)
-    except FileNotFoundError:
-        raise UsageError(f"/load: no such file: {path_text}") from None
-    except OSError as exc:
-        if exc.errno in (errno.EISDIR, errno.EINVAL):
-            raise UsageError(f"/load: {path_text} is not a regular file") from None
-        raise UsageError(f"/load: cannot read {path_text}: {exc.strerror}") from None
+    _, data = read_named(path_text, max_chars * BYTES_PER_CHAR, "/load")
     return Attachment(path_text, _text_of(data, path_text, max_chars))
 
 

@@ -13,16 +13,14 @@ the first frame otherwise; metadata such as EXIF travels only inside the file's 
 from __future__ import annotations
 
 import base64
-import errno
 import hashlib
 import io
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from localchat.errors import UsageError
-from localchat.files import read_regular
+from localchat.files import read_named
 
 MAX_IMAGE_BYTES = 20 * 1024**2
 MAX_PIXELS = 40_000_000  # 8,000 × 5,000: past any photo or screenshot; 20,000 × 20,000 is not a picture to chat about
@@ -83,20 +81,7 @@ def read_picture(path_text: str, where: str = "--image") -> Picture:
     if path_text == "-":
         data = sys.stdin.buffer.read(MAX_IMAGE_BYTES + 1)
         return picture_from_bytes(data, "stdin", where)
-    if "\0" in path_text:
-        raise UsageError(f"{where}: a file name cannot hold a NUL character")
-    try:
-        path = Path(path_text).expanduser()
-    except RuntimeError:  # ~someone who is not a user here
-        raise UsageError(f"{where}: cannot find the home directory in {safe_name(path_text)}") from None
-    try:
-        data = read_regular(path, MAX_IMAGE_BYTES)
-    except FileNotFoundError:
-        raise UsageError(f"{where}: no such file: {safe_name(path_text)}") from None
-    except OSError as exc:
-        if exc.errno in (errno.EISDIR, errno.EINVAL):
-            raise UsageError(f"{where}: {safe_name(path_text)} is not a regular file") from None
-        raise UsageError(f"{where}: cannot read {safe_name(path_text)}: {exc.strerror}") from None
+    path, data = read_named(path_text, MAX_IMAGE_BYTES, where, safe_name)
     return picture_from_bytes(data, path.name, where, shown=path_text)
 
 
