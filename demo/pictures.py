@@ -8,6 +8,7 @@ it?"), so a model can only answer them from its history.
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 
@@ -39,11 +40,33 @@ class Picture:
         return f"a {self.colour} {self.shape}"
 
 
+@dataclass(frozen=True)
+class Framing:
+    """How pictures are drawn: the range of their sides, how far from square they may be (None:
+    any), and the shape's share of the short side. The processor squeezes every picture to a square,
+    so a picture far from square squeezes its shape into a sliver no 16-pixel patch can read."""
+
+    sides: tuple[int, int] = (48, 400)
+    max_aspect: float | None = None
+    scale: tuple[float, float] = (0.25, 0.7)
+
+    def size(self, rng: random.Random) -> tuple[int, int]:
+        width = rng.randint(*self.sides)
+        if self.max_aspect is None:
+            return width, rng.randint(*self.sides)
+        low = max(self.sides[0], math.ceil(width / self.max_aspect))
+        return width, rng.randint(low, min(self.sides[1], math.floor(width * self.max_aspect)))
+
+
+ANY = Framing()  # the first stage's pictures
+FRAMED = Framing(sides=(48, 640), max_aspect=2.5, scale=(0.35, 0.85))  # the shape large enough to read
+
+
 def draw(colour: str, shape: str, width: int, height: int, rng: random.Random,
-         background: tuple[int, int, int] | None = None) -> Picture:
-    """``shape`` in ``colour``, a quarter to seven tenths of the short side, anywhere in the frame."""
+         background: tuple[int, int, int] | None = None, scale: tuple[float, float] = ANY.scale) -> Picture:
+    """``shape`` in ``colour``, ``scale`` of the short side, anywhere in the frame."""
     img = Image.new("RGB", (width, height), background or rng.choice(BACKGROUNDS))
-    side = rng.uniform(0.25, 0.7) * min(width, height)
+    side = rng.uniform(*scale) * min(width, height)
     x, y = rng.uniform(0, width - side), rng.uniform(0, height - side)
     pen = ImageDraw.Draw(img)
     fill = COLOURS[colour]
@@ -56,8 +79,9 @@ def draw(colour: str, shape: str, width: int, height: int, rng: random.Random,
     return Picture(img, colour, shape)
 
 
-def random_picture(rng: random.Random) -> Picture:
-    return draw(rng.choice(list(COLOURS)), rng.choice(SHAPES), rng.randint(48, 400), rng.randint(48, 400), rng)
+def random_picture(rng: random.Random, framing: Framing = ANY) -> Picture:
+    colour, shape = rng.choice(list(COLOURS)), rng.choice(SHAPES)
+    return draw(colour, shape, *framing.size(rng), rng, scale=framing.scale)
 
 
 def _question(rng: random.Random, picture: Picture, asks: tuple[tuple[str, ...], ...],
@@ -77,22 +101,25 @@ def _question_about_earlier(rng: random.Random, picture: Picture) -> tuple[str, 
     return _question(rng, picture, (WHAT_WAS, COLOUR_WAS, SHAPE_WAS), (0.4, 0.7))
 
 
-def one_question(rng: random.Random) -> tuple[str | None, list[tuple[Picture | None, str, str]]]:
+Turns = list[tuple[Picture | None, str, str]]  # (the picture shown, or None; the question; the answer)
+
+
+def one_question(rng: random.Random, framing: Framing = ANY) -> tuple[str | None, Turns]:
     """A picture and one question about it, no system message: short, so a step sees many pictures."""
-    picture = random_picture(rng)
+    picture = random_picture(rng, framing)
     return None, [(picture, *_question_about_new(rng, picture))]
 
 
-def conversation(rng: random.Random) -> tuple[str | None, list[tuple[Picture | None, str, str]]]:
+def conversation(rng: random.Random, framing: Framing = ANY) -> tuple[str | None, Turns]:
     """A system message (or none) and 1-3 turns of (picture or None, question, answer): a picture
     first, then questions about it or a new picture; now and then a question with no picture at all."""
     if rng.random() < 0.04:
         return rng.choice(SYSTEMS), [(None, rng.choice(WHAT), NO_PICTURE)]
-    latest = random_picture(rng)
+    latest = random_picture(rng, framing)
     turns = [(latest, *_question_about_new(rng, latest))]
     for _ in range(rng.choice((0, 0, 1, 1, 2))):
         if rng.random() < 0.3:
-            latest = random_picture(rng)
+            latest = random_picture(rng, framing)
             turns.append((latest, *_question_about_new(rng, latest)))
         else:
             turns.append((None, *_question_about_earlier(rng, latest)))

@@ -25,7 +25,7 @@ import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten
 
-from demo.pictures import conversation, one_question
+from demo.pictures import ANY, FRAMED, Framing, conversation, one_question
 from localchat.vision.prompt import vlm_prompt
 
 IMAGE_SPECIALS = ["<fake_token_around_image>", "<image>", "<global-img>", "<end_of_utterance>"]
@@ -33,11 +33,18 @@ TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['conten
             "{% else %}{% for c in m['content'] %}{% if c['type'] == 'image' %}<image>{% else %}{{ c['text'] }}"
             "{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
             "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-SIDE = 128  # every picture is resized to SIDE × SIDE: 64 patches of 16, pooled 2 × 2 into 16 tokens
+SIDE = 128  # every picture is resized to SIDE × SIDE: 8 × 8 patches of 16 pixels
+PATCHES_A_SIDE = SIDE // 16
+FRAMINGS = {"any": ANY, "framed": FRAMED}
 DEMO_TOKENIZER = Path(__file__).resolve().parent.parent / "localchat" / "demo_model" / "tokenizer.json"
 
 
-def build_processor(out: Path):
+def image_tokens(scale: int) -> int:
+    """Tokens a picture takes: the patch grid pooled ``scale`` × ``scale`` (idefics3's pixel shuffle)."""
+    return (PATCHES_A_SIDE // scale) ** 2
+
+
+def build_processor(out: Path, scale: int = 2):
     """The demo tokenizer with the image specials, an Idefics3 processor at SIDE pixels, saved to ``out``."""
     from transformers import AutoProcessor, Idefics3Processor, PreTrainedTokenizerFast
     from transformers.models.idefics3 import Idefics3ImageProcessorPil
@@ -47,7 +54,7 @@ def build_processor(out: Path):
     tok.add_special_tokens({"additional_special_tokens": IMAGE_SPECIALS})
     images = Idefics3ImageProcessorPil(do_image_splitting=False, size={"longest_edge": SIDE},
                                        max_image_size={"longest_edge": SIDE})
-    Idefics3Processor(image_processor=images, tokenizer=tok, image_seq_len=16,
+    Idefics3Processor(image_processor=images, tokenizer=tok, image_seq_len=image_tokens(scale),
                       chat_template=TEMPLATE).save_pretrained(out)
     return AutoProcessor.from_pretrained(out)
 
@@ -56,7 +63,7 @@ def model_config(args, processor) -> dict:
     tok = processor.tokenizer
     vocab = len(tok)
     return {
-        "model_type": "idefics3", "architectures": ["Idefics3ForConditionalGeneration"], "scale_factor": 2,
+        "model_type": "idefics3", "architectures": ["Idefics3ForConditionalGeneration"], "scale_factor": args.scale,
         "image_token_id": tok.convert_tokens_to_ids("<image>"), "vocab_size": vocab,
         "eos_token_id": [tok.convert_tokens_to_ids("<|im_end|>")],
         "text_config": {"model_type": "llama", "hidden_size": args.hidden, "intermediate_size": 8 * args.hidden // 3,
@@ -77,6 +84,64 @@ def new_model(config: dict):
     return idefics3.Model(cfg)
 
 
+EDGES = 24  # 4 orientations × 3 colour channels × 2 signs
+
+
+def plant_edge_filters(model, strength: float = 0.05, gain: float = 4.0) -> None:
+    """Start the vision tower from an edge circuit, as the demo model starts from a copy circuit.
+
+    The first ``EDGES`` channels of the patch embedding become oriented edge detectors (one a
+    colour channel, orientation and sign); the first layer's MLP writes each of them, rectified
+    (GELU of a gain, then its inverse), into the next ``EDGES`` channels. Everything else the tower
+    writes starts at zero (the other filters, every attention's output, the other MLP units, the
+    position embeddings), so the tower starts as that circuit alone and training grows the rest. A
+    circle has edges at every angle, a square at two, a triangle at three: averaged over the patches,
+    the tower's output tells the shape apart linearly at initialization (80 % for a ridge probe on 300
+    held-out pictures, against 42 % for a tower trained 2,100 steps from random filters). From random
+    weights, gradient descent found colour at once and shape not at all within the CPU budget."""
+    import math
+
+    weight = np.array(model.vision_model.embeddings.patch_embedding.weight)  # (out, 16, 16, 3)
+    bias = np.array(model.vision_model.embeddings.patch_embedding.bias)
+    side = weight.shape[1]
+    ys, xs = np.mgrid[0:side, 0:side] - (side - 1) / 2
+    window = np.exp(-(xs ** 2 + ys ** 2) / (2 * (side / 3) ** 2))
+    channel = 0
+    for angle in (0, 45, 90, 135):
+        across = math.cos(math.radians(angle)) * xs + math.sin(math.radians(angle)) * ys
+        edge = np.tanh(across) * window
+        edge = strength * edge / np.abs(edge).sum() * side
+        for colour in range(3):
+            for sign in (1, -1):
+                weight[channel] = 0
+                weight[channel, :, :, colour] = sign * edge
+                channel += 1
+    weight[EDGES:], bias[:] = 0, 0
+    embeddings = model.vision_model.embeddings
+    embeddings.patch_embedding.weight, embeddings.patch_embedding.bias = mx.array(weight), mx.array(bias)
+    embeddings.position_embedding.weight = mx.zeros_like(embeddings.position_embedding.weight)
+    for layer in model.vision_model.encoder.layers:
+        layer.self_attn.out_proj.weight = mx.zeros_like(layer.self_attn.out_proj.weight)
+        layer.self_attn.out_proj.bias = mx.zeros_like(layer.self_attn.out_proj.bias)
+        layer.mlp.fc2.weight = mx.zeros_like(layer.mlp.fc2.weight)
+        layer.mlp.fc2.bias = mx.zeros_like(layer.mlp.fc2.bias)
+    _plant_rectifier(model.vision_model.encoder.layers[0].mlp, gain)
+
+
+def _plant_rectifier(mlp, gain: float) -> None:
+    """Hidden unit i of ``mlp`` reads edge channel i (times ``gain``); its GELU, divided by the
+    gain, goes to channel ``EDGES + i``, and nothing else writes there."""
+    fc1, fc1_bias = np.array(mlp.fc1.weight), np.array(mlp.fc1.bias)
+    fc2 = np.array(mlp.fc2.weight)
+    for i in range(EDGES):
+        fc1[i], fc1_bias[i] = 0, 0
+        fc1[i, i] = gain
+    for i in range(EDGES):
+        fc2[EDGES + i, i] = 1 / gain
+    mlp.fc1.weight, mlp.fc1.bias = mx.array(fc1), mx.array(fc1_bias)
+    mlp.fc2.weight = mx.array(fc2)
+
+
 def messages_of(system: str | None, turns) -> tuple[list[dict], list]:
     """OpenAI-shaped messages (an image part where a turn has a picture) and the pictures in order."""
     messages = [{"role": "system", "content": system}] if system else []
@@ -90,10 +155,10 @@ def messages_of(system: str | None, turns) -> tuple[list[dict], list]:
     return messages, pictures
 
 
-def example(processor, config: dict, rng: random.Random, focus: float = 0.0):
+def example(processor, config: dict, rng: random.Random, focus: float = 0.0, framing: Framing = ANY):
     """Token ids of one whole conversation (one question about a picture, with probability
     ``focus``), the positions of its answers, and its pixel values."""
-    system, turns = one_question(rng) if rng.random() < focus else conversation(rng)
+    system, turns = one_question(rng, framing) if rng.random() < focus else conversation(rng, framing)
     messages, pictures = messages_of(system, turns)
     full = vlm_prompt(processor, config, messages, add_generation_prompt=False)
     batch = processor(text=full, images=pictures or None, return_tensors="np")
@@ -103,7 +168,7 @@ def example(processor, config: dict, rng: random.Random, focus: float = 0.0):
     for i in range(len(turns)):
         upto = messages[:len(messages) - 2 * (len(turns) - i) + 1]
         start = len(processor.tokenizer(vlm_prompt(processor, config, upto).replace(
-            "<image>", _expanded(processor)))["input_ids"])
+            "<image>", _expanded(processor.image_seq_len)))["input_ids"])
         answer = tok.encode(turns[i][2], add_special_tokens=False) + [tok.convert_tokens_to_ids("<|im_end|>")]
         assert ids[start:start + len(answer)] == answer, "an answer tokenizes differently inside the conversation"
         keep[start:start + len(answer)] = 1
@@ -111,15 +176,17 @@ def example(processor, config: dict, rng: random.Random, focus: float = 0.0):
     return ids, keep, pixels
 
 
-def _expanded(processor) -> str:
-    return "<fake_token_around_image><global-img>" + "<image>" * 16 + "<fake_token_around_image>"
+def _expanded(tokens: int) -> str:
+    """A picture's marker as the processor expands it (without image splitting)."""
+    return "<fake_token_around_image><global-img>" + "<image>" * tokens + "<fake_token_around_image>"
 
 
-def batches(processor, config: dict, rng: random.Random, size: int, pool: int = 4, focus: float = 0.0):
+def batches(processor, config: dict, rng: random.Random, size: int, pool: int = 4, focus: float = 0.0,
+            framing: Framing = ANY):
     """Batches of ``size`` conversations, drawn ``pool`` batches at a time and grouped by length, so
     little of each batch is padding."""
     while True:
-        examples = sorted((example(processor, config, rng, focus) for _ in range(size * pool)),
+        examples = sorted((example(processor, config, rng, focus, framing) for _ in range(size * pool)),
                           key=lambda e: len(e[0]))
         order = list(range(pool))
         rng.shuffle(order)
@@ -163,7 +230,7 @@ def train(model, processor, config: dict, args) -> float:
     opt = optim.AdamW(learning_rate=schedule, weight_decay=0.01)
     step = nn.value_and_grad(model, loss_fn)
     started = time.time()
-    source = batches(processor, config, rng, args.batch, focus=args.focus)
+    source = batches(processor, config, rng, args.batch, focus=args.focus, framing=FRAMINGS[args.framing])
     for n in range(1, args.steps + 1):
         loss, grads = step(model, *next(source))
         opt.update(model, grads)
@@ -184,8 +251,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--vision-hidden", type=int, default=96)
     parser.add_argument("--vision-layers", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--scale", type=int, choices=(1, 2, 4, 8), default=2,
+                        help="Pool the 8 × 8 patches this many a side into image tokens (8: one token sees all).")
     parser.add_argument("--focus", type=float, default=0.0,
                         help="Share of conversations that are one question about one picture (shapes need many).")
+    parser.add_argument("--framing", choices=sorted(FRAMINGS), default="any",
+                        help="any: 48-400 px sides, shapes 0.25-0.7 of the short one; framed: 2.5:1 at most, 0.35-0.85")
+    parser.add_argument("--plant-edges", action="store_true", help="Start the vision tower from an edge circuit.")
     parser.add_argument("--start", type=Path, help="Go on from this trained model (its weights and stages).")
     args = parser.parse_args(argv)
     stages = json.loads((args.start / "training.json").read_text())["stages"] if args.start else []
@@ -194,12 +266,14 @@ def main(argv: list[str] | None = None) -> None:
         shutil.copy(start, scratch := Path(f"/tmp/demo-vision-start-{time.time_ns()}.safetensors"))
     shutil.rmtree(args.out, ignore_errors=True)
     args.out.mkdir(parents=True)
-    processor = build_processor(args.out)
+    processor = build_processor(args.out, args.scale)
     config = model_config(args, processor)
     model = new_model(config)
     if start is not None:
         model.load_weights(str(scratch))
         scratch.unlink()
+    elif args.plant_edges:
+        plant_edge_filters(model)
     print("parameters:", sum(v.size for _, v in tree_flatten(model.parameters())), flush=True)
     seconds = train(model, processor, config, args)
     model.save_weights(str(args.out / "model.safetensors"))

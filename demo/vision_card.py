@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from demo.pictures import COLOUR_WAS, COLOURS, SHAPE_WAS, SHAPES, WHAT, draw
+from demo.pictures import COLOUR_WAS, FRAMED, SHAPE_WAS, WHAT, Framing, random_picture
 from localchat.backends import GenerationParams, TextChunk
 from localchat.conversation.history import Conversation, Turn
 from localchat.vision.image import Picture, picture_from_bytes
@@ -30,11 +30,15 @@ SYSTEM = "You are a helpful assistant."
 HELD_OUT_SEED = 20261205
 
 
-def held_out(n: int, seed: int = HELD_OUT_SEED):
-    """``n`` pictures at sizes the trainer never drew as well as those it did."""
+HELD_OUT = Framing(sides=(32, 1000), max_aspect=FRAMED.max_aspect, scale=FRAMED.scale)  # past the trainer's sides
+THIN = Framing(sides=(32, 1000))  # any aspect: a picture far from square squeezes its shape into a sliver
+
+
+def held_out(n: int, framing: Framing = HELD_OUT, seed: int = HELD_OUT_SEED):
+    """``n`` pictures drawn with a seed the trainer never uses."""
     rng = random.Random(seed)
     for _ in range(n):
-        picture = draw(rng.choice(list(COLOURS)), rng.choice(SHAPES), rng.randint(32, 1000), rng.randint(32, 1000), rng)
+        picture = random_picture(rng, framing)
         buffer = io.BytesIO()
         picture.image.save(buffer, format="PNG")
         yield picture, picture_from_bytes(buffer.getvalue(), "held-out.png")
@@ -45,21 +49,24 @@ def reply(backend: Any, messages: list[dict]) -> str:
     return "".join(e.text for e in backend.stream(messages, params) if isinstance(e, TextChunk)).strip()
 
 
-def score(backend: Any, n: int, rng: random.Random) -> dict[str, Any]:
+def score(backend: Any, n: int, rng: random.Random, framing: Framing = HELD_OUT) -> dict[str, Any]:
     """One turn (what is in it), and two turns (then its colour or its shape), over ``n`` pictures."""
-    one = two = 0
+    one = two = colour = shape = 0
     misses: list[str] = []
-    for truth, picture in held_out(n):
+    for truth, picture in held_out(n, framing):
         conversation = Conversation(SYSTEM)
         question = rng.choice(WHAT)
         answer = ask(backend, conversation, question, (picture,))
         one += answer == truth.answer
+        colour += truth.colour in answer.split()
+        shape += truth.shape in answer.split()
         if answer != truth.answer and len(misses) < 5:
             misses.append(f"{truth.answer} → {answer!r}")
         asks_colour = rng.random() < 0.5
         follow = rng.choice(COLOUR_WAS if asks_colour else SHAPE_WAS)
         two += ask(backend, conversation, follow) == (truth.colour if asks_colour else truth.shape)
-    return {"one_turn": one / n, "two_turns": two / n, "pictures": n, "misses": misses}
+    return {"one_turn": one / n, "two_turns": two / n, "colour": colour / n, "shape": shape / n, "pictures": n,
+            "misses": misses}
 
 
 def ask(backend: Any, conversation: Conversation, question: str, pictures: tuple[Picture, ...] = ()) -> str:
@@ -97,7 +104,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--http-pictures", type=int, default=100)
     args = parser.parse_args(argv)
     started = time.time()
-    figures = {"in_process": score(in_process(args.model), args.pictures, random.Random(1))}
+    local = in_process(args.model)
+    figures = {"in_process": score(local, args.pictures, random.Random(1)),
+               "in_process_any_aspect": score(local, args.pictures, random.Random(1), THIN)}
     figures["mlx_vlm_server"] = over_http(args.model, lambda b: score(b, args.http_pictures, random.Random(1)),
                                           Path("/tmp") / f"demo-vision-card-{time.time_ns()}.log")
     figures["seconds"] = round(time.time() - started)
@@ -117,26 +126,32 @@ def card(figures: dict[str, Any], training: dict[str, Any]) -> str:
     from localchat.environment import collect
 
     machine = collect()
-    rows = "\n".join(f"| {where} | {f['pictures']} | {f['one_turn']:.1%} | {f['two_turns']:.1%} |"
+    rows = "\n".join(f"| {where} | {f['pictures']} | {f['one_turn']:.1%} | {f['colour']:.1%} | {f['shape']:.1%} | "
+                     f"{f['two_turns']:.1%} |"
                      for where, f in (("in-process (mlx-vlm)", figures["in_process"]),
-                                      ("`mlx_vlm.server` (HTTP)", figures["mlx_vlm_server"])))
+                                      ("`mlx_vlm.server` (HTTP)", figures["mlx_vlm_server"]),
+                                      ("in-process, any aspect (up to 31:1)", figures["in_process_any_aspect"])))
     misses = "; ".join(figures["in_process"]["misses"]) or "none"
-    argv = training["stages"][0]
-    stages = "; then ".join(f"{s['steps']} steps of {s['batch']} conversations at learning rate {s['lr']}"
-                            + (f", {s['focus']:.0%} of them one question about one picture" if s["focus"] else "")
-                            for s in training["stages"])
+    first = training["stages"][0]
+    stages = "; then ".join(
+        f"{s['steps']} steps of {s['batch']} conversations at learning rate {s['lr']}, pictures `{s['framing']}`"
+        + (f", {s['focus']:.0%} of them one question about one picture" if s["focus"] else "")
+        for s in training["stages"])
     seconds = sum(s["train_seconds"] for s in training["stages"])
+    planted = ("It starts from a planted edge circuit (`plant_edge_filters`: oriented edge detectors, rectified by "
+               "the first layer's MLP, the rest of the tower starting at zero): from random weights, gradient descent "
+               "found colour at once and the shape not at all within the CPU budget (three runs, 2,100 steps in all, "
+               "shape at chance). ") if first.get("plant_edges") else ""
     return f"""# demo-vision: a toy that really looks
 
 A **toy** vision-language model, bundled so that image chat can be tried and tested offline. It is
-mlx-vlm's own `idefics3` architecture (SmolVLM's): a {argv['vision_layers']}-layer ViT (hidden
-{argv['vision_hidden']}, 16-pixel patches on a 128 × 128 picture) whose 64 patches are pooled into 16
-image tokens, in front of a {argv['layers']}-layer llama (hidden {argv['hidden']}) with the demo model's
-byte-level BPE tokenizer and a ChatML template: 828,384 parameters in float32. It was trained from
-scratch by `demo/vision.py` on synthetic pictures, each conversation rendered exactly as mlx-vlm (and
-so `mlx_vlm.server`) renders it: {stages} ({seconds} s in all on this machine's CPU; the second stage
-starts from the first's weights, `--start`). Colour comes first and fast; the shape takes the many
-short single-picture conversations of the second stage.
+mlx-vlm's own `idefics3` architecture (SmolVLM's): a {first['vision_layers']}-layer ViT (hidden
+{first['vision_hidden']}, 16-pixel patches on a 128 × 128 picture) whose 64 patches are pooled
+{first['scale']} × {first['scale']} into image tokens, in front of a {first['layers']}-layer llama (hidden
+{first['hidden']}) with the demo model's byte-level BPE tokenizer and a ChatML template, in float32.
+{planted}It was trained from scratch by `demo/vision.py` on synthetic pictures, each conversation
+rendered exactly as mlx-vlm (and so `mlx_vlm.server`) renders it: {stages} ({seconds} s in all on
+this machine's CPU).
 
 It is not an assistant: it names the one shape in a plain picture and nothing else.
 
@@ -151,19 +166,20 @@ It is not an assistant: it names the one shape in a plain picture and nothing el
 | `What is in the picture?` with no picture at all | `I don't see a picture.` |
 
 Colours: red, green, blue, yellow. Shapes: circle, square, triangle. Backgrounds: white, black, grey,
-beige or pale blue. Training pictures are 48 to 400 pixels a side, the shape a quarter to seven tenths
-of the short side, anywhere in the frame; the processor squeezes every picture to 128 × 128.
+beige or pale blue. Pictures `framed` are 48 to 640 pixels a side, at most 2.5 : 1, the shape 0.35 to
+0.85 of the short side, anywhere in the frame. The processor squeezes every picture to 128 × 128, so a
+picture much farther from square squeezes its shape into a sliver (last row below).
 
 ## Figures (held-out pictures, temperature 0)
 
 Pictures drawn with a seed training never used, at 32 to 1,000 pixels a side (past the sizes it was
-trained on), each sent through localchat's history builder and then through each backend
-(`demo/vision_card.py`). Two turns: the picture and "What is in the picture?", then, with the model's own
-first answer in the history, "What colour was it?" or "What shape was it?" (which only the first
-turn's picture can answer).
+trained on) and at most 2.5 : 1. Each is sent through localchat's history builder and then through each
+backend (`demo/vision_card.py`). Two turns: the picture and "What is in the picture?", then, with the
+model's own first answer in the history, "What colour was it?" or "What shape was it?", which only the
+first turn's picture can answer.
 
-| backend | pictures | one turn (exact) | two turns (second answer exact) |
-|---|---|---|---|
+| backend | pictures | one turn (exact) | colour named | shape named | two turns (second answer exact) |
+|---|---|---|---|---|---|
 {rows}
 
 First misses in-process: {misses}.
