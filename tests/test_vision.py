@@ -111,7 +111,7 @@ def test_the_repl_attaches_with_slash_image_and_recalls_it_turns_later(tmp_path)
     found = localchat(tmp_path, "log", "-q", '"red-circle.png"')
     assert "**red-circle.png**" in found.stdout and "What is in the" in found.stdout  # the text around it
     found = localchat(tmp_path, "log", "-q", "picture")
-    assert "What is in the picture" in found.stdout
+    assert "What is in the **picture**" in found.stdout
 
     exported = json.loads(localchat(tmp_path, "sessions", "export", "pictured", "--format", "json").stdout)
     parts = exported["messages"][1]["content"]
