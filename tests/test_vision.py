@@ -22,6 +22,7 @@ from PIL import Image
 
 from demo.pictures import SHAPES, draw
 from localchat.conversation.history import Conversation, Turn
+from localchat.store.saved_sessions import DB_NAME
 from localchat.vision.image import picture_from_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -120,7 +121,7 @@ def test_the_repl_attaches_with_slash_image_and_recalls_it_turns_later(tmp_path)
     markdown = localchat(tmp_path, "sessions", "export", "pictured", "--format", "md").stdout
     assert "![red-circle.png](data:image/png;base64," in markdown
 
-    with sqlite3.connect(tmp_path / "sessions.db") as db:  # the bytes once, however many rows refer to them
+    with sqlite3.connect(tmp_path / DB_NAME) as db:  # the bytes once, however many rows refer to them
         assert db.execute("SELECT COUNT(*) FROM images").fetchone()[0] == 1
         assert db.execute("SELECT COUNT(*) FROM log WHERE images IS NOT NULL").fetchone()[0] == 1
         assert all("base64" not in (row[0] or "") for row in db.execute("SELECT images FROM log"))
@@ -236,7 +237,7 @@ def test_hostile_pictures_are_one_line_each_and_nothing_is_kept(tmp_path):
         assert done.returncode == 2, (case, done.stderr)
         assert len(done.stderr.strip().splitlines()) == 1 and said in done.stderr, (case, done.stderr)
         assert "loaded" not in done.stderr and "Traceback" not in done.stderr
-    assert not (tmp_path / "sessions.db").exists()  # nothing was kept, not even an empty conversation
+    assert not (tmp_path / DB_NAME).exists()  # nothing was kept, not even an empty conversation
 
 
 def test_a_hostile_picture_in_the_repl_is_one_line_and_the_repl_goes_on(tmp_path):
