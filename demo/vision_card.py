@@ -167,6 +167,7 @@ def card(figures: dict[str, Any], training: dict[str, Any]) -> str:
         + (f", {s['focus']:.0%} of them one question about one picture" if s["focus"] else "")
         for s in training["stages"])
     seconds = sum(s["train_seconds"] for s in training["stages"])
+    tried = TRIED if figures["in_process"]["shape"] < 0.9 else ""
     planted = ("It starts from a planted edge circuit (`plant_edge_filters`: oriented edge detectors, rectified by "
                "the first layer's MLP, the rest of the tower starting at zero): from random weights, gradient descent "
                "found colour at once and the shape not at all within the CPU budget (three runs, 2,100 steps in all, "
@@ -216,8 +217,8 @@ first turn's picture can answer.
 
 First misses in-process: {misses}.
 
-{TRIED if figures["in_process"]["shape"] < 0.9 else ""}Measured on {machine.os} {machine.machine} ({machine.chip}, MLX {machine.mlx_version} on the {machine.mlx_device},
-mlx-vlm {_version('mlx-vlm')}), not on Apple Silicon; the evaluation took {figures['seconds']} s.
+{tried}Measured on {machine.os} {machine.machine} ({machine.chip}, MLX {machine.mlx_version} on the
+{machine.mlx_device}, mlx-vlm {_version('mlx-vlm')}), not on Apple Silicon; the evaluation took {figures['seconds']} s.
 """
 
 
