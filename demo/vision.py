@@ -34,17 +34,16 @@ TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['conten
             "{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
             "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 SIDE = 128  # every picture is resized to SIDE × SIDE: 8 × 8 patches of 16 pixels
-PATCHES_A_SIDE = SIDE // 16
 FRAMINGS = {"any": ANY, "framed": FRAMED}
 DEMO_TOKENIZER = Path(__file__).resolve().parent.parent / "localchat" / "demo_model" / "tokenizer.json"
 
 
-def image_tokens(scale: int) -> int:
+def image_tokens(scale: int, patch: int = 16) -> int:
     """Tokens a picture takes: the patch grid pooled ``scale`` × ``scale`` (idefics3's pixel shuffle)."""
-    return (PATCHES_A_SIDE // scale) ** 2
+    return (SIDE // patch // scale) ** 2
 
 
-def build_processor(out: Path, scale: int = 2):
+def build_processor(out: Path, scale: int = 2, patch: int = 16):
     """The demo tokenizer with the image specials, an Idefics3 processor at SIDE pixels, saved to ``out``."""
     from transformers import AutoProcessor, Idefics3Processor, PreTrainedTokenizerFast
     from transformers.models.idefics3 import Idefics3ImageProcessorPil
@@ -54,7 +53,7 @@ def build_processor(out: Path, scale: int = 2):
     tok.add_special_tokens({"additional_special_tokens": IMAGE_SPECIALS})
     images = Idefics3ImageProcessorPil(do_image_splitting=False, size={"longest_edge": SIDE},
                                        max_image_size={"longest_edge": SIDE})
-    Idefics3Processor(image_processor=images, tokenizer=tok, image_seq_len=image_tokens(scale),
+    Idefics3Processor(image_processor=images, tokenizer=tok, image_seq_len=image_tokens(scale, patch),
                       chat_template=TEMPLATE).save_pretrained(out)
     return AutoProcessor.from_pretrained(out)
 
@@ -70,7 +69,7 @@ def model_config(args, processor) -> dict:
                         "num_attention_heads": 4, "num_key_value_heads": 4, "rms_norm_eps": 1e-5,
                         "vocab_size": vocab, "num_hidden_layers": args.layers, "max_position_embeddings": 2048},
         "vision_config": {"model_type": "idefics3_vision", "hidden_size": args.vision_hidden,
-                          "num_attention_heads": 4, "patch_size": 16, "num_hidden_layers": args.vision_layers,
+                          "num_attention_heads": 4, "patch_size": args.patch, "num_hidden_layers": args.vision_layers,
                           "intermediate_size": 256, "image_size": SIDE},
     }
 
@@ -255,6 +254,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--scale", type=int, choices=(1, 2, 4, 8), default=2,
                         help="Pool the 8 × 8 patches this many a side into image tokens (8: one token sees all).")
+    parser.add_argument("--patch", type=int, choices=(8, 16), default=16, help="Pixels a side of a ViT patch.")
     parser.add_argument("--focus", type=float, default=0.0,
                         help="Share of conversations that are one question about one picture (shapes need many).")
     parser.add_argument("--framing", choices=sorted(FRAMINGS), default="any",
@@ -268,7 +268,7 @@ def main(argv: list[str] | None = None) -> None:
         shutil.copy(start, scratch := Path(f"/tmp/demo-vision-start-{time.time_ns()}.safetensors"))
     shutil.rmtree(args.out, ignore_errors=True)
     args.out.mkdir(parents=True)
-    processor = build_processor(args.out, args.scale)
+    processor = build_processor(args.out, args.scale, args.patch)
     config = model_config(args, processor)
     model = new_model(config)
     if start is not None:
