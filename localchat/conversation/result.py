@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import traceback
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from typing import Any
 
 from localchat.backends import Event, Finished, Message, Progress, ReasoningChunk, TextChunk, ToolCall, ToolCallText
 from localchat.conversation.history import ToolStep
-from localchat.conversation.stats import TurnClock, TurnStats
+from localchat.conversation.stats import TurnClock, TurnStats, stats_to_dict
 from localchat.errors import LocalchatError, OutputError, TerminationRequested
 
 
@@ -156,3 +156,15 @@ def finished(result: TurnResult) -> TurnResult:
     if not result.text.strip():
         return replace(result, status=TurnStatus.EMPTY)
     return result
+
+
+def response_record(result: TurnResult, terminated: bool = False) -> dict[str, Any]:
+    """What a call's response record keeps (see ``records``)."""
+    return {
+        "text": result.text, "reasoning": result.reasoning or None, "status": result.status.value,
+        "finish_reason": result.stats.finish_reason,
+        "committed": result.committed, "error": result.error, "invalid": result.invalid,
+        "signal": "SIGTERM" if terminated else None,
+        "dropped_turns": result.dropped_turns, "stats": stats_to_dict(result.stats),
+        "tool_calls": [asdict(call) for call in result.tool_calls] or None,
+    }

@@ -30,9 +30,10 @@ from localchat.conversation.result import (
     TurnStatus,
     consume,
     finished,
+    response_record,
 )
 from localchat.conversation.settings import TrimPolicy
-from localchat.conversation.stats import Ledger, TurnClock, stats_to_dict
+from localchat.conversation.stats import Ledger, TurnClock
 from localchat.conversation.tool_rounds import answer_with_tools
 from localchat.errors import OutputError, TerminationRequested, UsageError
 from localchat.grammar.formats import AnswerFormat
@@ -184,7 +185,7 @@ class ChatSession:
             token_gaps_s=clock.gaps(), status=outcome.failure or TurnStatus.COMMITTED, dropped_turns=trim.drop,
             trimmed_for=trim.limit, error=outcome.error, trace=outcome.trace, tool_calls=tuple(outcome.tool_calls)))
         if self.recorder and record_id is not None:
-            self.recorder.response(record_id, self._response_record(result, outcome.terminated))
+            self.recorder.response(record_id, response_record(result, outcome.terminated))
         if outcome.terminated:
             raise TerminationRequested()
         if outcome.unshowable:
@@ -265,17 +266,6 @@ class ChatSession:
             "params": asdict(self.params),
             "tools": self.tools.specs if self.tools else None,
             "messages": messages,
-        }
-
-    @staticmethod
-    def _response_record(result: TurnResult, terminated: bool = False) -> dict[str, Any]:
-        return {
-            "text": result.text, "reasoning": result.reasoning or None, "status": result.status.value,
-            "finish_reason": result.stats.finish_reason,
-            "committed": result.committed, "error": result.error, "invalid": result.invalid,
-            "signal": "SIGTERM" if terminated else None,
-            "dropped_turns": result.dropped_turns, "stats": stats_to_dict(result.stats),
-            "tool_calls": [asdict(call) for call in result.tool_calls] or None,
         }
 
     def token_budget(self) -> TokenBudget | None:

@@ -16,7 +16,7 @@ import base64
 import hashlib
 import io
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from localchat.errors import UsageError
@@ -71,8 +71,6 @@ class Picture:
         return {"type": "image_url", "image_url": {"url": self.data_url()}}
 
     def with_tokens(self, tokens: int | None) -> Picture:
-        from dataclasses import replace
-
         return Picture(ref=replace(self.ref, tokens=tokens), data=self.data)
 
 
