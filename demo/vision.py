@@ -6,7 +6,8 @@ It is mlx-vlm's own ``idefics3`` architecture (SmolVLM's): a small ViT whose pat
 into 16 image tokens that replace ``<image>`` markers in a llama's input. It keeps the demo
 model's byte-level BPE tokenizer (plus the image specials) and a ChatML template. It is trained
 from scratch on the conversations of ``demo.pictures``, each rendered exactly as mlx-vlm (and
-so ``mlx_vlm.server``) renders it (``localchat.vision.prompt``), with the loss on the answers.
+so ``mlx_vlm.server``) renders it (``localchat.vision.prompt``), with the loss on the answers;
+with ``--plant`` its vision tower is set to ``demo.vision_circuit``'s and frozen from then on.
 Deterministic for a given --seed. The card's figures come from ``demo.vision_card``.
 """
 
@@ -26,6 +27,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from demo.pictures import ANY, FRAMED, Framing, conversation, one_question
+from demo.vision_circuit import fit_readout, plant_readout, plant_shape_circuit, pooled_features
 from localchat.vision.prompt import vlm_prompt
 
 IMAGE_SPECIALS = ["<fake_token_around_image>", "<image>", "<global-img>", "<end_of_utterance>"]
@@ -83,64 +85,20 @@ def new_model(config: dict):
     return idefics3.Model(cfg)
 
 
-EDGES = 24  # 4 orientations × 3 colour channels × 2 signs
+def plant_vision_circuit(vision_model, processor, rng: random.Random, pictures: int = 1500) -> None:
+    """The shape circuit, then a readout of shape and colour fitted on ``pictures`` framed pictures."""
+    from demo.pictures import COLOURS, SHAPES, random_picture
 
-
-def plant_edge_filters(model, strength: float = 0.05, gain: float = 4.0) -> None:
-    """Start the vision tower from an edge circuit, as the demo model starts from a copy circuit.
-
-    The first ``EDGES`` channels of the patch embedding become oriented edge detectors (one a
-    colour channel, orientation and sign); the first layer's MLP writes each of them, rectified
-    (GELU of a gain, then its inverse), into the next ``EDGES`` channels. Everything else the tower
-    writes starts at zero (the other filters, every attention's output, the other MLP units, the
-    position embeddings), so the tower starts as that circuit alone and training grows the rest. A
-    circle has edges at every angle, a square at two, a triangle at three: averaged over the patches,
-    the tower's output tells the shape apart linearly at initialization (80 % for a ridge probe on 300
-    held-out pictures, against 42 % for a tower trained 2,100 steps from random filters). From random
-    weights, gradient descent found colour at once and shape not at all within the CPU budget; from
-    this circuit, 1,300 steps did not make the model name the shape either (the card lists the runs),
-    so the bundled toy is trained without it."""
-    import math
-
-    weight = np.array(model.vision_model.embeddings.patch_embedding.weight)  # (out, 16, 16, 3)
-    bias = np.array(model.vision_model.embeddings.patch_embedding.bias)
-    side = weight.shape[1]
-    ys, xs = np.mgrid[0:side, 0:side] - (side - 1) / 2
-    window = np.exp(-(xs ** 2 + ys ** 2) / (2 * (side / 3) ** 2))
-    channel = 0
-    for angle in (0, 45, 90, 135):
-        across = math.cos(math.radians(angle)) * xs + math.sin(math.radians(angle)) * ys
-        edge = np.tanh(across) * window
-        edge = strength * edge / np.abs(edge).sum() * side
-        for colour in range(3):
-            for sign in (1, -1):
-                weight[channel] = 0
-                weight[channel, :, :, colour] = sign * edge
-                channel += 1
-    weight[EDGES:], bias[:] = 0, 0
-    embeddings = model.vision_model.embeddings
-    embeddings.patch_embedding.weight, embeddings.patch_embedding.bias = mx.array(weight), mx.array(bias)
-    embeddings.position_embedding.weight = mx.zeros_like(embeddings.position_embedding.weight)
-    for layer in model.vision_model.encoder.layers:
-        layer.self_attn.out_proj.weight = mx.zeros_like(layer.self_attn.out_proj.weight)
-        layer.self_attn.out_proj.bias = mx.zeros_like(layer.self_attn.out_proj.bias)
-        layer.mlp.fc2.weight = mx.zeros_like(layer.mlp.fc2.weight)
-        layer.mlp.fc2.bias = mx.zeros_like(layer.mlp.fc2.bias)
-    _plant_rectifier(model.vision_model.encoder.layers[0].mlp, gain)
-
-
-def _plant_rectifier(mlp, gain: float) -> None:
-    """Hidden unit i of ``mlp`` reads edge channel i (times ``gain``); its GELU, divided by the
-    gain, goes to channel ``EDGES + i``, and nothing else writes there."""
-    fc1, fc1_bias = np.array(mlp.fc1.weight), np.array(mlp.fc1.bias)
-    fc2 = np.array(mlp.fc2.weight)
-    for i in range(EDGES):
-        fc1[i], fc1_bias[i] = 0, 0
-        fc1[i, i] = gain
-    for i in range(EDGES):
-        fc2[EDGES + i, i] = 1 / gain
-    mlp.fc1.weight, mlp.fc1.bias = mx.array(fc1), mx.array(fc1_bias)
-    mlp.fc2.weight = mx.array(fc2)
+    plant_shape_circuit(vision_model)
+    drawn = [random_picture(rng, FRAMED) for _ in range(pictures)]
+    pixels = np.concatenate([processor.image_processor(p.image, return_tensors="np")["pixel_values"][0]
+                             for p in drawn])
+    features = pooled_features(vision_model, pixels)
+    repeat = len(features) // pictures
+    shapes = np.repeat([SHAPES.index(p.shape) for p in drawn], repeat)
+    colours = np.repeat([list(COLOURS).index(p.colour) for p in drawn], repeat)
+    (shape_w, shape_b), (colour_w, colour_b) = fit_readout(features, shapes, 3), fit_readout(features, colours, 4)
+    plant_readout(vision_model, np.concatenate([shape_w, colour_w]), np.concatenate([shape_b, colour_b]))
 
 
 def messages_of(system: str | None, turns) -> tuple[list[dict], list]:
@@ -259,7 +217,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="Share of conversations that are one question about one picture (shapes need many).")
     parser.add_argument("--framing", choices=sorted(FRAMINGS), default="any",
                         help="any: 48-400 px sides, shapes 0.25-0.7 of the short one; framed: 2.5:1 at most, 0.35-0.85")
-    parser.add_argument("--plant-edges", action="store_true", help="Start the vision tower from an edge circuit.")
+    parser.add_argument("--plant", action="store_true",
+                        help="Set the vision tower to the shape circuit of demo.vision_circuit and train the rest.")
     parser.add_argument("--start", type=Path, help="Go on from this trained model (its weights and stages).")
     args = parser.parse_args(argv)
     stages = json.loads((args.start / "training.json").read_text())["stages"] if args.start else []
@@ -274,8 +233,10 @@ def main(argv: list[str] | None = None) -> None:
     if start is not None:
         model.load_weights(str(scratch))
         scratch.unlink()
-    elif args.plant_edges:
-        plant_edge_filters(model)
+    if args.plant:
+        plant_vision_circuit(model.vision_model, processor, random.Random(args.seed))
+    elif any(stage.get("plant") for stage in stages):
+        model.vision_model.freeze()  # a planted tower stays as it was planted
     print("parameters:", sum(v.size for _, v in tree_flatten(model.parameters())), flush=True)
     seconds = train(model, processor, config, args)
     model.save_weights(str(args.out / "model.safetensors"))

@@ -62,17 +62,19 @@ def errors(done: subprocess.CompletedProcess) -> list[str]:
 
 # --- in-process: mlx-vlm in this process ---------------------------------------------------------
 
-def named(answer: str, colour: str) -> bool:
-    """The toy's answer to "What is in the picture?": the picture's colour and a shape. It names the
-    colour every time; the shape it has not learned (its card: at chance), so no test asks for it."""
+def named(answer: str, colour: str, shape: str | None = None) -> bool:
+    """The toy's answer to "What is in the picture?": the picture's colour and a shape, that shape
+    when one is given. It names the colour of nearly every picture and the shape of about two in
+    three (its card), so the shape is asked of the bundled red circle, and of held-out pictures as a
+    rate (tests/training/test_vision_circuit.py)."""
     words = answer.split()
-    return len(words) == 3 and words[:2] == ["a", colour] and words[2] in SHAPES
+    return len(words) == 3 and words[:2] == ["a", colour] and words[2] in ((shape,) if shape else SHAPES)
 
 
 def test_the_done_when_command_answers_from_the_picture(tmp_path):
     done = localchat(tmp_path, "chat", "-m", "demo-vision", "--image", str(RED_CIRCLE), WHAT)
     assert done.returncode == 0, done.stderr
-    assert named(done.stdout.strip(), "red"), done.stdout
+    assert named(done.stdout.strip(), "red", "circle"), done.stdout
     assert "[image: red-circle.png, 200×160, 19 tokens]" in done.stderr
 
 
@@ -88,7 +90,7 @@ def test_a_picture_read_from_stdin(tmp_path):
     done = subprocess.run([sys.executable, "-m", "localchat", "chat", "-m", "demo-vision", "--image", "-", WHAT,
                            "--no-log"], input=RED_CIRCLE.read_bytes(), capture_output=True, timeout=180,
                           env=dict(os.environ) | {"LOCALCHAT_HOME": str(tmp_path)})
-    assert named(done.stdout.decode().strip(), "red"), done.stderr.decode()
+    assert named(done.stdout.decode().strip(), "red", "circle"), done.stderr.decode()
 
 
 def test_the_repl_attaches_with_slash_image_and_recalls_it_turns_later(tmp_path):
@@ -99,13 +101,13 @@ def test_the_repl_attaches_with_slash_image_and_recalls_it_turns_later(tmp_path)
     assert done.returncode == 0, done.stderr
     assert "attached [image: red-circle.png, 200×160, 19 tokens]" in done.stderr
     said = answers(done.stdout)
-    assert len(said) == 3 and named(said[0], "red") and said[1] == "red" and said[2] in SHAPES, said
+    assert len(said) == 3 and named(said[0], "red", "circle") and said[1] == "red" and said[2] == "circle", said
     assert "user: [image: red-circle.png, 200×160, 19 tokens]" in done.stderr  # /history: a label, not bytes
     assert "base64" not in done.stderr + done.stdout
     assert "(cached" in done.stderr  # the turns after the picture reuse its prefix (mlx-vlm's prompt cache)
 
     resumed = localchat(tmp_path, "chat", "--resume", "pictured", stdin="What was in the picture?\n")
-    assert len(answers(resumed.stdout)) == 1 and named(answers(resumed.stdout)[0], "red"), resumed.stderr
+    assert len(answers(resumed.stdout)) == 1 and named(answers(resumed.stdout)[0], "red", "circle"), resumed.stderr
 
     log = localchat(tmp_path, "log", "show", "pictured")
     assert "user: [image: red-circle.png, 200×160, 19 tokens]" in log.stdout
@@ -245,7 +247,7 @@ def test_a_hostile_picture_in_the_repl_is_one_line_and_the_repl_goes_on(tmp_path
     script = "".join(f"/image {path}\n" for path, _ in corpus.values()) + f"/image {RED_CIRCLE}\n{WHAT}\n"
     done = localchat(tmp_path, "chat", "-m", "demo-vision", "--no-log", stdin=script)
     assert done.returncode == 0 and len(errors(done)) == len(corpus), done.stderr
-    assert len(answers(done.stdout)) == 1 and named(answers(done.stdout)[0], "red")
+    assert len(answers(done.stdout)) == 1 and named(answers(done.stdout)[0], "red", "circle")
 
 
 def test_a_text_only_model_given_a_picture_names_a_vision_model(tmp_path):
@@ -301,7 +303,7 @@ def test_the_toy_answers_through_mlx_vlm_server_as_in_process(vision_server, tmp
     local = localchat(tmp_path, "chat", "-m", "demo-vision", "--no-log", stdin=script)
     assert served.returncode == 0, served.stderr
     assert answers(served.stdout) == answers(local.stdout) and answers(served.stdout)[1] == "red"
-    assert named(answers(served.stdout)[0], "red")
+    assert named(answers(served.stdout)[0], "red", "circle")
     assert "in 54 ·" in served.stderr and "in 54 ·" in local.stderr  # the same prompt, token for token
 
 
@@ -319,7 +321,7 @@ def test_the_gateway_maps_anthropic_image_blocks_and_responses_input_images(visi
             messages=[{"role": "user", "content": [
                 {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data}},
                 {"type": "text", "text": WHAT}]}], extra_body={"temperature": 0.0})
-        assert named(message.content[0].text.strip(), "red")
+        assert named(message.content[0].text.strip(), "red", "circle")
 
         from servers import openai_client
 
@@ -328,7 +330,7 @@ def test_the_gateway_maps_anthropic_image_blocks_and_responses_input_images(visi
             model=resolve("demo-vision").location, instructions="You are a helpful assistant.", temperature=0.0,
             input=[{"role": "user", "content": [{"type": "input_image", "image_url": f"data:image/png;base64,{data}"},
                                                  {"type": "input_text", "text": WHAT}]}])
-        assert named(response.output_text.strip(), "red")
+        assert named(response.output_text.strip(), "red", "circle")
 
         refused = gateway.post("/v1/messages", json={"model": "m", "max_tokens": 4, "messages": [
             {"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "http://x/a.png"}}]}]})
@@ -340,7 +342,7 @@ def test_serve_smoke_and_parity_hold_for_the_vision_toy(tmp_path):
     in this process and through mlx_vlm.server: the same prompts and the same answers."""
     smoke = localchat(tmp_path, "serve", "-m", "demo-vision", "--port", str(_free_port()), "--smoke")
     assert smoke.returncode == 0, smoke.stdout + smoke.stderr
-    assert "a picture answered" in smoke.stdout and "answered 'a red " in smoke.stdout
+    assert "a picture answered" in smoke.stdout and "answered 'a red circle'" in smoke.stdout
     parity = localchat(tmp_path, "parity", "-m", "demo-vision", "--json")
     report = json.loads(parity.stdout)
     assert parity.returncode == 0 and report["first_difference"] is None, parity.stdout + parity.stderr

@@ -156,13 +156,13 @@ def run_smoke_cmd(*, base_url: str, model: str | None, api_key: str | None, time
 
 
 def picture_expected(ref: ModelRef | None) -> str | None:
-    """What smoke expects a vision model to say of a red circle: the toy names the colour (the
-    shape it has not learned: see its card), any other model anything at all."""
+    """What smoke expects a vision model to say of a red circle: the toy says just that (its card),
+    any other model anything at all."""
     from localchat.vision.support import is_vision
 
     if ref is None or not is_vision(ref):
         return None
-    return "a red" if ref.id == "demo-vision" else ""
+    return "a red circle" if ref.id == "demo-vision" else ""
 
 
 def smoke_api(base_url: str, ref: ModelRef | None, api: str | None, *, api_key: str | None = None,
