@@ -85,15 +85,19 @@ def new_model(config: dict):
     return idefics3.Model(cfg)
 
 
+def pixels_of(processor, pictures: list) -> np.ndarray:
+    """The pixel values the processor makes of ``pictures`` (``demo.pictures.Picture``): (N, 3, SIDE, SIDE)."""
+    return np.concatenate([processor.image_processor(p.image, return_tensors="np")["pixel_values"][0]
+                           for p in pictures])
+
+
 def plant_vision_circuit(vision_model, processor, rng: random.Random, pictures: int = 1500) -> None:
     """The shape circuit, then a readout of shape and colour fitted on ``pictures`` framed pictures."""
     from demo.pictures import COLOURS, SHAPES, random_picture
 
     plant_shape_circuit(vision_model)
     drawn = [random_picture(rng, FRAMED) for _ in range(pictures)]
-    pixels = np.concatenate([processor.image_processor(p.image, return_tensors="np")["pixel_values"][0]
-                             for p in drawn])
-    features = pooled_features(vision_model, pixels)
+    features = pooled_features(vision_model, pixels_of(processor, drawn))
     repeat = len(features) // pictures
     shapes = np.repeat([SHAPES.index(p.shape) for p in drawn], repeat)
     colours = np.repeat([list(COLOURS).index(p.colour) for p in drawn], repeat)

@@ -39,6 +39,7 @@ GAIN = 4.0  # how sharp the rectifier's corner is
 FOCUS = 8.0  # how strongly the pooling prefers strong edges
 SATURATION_FOCUS = 20.0  # how strongly the colour pooling prefers the most coloured patches
 LOUDNESS = 10.0  # the pooled profile's size beside each patch's own channels
+READOUT_LOUDNESS = 100.0  # the readout's size beside the pooled profile
 
 U = np.array([2, -1, -1]) / math.sqrt(6)  # chroma: red against green and blue
 V = np.array([0, 1, -1]) / math.sqrt(2)  # chroma: green against blue
@@ -46,8 +47,9 @@ RAW, EDGE = 1, 1 + 2 * ORIENTATIONS  # channel 0 is the constant; then the filte
 CHROMA = EDGE + ORIENTATIONS  # the patch's mean chroma (u, v)
 POOLED = CHROMA + 2  # what the pooling writes: the edges' profile and chroma, then the saturated patches' chroma
 FEATURES = ORIENTATIONS + 4
-READOUT = POOLED + FEATURES  # the logits: three shapes, four colours
-SATURATION = READOUT + 7  # how coloured a patch is: where the shape's inside is
+LOGITS = 3 + 4  # three shapes, four colours
+READOUT = POOLED + FEATURES  # where the logits go
+SATURATION = READOUT + LOGITS  # how coloured a patch is: where the shape's inside is
 
 
 def oriented_filters(side: int) -> np.ndarray:
@@ -116,26 +118,23 @@ def _plant_rectifier(mlp, width: int) -> None:
 def _plant_pooling(attention, width: int) -> None:
     """Head 0: a constant query, a key that is the patch's edge strength, a value that is its edges and
     chroma. Head 1: the same query, a key that is the patch's saturation, a value that is its chroma."""
-    head = width // attention.num_heads
+    head_width = width // attention.num_heads
+    second = head_width  # head 1's first dimension
     query_bias = np.zeros(width, np.float32)
-    query_bias[0] = 1.0
+    query_bias[0] = query_bias[second] = 1.0
     key, value, out = (np.zeros((width, width), np.float32) for _ in range(3))
-    key[0, EDGE:EDGE + ORIENTATIONS] = FOCUS * math.sqrt(head) / ORIENTATIONS
+    key[0, EDGE:EDGE + ORIENTATIONS] = FOCUS * math.sqrt(head_width) / ORIENTATIONS
     for i in range(ORIENTATIONS + 2):
         value[i, EDGE + i] = 1.0
         out[POOLED + i, i] = LOUDNESS
-    query_bias[head] = 1.0
-    key[head, SATURATION] = SATURATION_FOCUS * math.sqrt(head)
+    key[second, SATURATION] = SATURATION_FOCUS * math.sqrt(head_width)
     for i in range(2):
-        value[head + i, CHROMA + i] = 1.0
-        out[POOLED + ORIENTATIONS + 2 + i, head + i] = LOUDNESS
+        value[second + i, CHROMA + i] = 1.0
+        out[POOLED + ORIENTATIONS + 2 + i, second + i] = LOUDNESS
     attention.q_proj.weight, attention.q_proj.bias = mx.zeros((width, width)), mx.array(query_bias)
     attention.k_proj.weight, attention.k_proj.bias = mx.array(key), mx.zeros((width,))
     attention.v_proj.weight, attention.v_proj.bias = mx.array(value), mx.zeros((width,))
     attention.out_proj.weight = mx.array(out)
-
-
-READOUT_LOUDNESS = 100.0  # the readout's size beside the pooled profile
 
 
 def pooled_features(vision_model, pixels: np.ndarray, tokens: int = 8) -> np.ndarray:

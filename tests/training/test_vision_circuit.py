@@ -12,11 +12,12 @@ pytestmark = pytest.mark.training
 
 def test_the_planted_tower_reads_shape_and_colour_of_unseen_pictures(tmp_path):
     pytest.importorskip("mlx_vlm")
+    import mlx.core as mx
     from mlx.utils import tree_flatten
 
     from demo.pictures import COLOURS, FRAMED, SHAPES, random_picture
-    from demo.vision import build_processor, model_config, new_model, plant_vision_circuit
-    from demo.vision_circuit import READOUT
+    from demo.vision import build_processor, model_config, new_model, pixels_of, plant_vision_circuit
+    from demo.vision_circuit import LOGITS, READOUT
 
     processor = build_processor(tmp_path)
     sizes = argparse.Namespace(scale=2, hidden=96, layers=2, vision_hidden=96, patch=16, vision_layers=3)
@@ -26,12 +27,8 @@ def test_the_planted_tower_reads_shape_and_colour_of_unseen_pictures(tmp_path):
 
     rng = random.Random(7)
     unseen = [random_picture(rng, FRAMED) for _ in range(150)]
-    pixels = np.concatenate([processor.image_processor(p.image, return_tensors="np")["pixel_values"][0]
-                             for p in unseen])
-    import mlx.core as mx
-
-    hidden, *_ = model.vision_model(mx.array(pixels).transpose(0, 2, 3, 1))
-    logits = np.array(hidden[:, :, READOUT:READOUT + 7].mean(axis=1))  # three shapes, four colours
+    hidden, *_ = model.vision_model(mx.array(pixels_of(processor, unseen)).transpose(0, 2, 3, 1))
+    logits = np.array(hidden[:, :, READOUT:READOUT + LOGITS].mean(axis=1))  # three shapes, four colours
     shapes = np.mean(logits[:, :3].argmax(1) == [SHAPES.index(p.shape) for p in unseen])
     colours = np.mean(logits[:, 3:].argmax(1) == [list(COLOURS).index(p.colour) for p in unseen])
     assert shapes > 0.6, f"shape read {shapes:.0%} (chance is 33 %)"
