@@ -207,3 +207,22 @@ def watch_parent(on_gone: Callable[[], None], *, also: int | None = None, every_
                 return
 
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def resident_bytes(pid: int) -> int | None:
+    """A process's resident memory (``VmRSS`` on Linux, ``ps`` elsewhere); None once it has gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        return None
+    except FileNotFoundError:
+        if sys.platform == "linux":
+            return None
+    except (OSError, ValueError, IndexError):
+        return None
+    try:
+        out = subprocess.run(["ps", "-o", "rss=", "-p", str(pid)], capture_output=True, text=True, timeout=5)
+        return int(out.stdout.strip()) * 1024 if out.returncode == 0 and out.stdout.strip() else None
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return None

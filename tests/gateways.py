@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from localchat.gateway.routes import FixedRoute
 from localchat.gateway.serving import RunningGateway, serve_gateway, start_gateway
 from localchat.gateway.upstream import Upstream, reach_upstream
 from localchat.registry import resolve
@@ -41,12 +42,13 @@ def gateway_for(base_url: str, model: str | None = None, *, api_key: str | None 
         upstream = reach_upstream(base_url, ref)
         for name, value in upstream_fields.items():
             setattr(upstream, name, value)
-        running = serve_gateway(upstream, "127.0.0.1", free_port(), ("anthropic", "responses"), api_key, logs.append)
+        running = serve_gateway(FixedRoute(upstream), "127.0.0.1", free_port(), ("anthropic", "responses"), api_key,
+                                logs.append, model=upstream.model_field)
     else:
         from localchat.gateway.app import Gateway
 
         upstream = Upstream(base_url=base_url, model_field="default_model", model_id="fake", **upstream_fields)
-        running = start_gateway(Gateway(upstream, api_key=api_key, log=logs.append), "127.0.0.1", free_port())
+        running = start_gateway(Gateway(FixedRoute(upstream), api_key=api_key, log=logs.append), "127.0.0.1", free_port())
     try:
         yield TestGateway(running, upstream, logs)
     finally:

@@ -32,8 +32,12 @@ from localchat.cli.serve_options import (
     GatewayApiOpt,
     GatewayKeyOpt,
     HostfileOpt,
+    KeepAliveOpt,
+    PinOpt,
     RanksOpt,
+    ServeModelsOpt,
     SmokeApiOpt,
+    UpstreamOpt,
     ranks_of,
 )
 
@@ -88,12 +92,16 @@ app.command(context_settings=SERVER_ARGS)(load)
 @app.command(context_settings=SERVER_ARGS)
 def serve(
     ctx: typer.Context,
-    model: LaunchedModelOpt = None,
+    model: ServeModelsOpt = None,
+    every: Annotated[bool, typer.Option("--all", help="Serve every model `localchat models` shows as present.")] = False,
     host: Annotated[str, typer.Option(metavar="HOST", help="Interface to bind (loopback unless you mean it).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=1, max=65535, envvar="LOCALCHAT_PORT", metavar="PORT",
                                       help="Port to listen on.")] = 8080,
-    log: Annotated[Optional[Path], typer.Option(help="mlx_lm.server's log file [default: logs/server-PORT.log in the localchat data directory].")] = None,
+    log: Annotated[Optional[Path], typer.Option(help="The first model's engine log [default: logs/server-PORT.log in the localchat data directory; the others beside it].")] = None,
     smoke: Annotated[bool, typer.Option("--smoke", help="Start, run the smoke test, stop; exit with its result.")] = False,
+    keep_alive: KeepAliveOpt = "5m",
+    pin: PinOpt = None,
+    upstream: UpstreamOpt = None,
     ranks: RanksOpt = None,
     hostfile: HostfileOpt = None,
     distributed_backend: DistributedBackendOpt = DistributedBackend.ring,
@@ -108,19 +116,31 @@ def serve(
     plain: Annotated[bool, typer.Option("--plain", help="Run mlx_lm.server as it is: response_format and "
                                         "tool_choice are then not enforced (for comparison).")] = False,
 ) -> None:
-    """Launch mlx_lm.server (extra server args after --), with response_format and tool_choice
-    enforced while decoding, ready when a completion succeeds; on
-    several ranks with --ranks N (this machine) or --hostfile FILE (mlx.launch's); with --api, behind
-    a gateway that also speaks the Anthropic Messages and OpenAI Responses APIs."""
-    spread = ranks_of(ranks, hostfile, distributed_backend, pipeline)
-    if api is not None and not dry_run:
-        run("localchat.cli.gateway:run_serve_api", model=model, host=host, port=port, log=log, smoke=smoke,
-            extra=tuple(ctx.args), console=out_console(), err=err_console(), apis=api, api_key=api_key, ranks=spread,
-            origins=allow_origin, memory_limit=memory_limit, force=force, allow_download=allow_download, plain=plain)
-        return
-    run("localchat.cli.serve:run_serve", model=model, host=host, port=port, log=log, smoke=smoke,
-        extra=tuple(ctx.args), console=out_console(), dry_run=dry_run, ranks=spread, memory_limit=memory_limit,
-        force=force, allow_download=allow_download, plain=plain)
+    """Serve models on one port by name (-m repeatable): the first loaded now, the others when first
+    asked for, each within the memory budget and unloaded when idle; response_format and tool_choice
+    enforced while decoding (extra mlx_lm.server args after --); with --api, the Anthropic Messages
+    and OpenAI Responses APIs too; one model on several ranks with --ranks N or --hostfile FILE."""
+    from localchat.cli.serving import ServeRequest
+
+    asked = ServeRequest(models=tuple(model or ()), host=host, port=port, log=log, extra=tuple(ctx.args),
+                         apis=api or (), api_key=api_key, origins=allow_origin, keep_alive=keep_alive,
+                         pins=tuple(pin or ()), upstreams=tuple(upstream or ()), memory_limit=memory_limit,
+                         force=force, plain=plain)
+    run("localchat.cli.serving:run_serve", asked=asked, console=out_console(), err=err_console(), smoke=smoke,
+        every=every, ranks=ranks_of(ranks, hostfile, distributed_backend, pipeline), dry_run=dry_run,
+        allow_download=allow_download)
+
+
+@app.command()
+def ps(
+    base_url: BaseUrlOpt = DEFAULT_BASE_URL,
+    api_key: ApiKeyOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print a list of objects (model, memory_bytes, "
+                                                         "expires_in_s, in_flight, pid, …).")] = False,
+) -> None:
+    """The models a running `localchat serve` holds: memory (estimated and resident), since when,
+    expires in, requests in flight, the engine's pid."""
+    run("localchat.cli.ps:run_ps", base_url=base_url, api_key=api_key, as_json=as_json, console=out_console())
 
 
 @app.command()

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import shlex
 import threading
-import time
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import asdict
@@ -18,21 +16,10 @@ from rich.table import Column, Table
 from localchat.backends import DEFAULT_TIMEOUT_S
 from localchat.backends.openai_http import backend_for
 from localchat.cli import outcomes
-from localchat.cli.pull import fetch_missing
-from localchat.errors import LocalchatError, raise_if_set, raise_on_sigterm
-from localchat.fit.check import FitSettings
-from localchat.registry import DEFAULT_MODEL, DEMO_MODEL, ModelRef, resolve
-from localchat.server.distributed import Ranks, check_ranks, exit_words, failed_rank
-from localchat.server.launch import (
-    LOOPBACK,
-    RunningServer,
-    ServerStartError,
-    failure_line,
-    last_lines,
-    server_command,
-    serves_vision,
-    start_ready,
-)
+from localchat.errors import raise_if_set
+from localchat.registry import DEMO_MODEL, ModelRef, resolve
+from localchat.server.distributed import Ranks, exit_words, failed_rank
+from localchat.server.launch import RunningServer, ServerStartError, failure_line, last_lines
 from localchat.server.parity import ParityReport, run_parity
 from localchat.server.smoke import SmokeReport, run_smoke
 
@@ -50,57 +37,6 @@ def show_smoke(console: Console, report: SmokeReport, as_json: bool) -> None:
     console.print("[green]all required checks passed[/green]" if report.ok else "[red]smoke test failed[/red]")
 
 
-def run_serve(*, model: str | None, host: str, port: int, log: Path | None, smoke: bool,
-              extra: tuple[str, ...], console: Console, ranks: Ranks | None = None, dry_run: bool = False,
-              memory_limit: int | None = None, force: bool = False, allow_download: bool = False,
-              plain: bool = False) -> int:
-    """Serve until Ctrl+C or SIGTERM (success), or run the smoke test and stop (its result);
-    ``--dry-run`` shows the command and starts nothing."""
-    ref = resolve(model or DEFAULT_MODEL)
-    fit = FitSettings(memory_limit=memory_limit, force=force)
-    if allow_download and not dry_run:
-        fetch_missing(ref, fit, console)
-    if dry_run:
-        if ranks is not None:
-            check_ranks(ranks, None)
-        command = server_command(ref.location, host, port, extra, ranks, plain, serves_vision(ref, ranks))
-        console.print(shlex.join(command), markup=False,
-                      overflow="ignore", crop=False)
-        return outcomes.OK
-    if host not in LOOPBACK:
-        console.print(f"[yellow]warning: binding {host}: mlx_lm.server has no authentication; "
-                      "anyone who can reach this port can use the model[/yellow]")
-    terminated = raise_on_sigterm()
-    with console.status("starting mlx_lm.server …") as status, shown_log_on_failure(console):
-        server = start_ready(ref, host=host, port=port, log=log, extra=extra,
-                             on_poll=heeding(terminated, status.update), ranks=ranks, fit=fit, plain=plain)
-    where = f" · {ranks.size} ranks ({ranks.backend}{', pipeline' if ranks.pipeline else ''})" if ranks else ""
-    try:
-        console.print(f"[green]ready[/green] {server.base_url} · model {ref.id} ({ref.location}){where} · "
-                      f"loaded in {server.load_s:.1f}s · log {server.log_path}")
-        if smoke:
-            report = run_smoke(backend_for(server.base_url, ref), judge_recall=ref.id == DEMO_MODEL,
-                               picture=picture_expected(ref))
-            show_smoke(console, report, as_json=False)
-            return outcomes.report_exit(report.ok)
-        console.print("chat with:", style="dim")
-        console.print(f"  localchat chat --backend server --base-url {server.base_url} -m {ref.id}",
-                      markup=False, overflow="ignore", crop=False)
-        console.print("Ctrl+C stops the server.", style="dim")
-        while server.process.poll() is None:
-            raise_if_set(terminated)
-            time.sleep(0.5)
-        server.stop()  # what the launcher left: every rank ends before the line is said
-        show_log_tail(console, server.log_path)
-        raise LocalchatError(ended_line(server, ranks))
-    except KeyboardInterrupt:
-        return outcomes.OK
-    finally:
-        if server.process.poll() is None:
-            server.stop()  # returns once every rank has exited
-            console.print("server stopped" + (" (every rank)" if ranks else ""), style="dim")
-
-
 def heeding(terminated: threading.Event, show: Callable[[str], None]) -> Callable[[str], None]:
     """``show``, after raising a termination whose exception was lost (see ``raise_on_sigterm``)."""
 
@@ -111,16 +47,13 @@ def heeding(terminated: threading.Event, show: Callable[[str], None]) -> Callabl
     return on_poll
 
 
-def ended_line(server: RunningServer, ranks: Ranks | None) -> str:
+def ended_line(server: RunningServer, ranks: Ranks) -> str:
     """Why a server that was not stopped by us has ended: the rank and its signal, and the log's
     last error (or that it shows none)."""
     log = server.log_path
-    if ranks is not None:
-        tail = last_lines(log, 200)
-        rank = failed_rank(tail)
-        why = failure_line(log) if rank else f"the launcher {exit_words(server.process.returncode)}; " + failure_line(log)
-        return f"mlx_lm.server on {ranks.size} ranks ended: {why}; every rank has stopped (log: {log})"
-    return f"mlx_lm.server {exit_words(server.process.returncode)}: {failure_line(log)} (log: {log})"
+    rank = failed_rank(last_lines(log, 200))
+    why = failure_line(log) if rank else f"the launcher {exit_words(server.process.returncode)}; " + failure_line(log)
+    return f"mlx_lm.server on {ranks.size} ranks ended: {why}; every rank has stopped (log: {log})"
 
 
 def show_log_tail(console: Console, path: Path, lines: int = 12) -> None:

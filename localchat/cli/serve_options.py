@@ -8,7 +8,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from localchat.cli.options import check_api_key
+from localchat.cli.options import MODEL_KINDS, check_api_key
 
 
 def check_apis(value: str | None) -> tuple[str, ...] | None:
@@ -88,3 +88,30 @@ def ranks_of(count: int | None, hostfile: Path | None, backend: DistributedBacke
     from localchat.server.distributed import Ranks
 
     return Ranks(count=count, hostfile=hostfile, backend=backend.value, pipeline=pipeline)
+
+
+ServeModelsOpt = Annotated[Optional[list[str]], typer.Option(
+    "--model", "-m", envvar="LOCALCHAT_MODEL", show_default=False, metavar="MODEL",
+    help=f"A model to serve (repeat for several on one port, routed by the request's model): a {MODEL_KINDS} "
+         "[default: demo].")]
+
+
+def check_keep_alive(value: str) -> str:
+    from localchat.errors import UsageError
+    from localchat.router.keep_alive import parse_keep_alive
+
+    try:
+        parse_keep_alive(value)
+    except UsageError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    return value
+
+
+KeepAliveOpt = Annotated[str, typer.Option(callback=check_keep_alive, metavar="DURATION",
+                                           help="How long an idle model stays loaded: 5m, 30s, 0 (unload after each "
+                                                "reply) or never; a request's keep_alive overrides it.")]
+PinOpt = Annotated[Optional[list[str]], typer.Option(metavar="MODEL", show_default=False,
+                                                     help="Keep this served model loaded, never unloaded (repeatable).")]
+UpstreamOpt = Annotated[Optional[list[str]], typer.Option(metavar="NAME=URL", show_default=False,
+                                                          help="Also route NAME to a server elsewhere (another serve, "
+                                                               "mlx_lm.server, llama-server, ollama), never loaded here.")]

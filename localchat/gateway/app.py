@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -32,16 +33,18 @@ from localchat.backends import Event
 from localchat.conversation.stats import TurnClock, stats_line
 from localchat.gateway import anthropic_api, passthrough, responses_api
 from localchat.gateway.names import APIS
-from localchat.gateway.shapes import MAX_BODY_BYTES, ApiError, Ended, GatewayRequest, Idle, invalid
+from localchat.gateway.shapes import MAX_BODY_BYTES, MISSING, ApiError, Ended, GatewayRequest, Idle, invalid
+from localchat.gateway.routes import Lease, Routes
 from localchat.gateway.stored import ResponseStore
 from localchat.gateway.upstream import Upstream
 
+PS_PATH = "/localchat/ps"  # what ``localchat ps`` reads: the models this port holds
 LOOK_S = 1.0  # how often a whole reply in the making looks whether its client is still there
 
 
 @dataclass
 class Gateway:
-    upstream: Upstream
+    routes: Routes  # the server for each model a request names (``gateway.routes``, ``router.pool``)
     apis: tuple[str, ...] = APIS
     api_key: str | None = None  # what clients must present; None: loopback use without a key
     log: Callable[[str], None] = lambda _: None
@@ -53,6 +56,7 @@ class Gateway:
                   Route("/health", self.health, methods=["GET"]),
                   Route("/v1/models", self.models, methods=["GET"]),
                   Route("/v1/models/{model_id:path}", self.models, methods=["GET"]),
+                  Route(PS_PATH, self.held, methods=["GET"]),
                   Route("/", self.root, methods=["GET", "HEAD"])]  # clients check that something answers
         if "anthropic" in self.apis:
             routes += [Route("/v1/messages", self.messages, methods=["POST"]),
@@ -65,38 +69,51 @@ class Gateway:
     # --- the two APIs ----------------------------------------------------------------------------------
 
     async def messages(self, request: Request) -> Response:
-        clock = TurnClock()  # from the request's arrival: reading and templating count in its TTFT
+        clock = TurnClock()  # from the request's arrival: reading, loading and templating count in its TTFT
+        lease = None
         try:
             self._authorized(request)
-            wanted = anthropic_api.read_request(await _body(request))
+            body = await _body(request)
+            wanted = anthropic_api.read_request(body)
+            lease = await self._lease(wanted.model, body)
             reply = anthropic_api.MessagesReply(model=wanted.model)
-            counting = asyncio.ensure_future(self._estimate(wanted)) if wanted.stream else None
+            upstream = lease.upstream
+            counting = asyncio.ensure_future(self._estimate(upstream, wanted)) if wanted.stream else None
 
             async def counted() -> None:  # message_start's estimate, counted while the server prefills
                 reply.input_estimate = await counting if counting is not None else 0
 
-            return await self._reply(request, wanted, reply, reply.message, clock, before_start=counted)
+            return await self._reply(request, lease, wanted, reply, reply.message, clock, before_start=counted)
         except ApiError as exc:
+            if lease is not None:
+                lease.release()
             return self._error(request, exc, anthropic_api.error_body, clock.submitted)
 
     async def count_tokens(self, request: Request) -> Response:
         started = time.perf_counter()
+        lease = None
         try:
             self._authorized(request)
-            wanted = anthropic_api.read_request(await _body(request), counting=True)
-            tokens = await self._counted_while_connected(request, wanted)
+            body = await _body(request)
+            wanted = anthropic_api.read_request(body, counting=True)
+            lease = await self._lease(wanted.model, body)
+            tokens = await self._counted_while_connected(request, lease.upstream, wanted)
             if tokens is None:
                 self.log(f"POST {request.url.path} · the client went away; the count upstream was closed")
                 return Response(status_code=499)  # (nobody reads it: the connection is gone)
         except ApiError as exc:
             return self._error(request, exc, anthropic_api.error_body, started)
+        finally:
+            if lease is not None:
+                lease.release()
         self.log(f"POST {request.url.path} 200 · {tokens} input tokens · {time.perf_counter() - started:.2f}s")
         return JSONResponse({"input_tokens": tokens})
 
-    async def _counted_while_connected(self, request: Request, wanted: GatewayRequest) -> int | None:
+    async def _counted_while_connected(self, request: Request, upstream: Upstream,
+                                       wanted: GatewayRequest) -> int | None:
         """The prompt's tokens; None when the client went away first (the count upstream is closed)."""
-        backend = await run_in_threadpool(self.upstream.backend, wanted)
-        counting = asyncio.ensure_future(run_in_threadpool(self.upstream.count_tokens, wanted, backend))
+        backend = await run_in_threadpool(upstream.backend, wanted)
+        counting = asyncio.ensure_future(run_in_threadpool(upstream.count_tokens, wanted, backend))
         while not counting.done():
             await asyncio.wait([counting], timeout=LOOK_S)
             if not counting.done() and await request.is_disconnected():
@@ -108,10 +125,12 @@ class Gateway:
 
     async def responses(self, request: Request) -> Response:
         clock = TurnClock()
+        lease = None
         try:
             self._authorized(request)
             body = await _body(request)
             wanted = responses_api.read_request(body, self.store)
+            lease = await self._lease(wanted.model, body)
             reply = responses_api.ResponsesReply(request=wanted, body=body)
 
             def final(ended: Ended) -> dict[str, Any]:  # a whole reply: made once, kept as it was returned
@@ -123,51 +142,71 @@ class Gateway:
                 if ended.error is None:
                     self._keep(body, reply, reply.final(ended))
 
-            return await self._reply(request, wanted, reply, final, clock, on_end=streamed)
+            return await self._reply(request, lease, wanted, reply, final, clock, on_end=streamed)
         except ApiError as exc:
+            if lease is not None:
+                lease.release()
             return self._error(request, exc, responses_api.error_body, clock.submitted)
 
     def _keep(self, body: dict[str, Any], reply: responses_api.ResponsesReply, response: dict[str, Any]) -> None:
         if body.get("store", True) is not False:
             self.store.keep(reply.id, reply.conversation(), response)
 
-    async def _estimate(self, wanted: GatewayRequest) -> int:
+    async def _lease(self, name: str, body: Any) -> Lease:
+        """The model a request names, loaded if it must be (in a thread: a load takes seconds);
+        ``keep_alive`` in the body, as ollama takes it, sets how long it stays loaded after."""
+        keep_alive = body.get("keep_alive", MISSING) if isinstance(body, dict) else MISSING
+        return await run_in_threadpool(self.routes.lease, name, keep_alive)
+
+    async def _estimate(self, upstream: Upstream, wanted: GatewayRequest) -> int:
         """The prompt's tokens counted here for ``message_start`` (the server's count comes last)."""
-        if self.upstream.template is None:
+        if upstream.template is None:
             return 0
         try:
-            return await run_in_threadpool(self.upstream.count_tokens, wanted)
+            return await run_in_threadpool(upstream.count_tokens, wanted)
         except ApiError:
             return 0  # the request itself says what is wrong, in a moment
 
-    async def _reply(self, request: Request, wanted: GatewayRequest, reply: Any, final: Callable[[Ended], dict],
-                     clock: TurnClock, on_end: Callable[[Ended], None] = lambda _: None,
+    async def _reply(self, request: Request, lease: Lease, wanted: GatewayRequest, reply: Any,
+                     final: Callable[[Ended], dict], clock: TurnClock, on_end: Callable[[Ended], None] = lambda _: None,
                      before_start: Callable[[], Awaitable[None]] | None = None) -> Response:
-        """The reply, streamed or whole. A stream's first item is awaited before the answer begins,
-        so that a server that is down is an error status, not a stream that fails at once. Nothing
-        slow runs on the event loop (a request's client and template are made in a thread), so that
-        every other stream's deltas go out as they come."""
+        """The reply, streamed or whole; ``lease`` is given back when it has ended, however it ends.
+        A stream's first item is awaited before the answer begins, so that a server that is down is
+        an error status, not a stream that fails at once. Nothing slow runs on the event loop (a
+        request's client and template are made in a thread), so that every other stream's deltas go
+        out as they come."""
         self._say_dropped(wanted)
-        started = clock.submitted
-        await run_in_threadpool(self.upstream.check_window, wanted)
-        backend = await run_in_threadpool(self.upstream.backend, wanted)
-        items = self.upstream.replies(wanted, backend, clock)
-        first = await anext(items)
-        if before_start is not None:
-            await before_start()
-        if isinstance(first, Ended) and first.error is not None:
-            await items.aclose()
-            raise ApiError(502, "api_error", first.error)
-        if not wanted.stream:
-            ended = await self._gathered(request, reply, first, items)
-            if ended is None:
-                self.log(f"POST {request.url.path} · the client went away after {time.perf_counter() - started:.2f}s "
-                         "(a whole reply); the request to the server was closed")
-                return Response(status_code=499)  # (nobody reads it: the connection is gone)
-            self._figures(request, 200, ended, started)
-            return JSONResponse(final(ended))
-        return StreamingResponse(self._stream(request, reply, first, items, on_end, clock),
-                                 media_type="text/event-stream", headers={"cache-control": "no-cache"})
+        upstream, streaming = lease.upstream, False
+        try:
+            await run_in_threadpool(upstream.check_window, wanted)
+            backend = await run_in_threadpool(upstream.backend, wanted)
+            items = upstream.replies(wanted, backend, clock)
+            first = await anext(items)
+            if before_start is not None:
+                await before_start()
+            if isinstance(first, Ended) and first.error is not None:
+                await items.aclose()
+                raise ApiError(502, "api_error", first.error)
+            if not wanted.stream:
+                return await self._whole(request, lease, reply, first, items, final, clock.submitted)
+            streaming = True
+            return StreamingResponse(self._stream(request, lease, reply, first, items, on_end, clock),
+                                     media_type="text/event-stream", headers={"cache-control": "no-cache"},
+                                     background=BackgroundTask(lease.release))
+        finally:
+            if not streaming:
+                lease.release()
+
+    async def _whole(self, request: Request, lease: Lease, reply: Any, first: Event | Idle | Ended,
+                     items: AsyncIterator[Event | Idle | Ended], final: Callable[[Ended], dict],
+                     started: float) -> Response:
+        ended = await self._gathered(request, reply, first, items)
+        if ended is None:
+            self.log(f"POST {request.url.path} · the client went away after {time.perf_counter() - started:.2f}s "
+                     "(a whole reply); the request to the server was closed")
+            return Response(status_code=499)  # (nobody reads it: the connection is gone)
+        self._figures(request, lease, ended, started)
+        return JSONResponse(final(ended))
 
     async def _gathered(self, request: Request, reply: Any, first: Event | Idle | Ended,
                         items: AsyncIterator[Event | Idle | Ended]) -> Ended | None:
@@ -186,7 +225,7 @@ class Gateway:
             item = await anext(items)
         return item
 
-    async def _stream(self, request: Request, reply: Any, first: Event | Idle | Ended,
+    async def _stream(self, request: Request, lease: Lease, reply: Any, first: Event | Idle | Ended,
                       items: AsyncIterator[Event | Idle | Ended], on_end: Callable[[Ended], None],
                       clock: TurnClock) -> AsyncIterator[str]:
         started, ended = clock.submitted, None
@@ -214,36 +253,52 @@ class Gateway:
                 yield _sse(event)
         finally:
             await items.aclose()  # also when the client went away: the upstream request is closed
+            lease.release()
             if ended is None:
                 self.log(f"POST {request.url.path} · the client went away after {time.perf_counter() - started:.2f}s;"
                          " the request to the server was closed")
             else:
-                self._figures(request, 200, ended, started)
+                self._figures(request, lease, ended, started)
 
     async def root(self, request: Request) -> Response:
-        return JSONResponse({"name": "localchat gateway", "apis": list(self.apis), "model": self.upstream.model_id})
+        ids = self.routes.model_ids()
+        return JSONResponse({"name": "localchat gateway", "apis": list(self.apis), "model": ids[0], "models": ids})
+
+    async def held(self, request: Request) -> Response:
+        """``GET /localchat/ps``: the models this port holds (``localchat ps``)."""
+        try:
+            self._authorized(request)
+        except ApiError as exc:
+            return self._error(request, exc, responses_api.error_body, time.perf_counter())
+        return JSONResponse(await run_in_threadpool(self.routes.status))
 
     # --- passed through --------------------------------------------------------------------------------
 
     async def health(self, request: Request) -> Response:
-        return await self._passed(request, None)
+        upstream = self.routes.health_upstream()
+        if upstream is None:  # a router: it answers, whatever is loaded (as mlx_lm.server does before its load)
+            return JSONResponse({"status": "ok"})
+        return await self._passed(request, None, Lease(upstream=upstream))
 
     async def chat_completions(self, request: Request) -> Response:
         """Chat completions as the server has them, the model named as on every endpoint here."""
         started = time.perf_counter()
         try:
             self._authorized(request)
-            body = passthrough.renamed(await _raw_body(request), self.upstream)
+            raw = await _raw_body(request)
+            name, keep_alive = passthrough.routing_fields(raw)
+            lease = await run_in_threadpool(self.routes.lease, name, keep_alive)
         except ApiError as exc:
             return self._error(request, exc, responses_api.error_body, started)
-        return await self._passed(request, body)
+        return await self._passed(request, passthrough.renamed(raw, lease.upstream), lease)
 
-    async def _passed(self, request: Request, body: bytes | None) -> Response:
+    async def _passed(self, request: Request, body: bytes | None, lease: Lease) -> Response:
         try:
             return await passthrough.relay(request.method, request.url.path, request.query_params, body,
-                                           request.headers.get("content-type", "application/json"), self.upstream,
+                                           request.headers.get("content-type", "application/json"), lease,
                                            self.log)
         except ApiError as exc:
+            lease.release()
             return self._error(request, exc, responses_api.error_body, time.perf_counter())
 
     async def models(self, request: Request) -> Response:
@@ -251,7 +306,7 @@ class Gateway:
             self._authorized(request)
         except ApiError as exc:
             return self._error(request, exc, self._shape_for(request), time.perf_counter())
-        return passthrough.models_answer(self.upstream, request.path_params.get("model_id"))
+        return passthrough.models_answer(self.routes.model_ids(), request.path_params.get("model_id"))
 
     async def stored_response(self, request: Request) -> Response:
         """``GET`` or ``DELETE /v1/responses/{id}``: a response kept with ``store``."""
@@ -281,10 +336,11 @@ class Gateway:
             self._said.update(new)
             self.log(f"tools left out (no local model runs them; said once): {', '.join(new)}")
 
-    def _figures(self, request: Request, status: int, ended: Ended | None, started: float) -> None:
-        figures = stats_line(ended.stats) if ended is not None else f"{time.perf_counter() - started:.2f}s"
-        how = f" · stop sequence {ended.stop_sequence!r}" if ended and ended.stop_sequence else ""
-        self.log(f"POST {request.url.path} {status} · {self.upstream.model_id} · {figures}{how}")
+    def _figures(self, request: Request, lease: Lease, ended: Ended, started: float) -> None:
+        how = f" · stop sequence {ended.stop_sequence!r}" if ended.stop_sequence else ""
+        if lease.loaded_s is not None:
+            how += f" · the model loaded first ({lease.loaded_s:.1f}s, counted in TTFT)"
+        self.log(f"POST {request.url.path} 200 · {lease.upstream.model_id} · {stats_line(ended.stats)}{how}")
 
     def _error(self, request: Request, error: ApiError, shape: Callable[[ApiError], dict], started: float) -> Response:
         self.log(f"{request.method} {request.url.path} {error.status} · {error.message} · "

@@ -13,24 +13,21 @@ import json
 import time
 from collections.abc import AsyncIterator, Callable
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
+from starlette.background import BackgroundTask
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from localchat import bounded_json
 from localchat.backends.http import Redactor, shared_ssl_context
-from localchat.gateway.shapes import ApiError
+from localchat.gateway.shapes import MISSING, ApiError
 from localchat.gateway.upstream import Upstream
 
+if TYPE_CHECKING:
+    from localchat.gateway.routes import Lease
+
 CREATED = int(datetime(2026, 1, 1, tzinfo=timezone.utc).timestamp())  # a fixed date: a local model has no release
-
-
-def model_ids(upstream: Upstream) -> list[str]:
-    """The names a client can use: the gateway's model, or, in front of a server whose model it
-    was not told, the ids that server lists (never a local path)."""
-    if upstream.named:
-        return [upstream.model_id]
-    return sorted(name for name in upstream.served if not name.startswith("/")) or ["default_model"]
 
 
 def model_entry(model_id: str) -> dict[str, Any]:
@@ -41,31 +38,47 @@ def model_entry(model_id: str) -> dict[str, Any]:
             .replace("+00:00", "Z")}
 
 
-def model_list(upstream: Upstream) -> dict[str, Any]:
-    ids = model_ids(upstream)
+def model_list(ids: list[str]) -> dict[str, Any]:
     return {"object": "list", "data": [model_entry(i) for i in ids], "has_more": False, "first_id": ids[0],
             "last_id": ids[-1]}
 
 
-def renamed(body: bytes, upstream: Upstream) -> bytes:
-    """A chat completion's body with its model as the server knows it; a body that is not a JSON
-    object goes as it is (the server answers for it)."""
+def _parsed(body: bytes) -> dict[str, Any] | None:
     try:
-        parsed = json.loads(body)
+        parsed = bounded_json.loads(body)
     except ValueError:
+        return None
+    return parsed if isinstance(parsed, dict) else None
+
+
+def routing_fields(body: bytes) -> tuple[str, Any]:
+    """What routes a chat completion: its ``model`` (``""`` when it names none) and its
+    ``keep_alive`` (``MISSING`` when it has none)."""
+    parsed = _parsed(body) or {}
+    model = parsed.get("model")
+    return (model if isinstance(model, str) else ""), parsed.get("keep_alive", MISSING)
+
+
+def renamed(body: bytes, upstream: Upstream) -> bytes:
+    """A chat completion's body with its model as the server knows it, and without the router's
+    own ``keep_alive``; a body that is not a JSON object goes as it is (the server answers for it)."""
+    parsed = _parsed(body)
+    if parsed is None:
         return body
-    if not isinstance(parsed, dict) or not isinstance(parsed.get("model"), str):
+    wanted = upstream.model_for(parsed["model"]) if isinstance(parsed.get("model"), str) else parsed.get("model")
+    if wanted == parsed.get("model") and "keep_alive" not in parsed:
         return body
-    wanted = upstream.model_for(parsed["model"])
-    if wanted == parsed["model"]:
-        return body
-    return json.dumps({**parsed, "model": wanted}, ensure_ascii=False).encode()
+    fields = {k: v for k, v in parsed.items() if k != "keep_alive"}
+    if "model" in fields:
+        fields["model"] = wanted
+    return json.dumps(fields, ensure_ascii=False).encode()
 
 
 async def relay(request_method: str, path: str, query: Any, content: bytes | None, content_type: str,
-                upstream: Upstream, log: Callable[[str], None]) -> Response:
-    """The request sent on as it is (``content`` already checked), the answer streamed back."""
-    started = time.perf_counter()
+                lease: Lease, log: Callable[[str], None]) -> Response:
+    """The request sent on as it is (``content`` already checked), the answer streamed back with
+    the server's own ``X-Localchat-*`` headers; ``lease`` is given back when the answer has ended."""
+    started, upstream = time.perf_counter(), lease.upstream
     headers = {"content-type": content_type}
     if upstream.api_key:
         headers["authorization"] = f"Bearer {upstream.api_key}"
@@ -89,11 +102,15 @@ async def relay(request_method: str, path: str, query: Any, content: bytes | Non
         finally:
             await response.aclose()
             await client.aclose()
-            log(f"{request_method} {path} {response.status_code} (passed through) · "
-                f"{time.perf_counter() - started:.2f}s")
+            lease.release()
+            loaded = f" · the model loaded first ({lease.loaded_s:.1f}s)" if lease.loaded_s is not None else ""
+            log(f"{request_method} {path} {response.status_code} (passed through) · {upstream.model_id} · "
+                f"{time.perf_counter() - started:.2f}s{loaded}")
 
     kind = response.headers.get("content-type", "application/json")
-    return StreamingResponse(relayed(), status_code=response.status_code, media_type=kind)
+    ours = {k: v for k, v in response.headers.items() if k.lower().startswith("x-localchat-")}
+    return StreamingResponse(relayed(), status_code=response.status_code, media_type=kind, headers=ours,
+                             background=BackgroundTask(lease.release))
 
 
 def _cut(redactor: Redactor, chunk: bytes, key: str | None) -> bytes:
@@ -103,13 +120,19 @@ def _cut(redactor: Redactor, chunk: bytes, key: str | None) -> bytes:
     return redactor.feed(chunk.decode("utf-8", errors="surrogateescape")).encode("utf-8", errors="surrogateescape")
 
 
-def models_answer(upstream: Upstream, model_id: str | None = None) -> Response:
+def models_answer(ids: list[str], model_id: str | None = None) -> Response:
     """``/v1/models`` (the list) or ``/v1/models/{id}`` (one, or a 404 in OpenAI's shape)."""
     if model_id is None:
-        return JSONResponse(model_list(upstream))
-    if model_id in model_ids(upstream):
+        return JSONResponse(model_list(ids))
+    if model_id in ids:
         return JSONResponse(model_entry(model_id))
-    message = f"no model {model_id!r} here: this gateway serves {', '.join(model_ids(upstream))}"
-    return JSONResponse({"error": {"message": message, "type": "not_found_error", "param": "model",
-                                   "code": "model_not_found"}, "type": "error"}, status_code=404)
+    return JSONResponse(not_found_body(model_id, ids), status_code=404)
+
+
+def not_found_body(model_id: str, ids: list[str]) -> dict[str, Any]:
+    """A model this port does not serve, in OpenAI's error shape (which Anthropic's SDK reads too)."""
+    shown = model_id if len(model_id) <= 80 else model_id[:80] + "…"
+    message = f"no model {shown!r} here: this server serves {', '.join(ids)}"
+    return {"error": {"message": message, "type": "not_found_error", "param": "model", "code": "model_not_found"},
+            "type": "error"}
 

@@ -18,7 +18,7 @@ import httpx
 from localchat.errors import LocalchatError
 from localchat.gateway.app import Gateway
 from localchat.gateway.browsers import BrowserPolicy, guarded, header_deadline_protocol
-from localchat.gateway.upstream import Upstream
+from localchat.gateway.routes import Routes
 from localchat.server.launch import port_is_free
 
 READY_TIMEOUT_S = 60.0
@@ -101,15 +101,16 @@ def wait_ready(running: RunningGateway, apis: tuple[str, ...], api_key: str | No
     return time.perf_counter() - started
 
 
-def serve_gateway(upstream: Upstream, host: str, port: int, apis: tuple[str, ...], api_key: str | None,
+def serve_gateway(routes: Routes, host: str, port: int, apis: tuple[str, ...], api_key: str | None,
                   log: Callable[[str], None], on_poll: Callable[[str], None] = lambda _: None,
-                  origins: tuple[str, ...] = ()) -> RunningGateway:
-    """The gateway in front of ``upstream``, started and ready (or stopped, and the error raised).
-    Its own readiness probes are not traffic: the log starts once it is ready."""
-    gateway = Gateway(upstream, apis=apis, api_key=api_key)
+                  origins: tuple[str, ...] = (), model: str = "") -> RunningGateway:
+    """The gateway in front of ``routes``, started and ready (or stopped, and the error raised):
+    ``model`` answers a 1-token request through each API. Its own readiness probes are not
+    traffic: the log starts once it is ready."""
+    gateway = Gateway(routes, apis=apis, api_key=api_key)
     running = start_gateway(gateway, host, port, origins)
     try:
-        wait_ready(running, apis, api_key, upstream.model_field, on_poll=on_poll)
+        wait_ready(running, apis, api_key, model, on_poll=on_poll)
     except BaseException:
         running.stop()
         raise

@@ -181,9 +181,23 @@ def install(server: Any) -> None:
 def main() -> None:
     import mlx_lm.server as server
 
+    die_with_serve()
     install(server)
     sys.argv[0] = "mlx_lm.server"
     server.main()
+
+
+def die_with_serve() -> None:
+    """An engine child of ``serve`` ends when serve has gone, however it went (SIGKILL included, on
+    any system: Linux's parent-death signal is also set at its start, macOS has none)."""
+    import os
+
+    from localchat.processes import watch_parent
+    from localchat.server.rank_guard import SERVE_PID
+
+    serve = os.environ.get(SERVE_PID, "")
+    if serve.isdigit():
+        watch_parent(lambda: os._exit(1), also=int(serve))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,214 @@
+"""``serve``: the front on the public port and the models behind it (``router``), or one model on
+several ranks (``--ranks``), or the engine's command shown (``--dry-run``)."""
+
+from __future__ import annotations
+
+import shlex
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+
+from localchat.backends.openai_http import backend_for
+from localchat.cli import outcomes
+from localchat.cli.gateway import check_public, logger
+from localchat.cli.pull import fetch_missing
+from localchat.cli.serve import (
+    ended_line,
+    heeding,
+    picture_expected,
+    show_log_tail,
+    show_smoke,
+    shown_log_on_failure,
+    smoke_api,
+)
+from localchat.errors import LocalchatError, UsageError, raise_if_set, raise_on_sigterm
+from localchat.fit.check import FitSettings
+from localchat.registry import DEFAULT_MODEL, DEMO_MODEL, ModelRef, resolve
+from localchat.server.distributed import Ranks, check_ranks
+from localchat.server.launch import (
+    LOOPBACK,
+    RunningServer,
+    ServerStartError,
+    default_log,
+    free_port,
+    port_is_free,
+    server_command,
+    serves_vision,
+    start_ready,
+)
+from localchat.server.smoke import run_smoke
+
+
+@dataclass(frozen=True)
+class ServeRequest:
+    """What ``serve`` was asked: the models (the first loaded at start), where, and how they are kept."""
+
+    models: tuple[str, ...]
+    host: str
+    port: int
+    log: Path | None = None
+    extra: tuple[str, ...] = ()
+    apis: tuple[str, ...] = ()
+    api_key: str | None = None
+    origins: tuple[str, ...] = ()
+    keep_alive: str = "5m"
+    pins: tuple[str, ...] = ()
+    upstreams: tuple[str, ...] = ()
+    memory_limit: int | None = None
+    force: bool = False
+    plain: bool = False
+
+
+def run_serve(*, asked: ServeRequest, console: Console, err: Console, smoke: bool = False, every: bool = False,
+              ranks: Ranks | None = None, dry_run: bool = False, allow_download: bool = False) -> int:
+    """Serve until Ctrl+C or SIGTERM (success), or run the smoke test and stop (its result);
+    ``--dry-run`` shows the engine's command and starts nothing."""
+    from localchat.router.start import present_models
+
+    names = [*asked.models, *(present_models() if every else [])] or [DEFAULT_MODEL]
+    ref = resolve(names[0])
+    fit = FitSettings(memory_limit=asked.memory_limit, force=asked.force)
+    if dry_run or ranks is not None:
+        if len(names) > 1 or asked.upstreams:
+            raise UsageError("--ranks and --hostfile serve one model: give one -m")
+        if dry_run:
+            return show_command(ref, asked, ranks, console)
+    if allow_download:
+        for name in names:
+            fetch_missing(resolve(name), fit, err)
+    if ranks is not None:
+        return run_ranks(ref, asked, ranks, fit, smoke, console)
+    return run_router(names, asked, fit, smoke, console, err)
+
+
+def show_command(ref: ModelRef, asked: ServeRequest, ranks: Ranks | None, console: Console) -> int:
+    if ranks is not None:
+        check_ranks(ranks, None)
+    command = server_command(ref.location, asked.host, asked.port, asked.extra, ranks, asked.plain,
+                             serves_vision(ref, ranks))
+    console.print(shlex.join(command), markup=False, overflow="ignore", crop=False)
+    return outcomes.OK
+
+
+def run_router(names: list[str], asked: ServeRequest, fit: FitSettings, smoke: bool, console: Console,
+               err: Console) -> int:
+    """The front on the public port, the first model's engine child ready behind it, the others
+    loaded when first asked for (docs/router.md)."""
+    from localchat.fit.budget import machine_budget
+    from localchat.gateway.serving import serve_gateway
+    from localchat.gateway.upstream import reach_upstream
+    from localchat.router.keep_alive import parse_keep_alive
+    from localchat.router.pool import ModelPool
+    from localchat.router.start import engine_launcher, served_models
+
+    keep_alive = parse_keep_alive(asked.keep_alive)
+    if not port_is_free(asked.host, asked.port):
+        raise ServerStartError(f"port {asked.port} on {asked.host} is busy: stop what is using it, or pick another "
+                               "with --port")
+    check_public(asked.host, asked.port, asked.api_key, err)
+    models = served_models(names, list(asked.pins), list(asked.upstreams), fit)
+    first, log_path = models[0], asked.log or default_log(asked.port)
+    pool = ModelPool(models, engine_launcher(first.key, asked.port, log_path, asked.extra, asked.plain),
+                     budget=machine_budget(asked.memory_limit), keep_alive=keep_alive, force=asked.force,
+                     log=logger(err))
+    terminated = raise_on_sigterm()
+    running = None
+    try:
+        with console.status("starting mlx_lm.server …") as status, shown_log_on_failure(console):
+            server = start_ready(first.ref, port=free_port(), log=log_path, extra=asked.extra, fit=fit,
+                                 on_poll=heeding(terminated, status.update), plain=asked.plain)
+            pool.load_at_start(first, server, reach_upstream(server.base_url, first.ref))
+            for pinned in (m for m in models[1:] if m.pinned):
+                status.update(f"loading {pinned.key} (pinned) …")
+                pool.lease(pinned.key).release()
+            status.update("starting the front …")
+            running = serve_gateway(pool, asked.host, asked.port, asked.apis, asked.api_key, logger(err),
+                                    status.update, asked.origins, model=first.key)
+        pool.run_reaper()
+        show_ready(console, running.url, models, server, log_path, asked, keep_alive)
+        if smoke:
+            return smoke_all(running.url + "/v1", first.ref, asked, console)
+        while running.alive:
+            raise_if_set(terminated)
+            time.sleep(0.5)
+        raise LocalchatError("the server's front stopped")
+    except KeyboardInterrupt:
+        return outcomes.OK
+    finally:
+        if running is not None:
+            running.stop()
+        pool.close()
+        console.print("server stopped", style="dim")
+
+
+def show_ready(console: Console, url: str, models: list, server: RunningServer, log_path: Path,
+               asked: ServeRequest, keep_alive: float | None) -> None:
+    from localchat.router.keep_alive import shown
+
+    first = models[0]
+    apis = f" · {', '.join(asked.apis)}" if asked.apis else ""
+    console.print(f"[green]ready[/green] {url}{apis} · model {escape(first.key)} ({escape(first.ref.location)}) · "
+                  f"loaded in {server.load_s:.1f}s · log {escape(str(log_path))}")
+    if len(models) > 1:
+        later = ", ".join(m.key + (" (pinned)" if m.pinned else " (elsewhere)" if m.remote else "") for m in models[1:])
+        console.print(f"also served, loaded when first asked for: {escape(later)} · idle models unload after "
+                      f"{shown(keep_alive)}", style="dim")
+    console.print("chat with:", style="dim")
+    console.print(f"  localchat chat --backend server --base-url {url}/v1 -m {first.key}",
+                  markup=False, overflow="ignore", crop=False)
+    if "anthropic" in asked.apis:
+        console.print(f"  ANTHROPIC_BASE_URL={url}  (Claude Code, the anthropic SDK)", markup=False,
+                      overflow="ignore", crop=False)
+    if "responses" in asked.apis:
+        console.print(f"  base_url={url}/v1  (the openai SDK's responses, Codex CLI)", markup=False,
+                      overflow="ignore", crop=False)
+    console.print("Ctrl+C stops the server.", style="dim")
+
+
+def smoke_all(base_url: str, ref: ModelRef, asked: ServeRequest, console: Console) -> int:
+    """``serve --smoke``: chat completions, and each API served beside it."""
+    reports = [smoke_api(base_url, ref, api, api_key=asked.api_key) for api in (None, *asked.apis)]
+    for report in reports:
+        show_smoke(console, report, as_json=False)
+    return outcomes.report_exit(all(r.ok for r in reports))
+
+
+def run_ranks(ref: ModelRef, asked: ServeRequest, ranks: Ranks, fit: FitSettings, smoke: bool,
+              console: Console) -> int:
+    """One model on several ranks: mlx.launch's server on the public port, as it comes."""
+    host, port = asked.host, asked.port
+    if host not in LOOPBACK:
+        console.print(f"[yellow]warning: binding {host}: mlx_lm.server has no authentication; "
+                      "anyone who can reach this port can use the model[/yellow]")
+    terminated = raise_on_sigterm()
+    with console.status("starting mlx_lm.server …") as status, shown_log_on_failure(console):
+        server = start_ready(ref, host=host, port=port, log=asked.log, extra=asked.extra,
+                             on_poll=heeding(terminated, status.update), ranks=ranks, fit=fit, plain=asked.plain)
+    where = f" · {ranks.size} ranks ({ranks.backend}{', pipeline' if ranks.pipeline else ''})"
+    try:
+        console.print(f"[green]ready[/green] {server.base_url} · model {ref.id} ({ref.location}){where} · "
+                      f"loaded in {server.load_s:.1f}s · log {server.log_path}")
+        if smoke:
+            report = run_smoke(backend_for(server.base_url, ref), judge_recall=ref.id == DEMO_MODEL,
+                               picture=picture_expected(ref))
+            show_smoke(console, report, as_json=False)
+            return outcomes.report_exit(report.ok)
+        console.print("chat with:", style="dim")
+        console.print(f"  localchat chat --backend server --base-url {server.base_url} -m {ref.id}",
+                      markup=False, overflow="ignore", crop=False)
+        console.print("Ctrl+C stops the server.", style="dim")
+        while server.process.poll() is None:
+            raise_if_set(terminated)
+            time.sleep(0.5)
+        server.stop()  # what the launcher left: every rank ends before the line is said
+        show_log_tail(console, server.log_path)
+        raise LocalchatError(ended_line(server, ranks))
+    except KeyboardInterrupt:
+        return outcomes.OK
+    finally:
+        if server.process.poll() is None:
+            server.stop()  # returns once every rank has exited
+            console.print("server stopped (every rank)", style="dim")
