@@ -92,7 +92,7 @@ def ranks_of(count: int | None, hostfile: Path | None, backend: DistributedBacke
 
 ServeModelsOpt = Annotated[Optional[list[str]], typer.Option(
     "--model", "-m", envvar="LOCALCHAT_MODEL", show_default=False, metavar="MODEL",
-    help=f"A model to serve (repeat for several on one port, routed by the request's model): a {MODEL_KINDS} "
+    help=f"The model to serve (repeat -m for several on one port, routed by each request's model): a {MODEL_KINDS} "
          "[default: demo].")]
 
 

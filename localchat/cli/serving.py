@@ -11,14 +11,12 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from localchat.backends.openai_http import backend_for
 from localchat.cli import outcomes
 from localchat.cli.gateway import check_public, logger
 from localchat.cli.pull import fetch_missing
 from localchat.cli.serve import (
     ended_line,
     heeding,
-    picture_expected,
     show_log_tail,
     show_smoke,
     shown_log_on_failure,
@@ -26,7 +24,7 @@ from localchat.cli.serve import (
 )
 from localchat.errors import LocalchatError, UsageError, raise_if_set, raise_on_sigterm
 from localchat.fit.check import FitSettings
-from localchat.registry import DEFAULT_MODEL, DEMO_MODEL, ModelRef, resolve
+from localchat.registry import DEFAULT_MODEL, ModelRef, resolve
 from localchat.server.distributed import Ranks, check_ranks
 from localchat.server.launch import (
     LOOPBACK,
@@ -39,7 +37,6 @@ from localchat.server.launch import (
     serves_vision,
     start_ready,
 )
-from localchat.server.smoke import run_smoke
 
 
 @dataclass(frozen=True)
@@ -80,7 +77,7 @@ def run_serve(*, asked: ServeRequest, console: Console, err: Console, smoke: boo
         for name in names:
             fetch_missing(resolve(name), fit, err)
     if ranks is not None:
-        return run_ranks(ref, asked, ranks, fit, smoke, console)
+        return run_ranks(ref, asked, ranks, fit, smoke, console, err)
     return run_router(names, asked, fit, smoke, console, err)
 
 
@@ -111,7 +108,8 @@ def run_router(names: list[str], asked: ServeRequest, fit: FitSettings, smoke: b
     check_public(asked.host, asked.port, asked.api_key, err)
     models = served_models(names, list(asked.pins), list(asked.upstreams), fit)
     first, log_path = models[0], asked.log or default_log(asked.port)
-    pool = ModelPool(models, engine_launcher(first.key, asked.port, log_path, asked.extra, asked.plain),
+    launcher = engine_launcher(first.key, asked.port, log_path, asked.extra, asked.plain, bool(asked.apis))
+    pool = ModelPool(models, launcher,
                      budget=machine_budget(asked.memory_limit), keep_alive=keep_alive, force=asked.force,
                      log=logger(err))
     terminated = raise_on_sigterm()
@@ -120,7 +118,7 @@ def run_router(names: list[str], asked: ServeRequest, fit: FitSettings, smoke: b
         with console.status("starting mlx_lm.server …") as status, shown_log_on_failure(console):
             server = start_ready(first.ref, port=free_port(), log=log_path, extra=asked.extra, fit=fit,
                                  on_poll=heeding(terminated, status.update), plain=asked.plain)
-            pool.load_at_start(first, server, reach_upstream(server.base_url, first.ref))
+            pool.load_at_start(first, server, reach_upstream(server.base_url, first.ref, tokenizer=bool(asked.apis)))
             for pinned in (m for m in models[1:] if m.pinned):
                 status.update(f"loading {pinned.key} (pinned) …")
                 pool.lease(pinned.key).release()
@@ -177,10 +175,17 @@ def smoke_all(base_url: str, ref: ModelRef, asked: ServeRequest, console: Consol
 
 
 def run_ranks(ref: ModelRef, asked: ServeRequest, ranks: Ranks, fit: FitSettings, smoke: bool,
-              console: Console) -> int:
-    """One model on several ranks: mlx.launch's server on the public port, as it comes."""
-    host, port = asked.host, asked.port
-    if host not in LOOPBACK:
+              console: Console, err: Console) -> int:
+    """One model on several ranks: mlx.launch's server on the public port, as it comes; with
+    ``--api``, on a loopback port behind the gateway."""
+    from localchat.gateway.routes import FixedRoute
+    from localchat.gateway.serving import serve_gateway
+    from localchat.gateway.upstream import reach_upstream
+
+    host, port = ("127.0.0.1", free_port()) if asked.apis else (asked.host, asked.port)
+    if asked.apis:
+        check_public(asked.host, asked.port, asked.api_key, err)
+    elif host not in LOOPBACK:
         console.print(f"[yellow]warning: binding {host}: mlx_lm.server has no authentication; "
                       "anyone who can reach this port can use the model[/yellow]")
     terminated = raise_on_sigterm()
@@ -188,19 +193,22 @@ def run_ranks(ref: ModelRef, asked: ServeRequest, ranks: Ranks, fit: FitSettings
         server = start_ready(ref, host=host, port=port, log=asked.log, extra=asked.extra,
                              on_poll=heeding(terminated, status.update), ranks=ranks, fit=fit, plain=asked.plain)
     where = f" · {ranks.size} ranks ({ranks.backend}{', pipeline' if ranks.pipeline else ''})"
+    front = None
     try:
-        console.print(f"[green]ready[/green] {server.base_url} · model {ref.id} ({ref.location}){where} · "
+        url = server.base_url
+        if asked.apis:
+            front = serve_gateway(FixedRoute(reach_upstream(server.base_url, ref)), asked.host, asked.port,
+                                  asked.apis, asked.api_key, logger(err), origins=asked.origins, model=ref.location)
+            url = front.url + "/v1"
+        console.print(f"[green]ready[/green] {url} · model {ref.id} ({ref.location}){where} · "
                       f"loaded in {server.load_s:.1f}s · log {server.log_path}")
         if smoke:
-            report = run_smoke(backend_for(server.base_url, ref), judge_recall=ref.id == DEMO_MODEL,
-                               picture=picture_expected(ref))
-            show_smoke(console, report, as_json=False)
-            return outcomes.report_exit(report.ok)
+            return smoke_all(url, ref, asked, console)
         console.print("chat with:", style="dim")
-        console.print(f"  localchat chat --backend server --base-url {server.base_url} -m {ref.id}",
+        console.print(f"  localchat chat --backend server --base-url {url} -m {ref.id}",
                       markup=False, overflow="ignore", crop=False)
         console.print("Ctrl+C stops the server.", style="dim")
-        while server.process.poll() is None:
+        while server.process.poll() is None and (front is None or front.alive):
             raise_if_set(terminated)
             time.sleep(0.5)
         server.stop()  # what the launcher left: every rank ends before the line is said
@@ -209,6 +217,8 @@ def run_ranks(ref: ModelRef, asked: ServeRequest, ranks: Ranks, fit: FitSettings
     except KeyboardInterrupt:
         return outcomes.OK
     finally:
+        if front is not None:
+            front.stop()
         if server.process.poll() is None:
             server.stop()  # returns once every rank has exited
             console.print("server stopped (every rank)", style="dim")

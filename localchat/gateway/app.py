@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -28,12 +27,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from localchat import bounded_json
 from localchat.backends import Event
 from localchat.conversation.stats import TurnClock, stats_line
 from localchat.gateway import anthropic_api, passthrough, responses_api
+from localchat.gateway.bodies import json_body, raw_body, sse
 from localchat.gateway.names import APIS
-from localchat.gateway.shapes import MAX_BODY_BYTES, MISSING, ApiError, Ended, GatewayRequest, Idle, invalid
+from localchat.gateway.shapes import MISSING, ApiError, Ended, GatewayRequest, Idle
 from localchat.gateway.routes import Lease, Routes
 from localchat.gateway.stored import ResponseStore
 from localchat.gateway.upstream import Upstream
@@ -64,7 +63,8 @@ class Gateway:
         if "responses" in self.apis:
             routes += [Route("/v1/responses", self.responses, methods=["POST"]),
                        Route("/v1/responses/{response_id}", self.stored_response, methods=["GET", "DELETE"])]
-        return Starlette(routes=routes, exception_handlers={HTTPException: self._http_error, Exception: self._bug})
+        return Starlette(routes=routes, exception_handlers={HTTPException: self._http_error, ApiError: self._refused,
+                                                            Exception: self._bug})
 
     # --- the two APIs ----------------------------------------------------------------------------------
 
@@ -73,7 +73,7 @@ class Gateway:
         lease = None
         try:
             self._authorized(request)
-            body = await _body(request)
+            body = await json_body(request)
             wanted = anthropic_api.read_request(body)
             lease = await self._lease(wanted.model, body)
             reply = anthropic_api.MessagesReply(model=wanted.model)
@@ -94,7 +94,7 @@ class Gateway:
         lease = None
         try:
             self._authorized(request)
-            body = await _body(request)
+            body = await json_body(request)
             wanted = anthropic_api.read_request(body, counting=True)
             lease = await self._lease(wanted.model, body)
             tokens = await self._counted_while_connected(request, lease.upstream, wanted)
@@ -128,7 +128,7 @@ class Gateway:
         lease = None
         try:
             self._authorized(request)
-            body = await _body(request)
+            body = await json_body(request)
             wanted = responses_api.read_request(body, self.store)
             lease = await self._lease(wanted.model, body)
             reply = responses_api.ResponsesReply(request=wanted, body=body)
@@ -231,26 +231,26 @@ class Gateway:
         started, ended = clock.submitted, None
         try:
             for event in reply.start():
-                yield _sse(event)
+                yield sse(event)
             item: Any = first
             while True:
                 if isinstance(item, Idle):
-                    yield _sse({"type": "ping"}) if isinstance(reply, anthropic_api.MessagesReply) else ": ping\n\n"
+                    yield sse({"type": "ping"}) if isinstance(reply, anthropic_api.MessagesReply) else ": ping\n\n"
                 elif isinstance(item, Ended):
                     ended = item
                     for event in reply.end(item):
-                        yield _sse(event)
+                        yield sse(event)
                     on_end(item)  # after the end's events: what it keeps is the response they closed
                     return
                 else:
                     for event in reply.events(item):
-                        yield _sse(event)
+                        yield sse(event)
                 item = await anext(items)
         except Exception as exc:  # a bug must not leave a traceback or a stream without its end
             line = f"unexpected {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             ended = Ended(stats=clock.finish(None), finish_reason=None, error=line)
             for event in reply.end(ended):
-                yield _sse(event)
+                yield sse(event)
         finally:
             await items.aclose()  # also when the client went away: the upstream request is closed
             lease.release()
@@ -266,10 +266,7 @@ class Gateway:
 
     async def held(self, request: Request) -> Response:
         """``GET /localchat/ps``: the models this port holds (``localchat ps``)."""
-        try:
-            self._authorized(request)
-        except ApiError as exc:
-            return self._error(request, exc, responses_api.error_body, time.perf_counter())
+        self._authorized(request)
         return JSONResponse(await run_in_threadpool(self.routes.status))
 
     # --- passed through --------------------------------------------------------------------------------
@@ -285,7 +282,7 @@ class Gateway:
         started = time.perf_counter()
         try:
             self._authorized(request)
-            raw = await _raw_body(request)
+            raw = await raw_body(request)
             name, keep_alive = passthrough.routing_fields(raw)
             lease = await run_in_threadpool(self.routes.lease, name, keep_alive)
         except ApiError as exc:
@@ -302,23 +299,17 @@ class Gateway:
             return self._error(request, exc, responses_api.error_body, time.perf_counter())
 
     async def models(self, request: Request) -> Response:
-        try:
-            self._authorized(request)
-        except ApiError as exc:
-            return self._error(request, exc, self._shape_for(request), time.perf_counter())
+        self._authorized(request)
         return passthrough.models_answer(self.routes.model_ids(), request.path_params.get("model_id"))
 
     async def stored_response(self, request: Request) -> Response:
         """``GET`` or ``DELETE /v1/responses/{id}``: a response kept with ``store``."""
         response_id = request.path_params["response_id"]
-        try:
-            self._authorized(request)
-            if request.method == "DELETE":
-                self.store.delete(response_id)
-                return JSONResponse({"id": response_id, "object": "response.deleted", "deleted": True})
-            return JSONResponse(self.store.response(response_id))
-        except ApiError as exc:
-            return self._error(request, exc, responses_api.error_body, time.perf_counter())
+        self._authorized(request)
+        if request.method == "DELETE":
+            self.store.delete(response_id)
+            return JSONResponse({"id": response_id, "object": "response.deleted", "deleted": True})
+        return JSONResponse(self.store.response(response_id))
 
     # --- checks, errors and the log ----------------------------------------------------------------------
 
@@ -357,37 +348,11 @@ class Gateway:
                    405: f"{request.method} is not allowed on {request.url.path}"}.get(status, str(exc))
         return self._error(request, ApiError(status, kind, message), self._shape_for(request), time.perf_counter())
 
+    async def _refused(self, request: Request, exc: Exception) -> Response:
+        """An ``ApiError`` a handler did not answer itself (a key, a stored response not found)."""
+        assert isinstance(exc, ApiError)
+        return self._error(request, exc, self._shape_for(request), time.perf_counter())
+
     async def _bug(self, request: Request, exc: Exception) -> Response:
         line = f"unexpected {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         return self._error(request, ApiError(500, "api_error", line), self._shape_for(request), time.perf_counter())
-
-
-def _sse(event: dict[str, Any]) -> str:
-    return f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"
-
-
-async def _raw_body(request: Request) -> bytes:
-    """The body, refused (413) past ``MAX_BODY_BYTES`` as it arrives, whatever Content-Length says."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        raise ApiError(413, "request_too_large", f"the request is {int(declared):,} bytes, over the "
-                                                 f"gateway's limit of {MAX_BODY_BYTES:,}")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise ApiError(413, "request_too_large", f"the request is over the gateway's limit of {MAX_BODY_BYTES:,} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-async def _body(request: Request) -> Any:
-    raw = await _raw_body(request)
-    try:
-        body = bounded_json.loads(raw)
-        json.dumps(body, ensure_ascii=False).encode("utf-8")  # a lone surrogate cannot travel on
-    except UnicodeError:
-        raise invalid("the body holds text that is not valid Unicode (UTF-8, no lone surrogates)") from None
-    except ValueError as exc:
-        raise invalid(f"the body is not valid JSON: {exc}") from None
-    return body

@@ -222,9 +222,10 @@ def _estimated(backend: ServerBackend, messages: list[Message], think: bool | No
 
 
 def reach_upstream(base_url: str, ref: ModelRef | None, api_key: str | None = None,
-                   timeout_s: float = DEFAULT_TIMEOUT_S) -> Upstream:
+                   timeout_s: float = DEFAULT_TIMEOUT_S, tokenizer: bool = True) -> Upstream:
     """The server behind the gateway: what it serves (its /v1/models), the model's tokenizer when
-    it is on this machine. A server that does not answer is one line."""
+    it is on this machine and wanted (the Anthropic and Responses APIs count and template with it;
+    chat completions, passed through, need none). A server that does not answer is one line."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
         listed = httpx.get(base_url.rstrip("/") + "/models", headers=headers, timeout=5.0)
@@ -237,7 +238,7 @@ def reach_upstream(base_url: str, ref: ModelRef | None, api_key: str | None = No
     except ValueError:
         entries = []
     served = frozenset(e["id"] for e in entries if isinstance(e, dict) and isinstance(e.get("id"), str))
-    loader = local_tokenizer_loader(ref)
+    loader = local_tokenizer_loader(ref) if tokenizer else None
     return Upstream(base_url=base_url.rstrip("/"), model_field=ref.location if ref else SERVER_DEFAULT_MODEL,
                     model_id=ref.id if ref else "the server's model", api_key=api_key,
                     tokenizer=loader() if loader else None,

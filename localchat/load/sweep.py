@@ -232,13 +232,14 @@ class Target:
         return self
 
     def _launch_gateway(self) -> None:
+        from localchat.gateway.routes import FixedRoute
         from localchat.gateway.serving import serve_gateway
         from localchat.gateway.upstream import reach_upstream
         from localchat.server.launch import free_port
 
         upstream = reach_upstream(self.base_url, self.ref, timeout_s=self.opts.timeout_s)
-        self.gateway = serve_gateway(upstream, "127.0.0.1", free_port(), (self.opts.api,), None, log=lambda _: None,
-                                     on_poll=self.on_status)
+        self.gateway = serve_gateway(FixedRoute(upstream), "127.0.0.1", free_port(), (self.opts.api,), None,
+                                     log=lambda _: None, on_poll=self.on_status, model=upstream.model_field)
         self.base_url = self.gateway.url + "/v1"
 
     def __exit__(self, *exc: Any) -> None:

@@ -143,6 +143,7 @@ class ModelPool:
     def _load(self, model: ServedModel) -> None:
         """Start ``model``'s child (in the loader thread) and count this request in flight. A load
         that fails is a 503 with the child's own line."""
+        started = time.perf_counter()
         try:
             server, upstream = self._loader.submit(self.launcher, model).result()
             if self._closing.is_set():
@@ -159,7 +160,7 @@ class ModelPool:
             model.loaded_at, model.loads, model.in_flight = time.time(), model.loads + 1, model.in_flight + 1
             model.last_used, model.drain_until = time.monotonic(), 0.0
             self._changed.notify_all()
-        self.log(f"loaded {model.key} in {server.load_s:.1f}s (pid {server.process.pid}, "
+        self.log(f"loaded {model.key} in {time.perf_counter() - started:.1f}s (pid {server.process.pid}, "
                  f"estimate {gb(model.estimate)}{self._budget_words()})")
         return True
 
@@ -285,4 +286,5 @@ def _row(model: ServedModel, now: float) -> dict[str, Any]:
     pid = model.server.process.pid if model.server is not None else None
     return {"model": model.key, "state": model.state, "memory_bytes": model.estimate, "expires_in_s": expires,
             "in_flight": model.in_flight, "pid": pid, "pinned": model.pinned, "loaded_at": model.loaded_at,
-            "log": str(model.server.log_path) if model.server is not None else None}
+            "log": str(model.server.log_path) if model.server is not None else None,
+            "engine_url": model.server.base_url if model.server is not None else None}

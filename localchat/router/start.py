@@ -64,10 +64,12 @@ def remote_model(text: str, taken: set[str]) -> ServedModel:
     return ServedModel(key=name, names=frozenset({name}), remote=upstream)
 
 
-def engine_launcher(first: str, port: int, first_log: Path, extra: tuple[str, ...], plain: bool) -> Launcher:
+def engine_launcher(first: str, port: int, first_log: Path, extra: tuple[str, ...], plain: bool,
+                    tokenizers: bool) -> Launcher:
     """How the router starts one model's engine: our enforcing mlx_lm.server (mlx_vlm.server for a
     picture model) on a free loopback port, ready when a 1-token completion succeeds. Admission has
-    judged its memory already, so its own fit check is not asked again."""
+    judged its memory already, so its own fit check is not asked again. The front loads the model's
+    tokenizer only for the gateway's APIs (``tokenizers``): chat completions are passed through."""
 
     def launch(model: ServedModel) -> tuple[RunningServer, Upstream]:
         assert model.ref is not None
@@ -75,7 +77,7 @@ def engine_launcher(first: str, port: int, first_log: Path, extra: tuple[str, ..
         server = start_ready(model.ref, port=free_port(), log=log, extra=extra, fit=FitSettings(force=True),
                              plain=plain)
         try:
-            return server, reach_upstream(server.base_url, model.ref)
+            return server, reach_upstream(server.base_url, model.ref, tokenizer=tokenizers)
         except (LocalchatError, OSError):
             server.stop()
             raise

@@ -1,0 +1,191 @@
+"""What serving several models on one port costs: the front's hop against its engine child, a cold
+load by model, the memory of the whole process tree as models come and go, and users spread over
+two models that do not both fit (what swapping costs).
+
+    uv run python scripts/bench_router.py [--rounds 8] [--tokens 48] [--requests 6]
+
+1. **Hop.** ``serve -m smollm2``; the same streaming request straight to the engine child (its URL
+   from ``/localchat/ps``) and through the front, alternating, each with a fresh prefix of the same
+   length. Printed: medians, and the median of each round's difference (TTFT) and ratio (decode).
+   Targets: TTFT ≤ +10 ms, decode ≥ 0.99×.
+2. **Cold loads.** ``serve -m demo -m demo-tools -m smollm2``: each other model's first request
+   (the load is in its TTFT) against its second; the front's own "loaded … in" figure.
+3. **Memory.** The resident memory of the front and every child (``/proc``), with nothing loaded
+   (after the first model's idle unload), one model, two, and after the idle unload. Target: back
+   within 50 MB of the empty front.
+4. **Swapping.** Two users on demo and two on demo-tools, ``--requests`` each, under a budget that
+   holds one (``--memory-limit 50MB``) and one that holds both: TTFT percentiles and the swaps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+from localchat.environment import collect
+from localchat.processes import resident_bytes
+from localchat.server.launch import free_port
+
+PROMPT = "Write a short paragraph about the sea, the wind and a small boat."
+HELLO = "Remember the code harbor 17. Reply only OK."
+
+
+class Serve:
+    def __init__(self, home: Path, *args: str):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = home / f"front-{self.port}.log"
+        home.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen([sys.executable, "-m", "localchat", "serve", "--port", str(self.port), *args],
+                                     stdout=subprocess.PIPE, stderr=self.log_path.open("w"), text=True,
+                                     env=os.environ | {"LOCALCHAT_HOME": str(home)})
+        for line in self.proc.stdout:
+            if "Ctrl+C stops the server" in line:
+                break
+
+    def held(self) -> list[dict]:
+        return httpx.get(self.url + "/localchat/ps", timeout=10).json()["models"]
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def tree_bytes(self) -> int:
+        pids = [self.proc.pid, *(row["pid"] for row in self.held() if row["pid"])]
+        return sum(resident_bytes(pid) or 0 for pid in pids)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(60)
+
+
+def streamed(base_url: str, model: str, prompt: str, max_tokens: int) -> tuple[float, float]:
+    """(TTFT s, decode tok/s) as a client times them: to the first text, then over the text."""
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+            "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}
+    started, first, last, tokens = time.perf_counter(), None, None, 0
+    with httpx.stream("POST", base_url + "/chat/completions", json=body, timeout=300) as response:
+        for line in response.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+            if chunk.get("choices") and chunk["choices"][0]["delta"].get("content"):
+                last = time.perf_counter()
+                first = first or last
+    rate = (tokens - 1) / (last - first) if first and last and last > first else float("nan")
+    return (first or time.perf_counter()) - started, rate
+
+
+def hop(home: Path, rounds: int, tokens: int) -> None:
+    serve = Serve(home / "hop", "-m", "smollm2", "--keep-alive", "never")
+    try:
+        engine = serve.held()[0]["engine_url"]
+        arms = {"direct": engine, "front": serve.url + "/v1"}
+        names = {"direct": "default_model", "front": "smollm2"}  # (the engine knows its model by that name)
+        for name, url in arms.items():
+            print(f"  warm-up {name}: {streamed(url, names[name], f'[warm-up {name}] {PROMPT}', tokens)}")
+        runs: dict[str, list[tuple[float, float]]] = {name: [] for name in arms}
+        for i in range(rounds):
+            for j, name in enumerate(list(arms)[i % 2:] + list(arms)[:i % 2]):
+                runs[name].append(streamed(arms[name], names[name], f"[{i:02d}-{j}] {PROMPT}", tokens))
+    finally:
+        serve.stop()
+    pairs = list(zip(runs["direct"], runs["front"]))
+    delta = statistics.median(f[0] - d[0] for d, f in pairs) * 1e3
+    ratio = statistics.median(f[1] / d[1] for d, f in pairs if f[1] == f[1] and d[1] == d[1])
+    print(f"\n1. the front's hop (smollm2, {rounds} rounds, {tokens} tokens, streaming)")
+    for name, timings in runs.items():
+        print(f"  {name:<7} TTFT {statistics.median(t for t, _ in timings) * 1e3:7.1f} ms · "
+              f"{statistics.median(r for _, r in timings if r == r):6.1f} tok/s")
+    ok = delta <= 10 and ratio >= 0.99
+    print(f"  front − direct: TTFT {delta:+.1f} ms · decode {ratio:.3f}×  ({'met' if ok else 'NOT met'}: "
+          "≤ +10 ms, ≥ 0.99×)")
+
+
+def cold_loads_and_memory(home: Path) -> None:
+    serve = Serve(home / "cold", "-m", "demo", "-m", "demo-tools", "-m", "smollm2", "--keep-alive", "10s")
+    try:
+        print("\n2. cold loads (the first request's TTFT includes the load) · 3. the process tree's memory")
+        deadline = time.monotonic() + 30
+        while serve.held() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        empty = serve.tree_bytes()
+        print(f"  nothing loaded: {empty / 1e6:7.1f} MB (the front alone)")
+        for model in ("demo-tools", "smollm2"):
+            cold = streamed(serve.url + "/v1", model, HELLO, 8)[0]
+            warm = streamed(serve.url + "/v1", model, HELLO + " ", 8)[0]
+            line = next(line for line in serve.log().splitlines() if f"loaded {model} in" in line)
+            print(f"  {model:<11} cold TTFT {cold:6.2f} s · warm {warm * 1e3:6.1f} ms · front: {line.strip()}")
+            print(f"    held: {', '.join(r['model'] for r in serve.held())} · tree {serve.tree_bytes() / 1e6:7.1f} MB")
+        deadline = time.monotonic() + 30
+        while serve.held() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        after = serve.tree_bytes()
+        ok = after - empty <= 50e6
+        print(f"  after the idle unload: {after / 1e6:7.1f} MB ({(after - empty) / 1e6:+.1f} MB against empty: "
+              f"{'met' if ok else 'NOT met'}, ≤ 50 MB)")
+    finally:
+        serve.stop()
+
+
+def swapping(home: Path, requests: int, limit: str | None) -> None:
+    args = ["-m", "demo", "-m", "demo-tools", *(["--memory-limit", limit] if limit else [])]
+    serve = Serve(home / f"swap-{limit}", *args)
+    ttfts: dict[str, list[float]] = {"demo": [], "demo-tools": []}
+    errors: list[str] = []
+
+    def user(model: str, k: int) -> None:
+        for i in range(requests):
+            try:
+                ttfts[model].append(streamed(serve.url + "/v1", model, f"[{k}-{i}] {HELLO}", 8)[0])
+            except httpx.HTTPError as exc:
+                errors.append(type(exc).__name__)
+
+    try:
+        users = [threading.Thread(target=user, args=(m, k)) for k, m in enumerate(["demo", "demo-tools"] * 2)]
+        started = time.perf_counter()
+        for thread in users:
+            thread.start()
+        for thread in users:
+            thread.join()
+        took = time.perf_counter() - started
+        swaps = serve.log().count("to make room")
+    finally:
+        serve.stop()
+    every = sorted(t for ts in ttfts.values() for t in ts)
+    q = statistics.quantiles(every, n=20) if len(every) > 1 else every * 19
+    print(f"  budget {limit or 'for both':>9}: {len(every)} replies in {took:5.1f}s · TTFT p50 {q[9] * 1e3:7.1f} ms · "
+          f"p95 {q[18] * 1e3:7.1f} ms · max {every[-1] * 1e3:7.1f} ms · {swaps} unloads to make room · "
+          f"{len(errors)} errors")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--tokens", type=int, default=48)
+    parser.add_argument("--requests", type=int, default=6)
+    args = parser.parse_args()
+    env = collect()
+    print(f"hardware: {env.hardware_label} · mlx {env.mlx_version} · mlx-lm {env.mlx_lm_version}")
+    home = Path(tempfile.mkdtemp(prefix="bench-router-"))
+    hop(home, args.rounds, args.tokens)
+    cold_loads_and_memory(home)
+    print(f"\n4. two users on demo, two on demo-tools, {args.requests} requests each")
+    swapping(home, args.requests, None)
+    swapping(home, args.requests, "50MB")
+    print(f"logs: {home}")
+
+
+if __name__ == "__main__":
+    main()
