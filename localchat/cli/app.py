@@ -34,6 +34,8 @@ from localchat.cli.serve_options import (
     HostfileOpt,
     KeepAliveOpt,
     PinOpt,
+    PromptCacheDirOpt,
+    PromptCacheDiskOpt,
     RanksOpt,
     ServeModelsOpt,
     SmokeApiOpt,
@@ -115,6 +117,8 @@ def serve(
     allow_download: AllowDownloadOpt = False,
     plain: Annotated[bool, typer.Option("--plain", help="Run mlx_lm.server as it is: response_format and "
                                         "tool_choice are then not enforced (for comparison).")] = False,
+    prompt_cache_disk: PromptCacheDiskOpt = "10GB",
+    prompt_cache_dir: PromptCacheDirOpt = None,
 ) -> None:
     """Serve models on one port by name (-m repeatable): the first loaded now, the others when first
     asked for, each within the memory budget and unloaded when idle; response_format and tool_choice
@@ -125,7 +129,8 @@ def serve(
     asked = ServeRequest(models=tuple(model or ()), host=host, port=port, log=log, extra=tuple(ctx.args),
                          apis=api or (), api_key=api_key, origins=allow_origin, keep_alive=keep_alive,
                          pins=tuple(pin or ()), upstreams=tuple(upstream or ()), memory_limit=memory_limit,
-                         force=force, plain=plain)
+                         force=force, plain=plain, prompt_cache_dir=prompt_cache_dir,
+                         prompt_cache_disk=prompt_cache_disk)
     run("localchat.cli.serving:run_serve", asked=asked, console=out_console(), err=err_console(), smoke=smoke,
         every=every, ranks=ranks_of(ranks, hostfile, distributed_backend, pipeline), dry_run=dry_run,
         allow_download=allow_download)

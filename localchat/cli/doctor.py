@@ -94,6 +94,14 @@ def budget_text() -> str:
     return f"{gb(budget.bytes)} ({budget.source}; memory_limit in config.yaml or --memory-limit to keep room)"
 
 
+def prompt_cache_text() -> str:
+    """serve's disk tier in its default place: its size and how often it was read."""
+    from localchat.store.prompt_files import PromptFiles, default_root
+
+    files = PromptFiles(default_root())
+    return f"{_size(files.total_bytes())} on disk, {files.hits()} served from disk ({files.root})"
+
+
 def run_doctor(console: Console, base_url: str) -> None:
     from huggingface_hub import constants
 
@@ -110,5 +118,6 @@ def run_doctor(console: Console, base_url: str) -> None:
     table.add_row("memory budget", budget_text())
     table.add_row("HF offline", os.environ.get("HF_HUB_OFFLINE", "unset") + " (localchat sets 1 unless --allow-download)")
     table.add_row("server", server_answers(base_url))
+    table.add_row("prompt caches", prompt_cache_text())
     console.print(table)
     show_model_list(console)

@@ -148,6 +148,10 @@ def remove_entries(*, console: Console, key: str | None, older_than: str | None,
     files = cache_files()
     if key is None and not yes:
         _confirm_bulk(console, older_than)
+    if everything and not default_store().path.exists():
+        freed = remove_prompt_caches()
+        console.print(f"no conversations kept yet; serve's prompt caches on disk removed ({freed / 1e6:.1f} MB)")
+        return
     with _store().connect(write=True) as conn:
         if key is not None:
             uid = log.conversation_of(conn, key)
@@ -168,7 +172,16 @@ def remove_entries(*, console: Console, key: str | None, older_than: str | None,
                     files.remove(cache)
                 except Exception:  # noqa: BLE001 - a cache that cannot go is only a prefix cache
                     pass
-    console.print(f"removed {count(len(uids), 'conversation')} ({count(turns, 'logged turn')})")
+    freed = remove_prompt_caches() if everything else 0
+    also = f"; serve's prompt caches on disk too ({freed / 1e6:.1f} MB)" if freed else ""
+    console.print(f"removed {count(len(uids), 'conversation')} ({count(turns, 'logged turn')}){also}")
+
+
+def remove_prompt_caches() -> int:
+    """``log rm --all`` forgets what serve kept of conversations too: its prompt caches on disk."""
+    from localchat.store.prompt_files import PromptFiles, default_root
+
+    return PromptFiles(default_root()).remove_all()
 
 
 def _confirm_bulk(console: Console, older_than: str | None) -> None:

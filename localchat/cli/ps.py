@@ -47,7 +47,16 @@ def run_ps(*, base_url: str, api_key: str | None, as_json: bool, console: Consol
         return 0
     if not rows:
         console.print(f"no model loaded (serving {', '.join(map(str, held.get('served', [])))})", markup=False)
-        return 0
+    else:
+        show_rows(console, rows, held)
+    disk = held.get("prompt_cache")
+    if isinstance(disk, dict) and isinstance(disk.get("bytes"), int) and isinstance(disk.get("max_bytes"), int):
+        console.print(f"prompt caches on disk: {gb(disk['bytes'])} of {gb(disk['max_bytes'])}, {disk.get('hits')} "
+                      f"served from disk ({disk.get('dir')})", style="dim", markup=False)
+    return 0
+
+
+def show_rows(console: Console, rows: list[dict[str, Any]], held: dict[str, Any]) -> None:
     table = Table("model", "state", "estimate", "resident", "since", "expires in", "in flight", "pid")
     for row in rows:
         table.add_row(escape(str(row.get("model"))), str(row.get("state")), _size(row.get("memory_bytes")),
@@ -59,7 +68,6 @@ def run_ps(*, base_url: str, api_key: str | None, as_json: bool, console: Consol
         total = sum(r.get("memory_bytes") or 0 for r in rows)
         console.print(f"{gb(total)} estimated of {gb(held['budget_bytes'])} ({held.get('budget_source')})",
                       style="dim", markup=False)
-    return 0
 
 
 def _size(value: Any) -> str:

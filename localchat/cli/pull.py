@@ -7,6 +7,7 @@ that cannot fit or a download larger than the free disk is refused there (``--fo
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from rich.console import Console
@@ -122,8 +123,23 @@ def run_rm(*, model: str, yes: bool, console: Console) -> None:
         if answer.strip().lower() not in ("y", "yes"):
             console.print("kept", style="dim")
             return
+    cached = prompt_caches_of(ref)
     strategy.execute()
-    console.print(f"removed {ref.location}: {gb(strategy.expected_freed_size)} freed", markup=False)
+    freed = cached()
+    also = f" (and {gb(freed)} of serve's prompt caches)" if freed else ""
+    console.print(f"removed {ref.location}: {gb(strategy.expected_freed_size)} freed{also}", markup=False)
+
+
+def prompt_caches_of(ref: ModelRef) -> Callable[[], int]:
+    """What removes serve's prompt caches of ``ref``'s weights (found by their fingerprint, taken
+    now, before the weights go); it returns the bytes freed."""
+    from localchat.backends.saved_cache import model_fingerprint
+    from localchat.registry import hub_snapshot
+    from localchat.store.prompt_files import PromptFiles, default_root
+
+    snapshot = hub_snapshot(ref.location)
+    weights = model_fingerprint(snapshot) if snapshot is not None else None
+    return lambda: PromptFiles(default_root()).remove_model(weights) if weights else 0
 
 
 def fetch_missing(ref: ModelRef, settings: FitSettings, err: Console) -> None:

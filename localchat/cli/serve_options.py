@@ -115,3 +115,20 @@ PinOpt = Annotated[Optional[list[str]], typer.Option(metavar="MODEL", show_defau
 UpstreamOpt = Annotated[Optional[list[str]], typer.Option(metavar="NAME=URL", show_default=False,
                                                           help="Also route NAME to a server elsewhere (another serve, "
                                                                "mlx_lm.server, llama-server, ollama), never loaded here.")]
+
+
+def check_disk_size(value: str) -> int:
+    from localchat.errors import UsageError
+    from localchat.store.kv_files import parse_size
+
+    try:
+        return parse_size(value)
+    except UsageError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
+PromptCacheDiskOpt = Annotated[str, typer.Option(metavar="SIZE", callback=check_disk_size, help="The disk the prompt caches of every served model "
+                                                 "may take together (e.g. 10GB; 0: none are kept on disk).")]
+PromptCacheDirOpt = Annotated[Optional[Path], typer.Option(metavar="DIR", show_default=False, help="Where the prompt "
+                                                           "caches go [default: prompt-cache/ in the localchat data "
+                                                           "directory].")]

@@ -37,6 +37,7 @@ from localchat.server.launch import (
     serves_vision,
     start_ready,
 )
+from localchat.store.prompt_files import DEFAULT_MAX_BYTES
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,8 @@ class ServeRequest:
     memory_limit: int | None = None
     force: bool = False
     plain: bool = False
+    prompt_cache_dir: Path | None = None
+    prompt_cache_disk: int = DEFAULT_MAX_BYTES
 
 
 def run_serve(*, asked: ServeRequest, console: Console, err: Console, smoke: bool = False, every: bool = False,
@@ -100,6 +103,7 @@ def run_router(names: list[str], asked: ServeRequest, fit: FitSettings, smoke: b
     from localchat.router.keep_alive import parse_keep_alive
     from localchat.router.pool import ModelPool
     from localchat.router.start import engine_launcher, served_models
+    from localchat.store.prompt_files import engine_env
 
     keep_alive = parse_keep_alive(asked.keep_alive)
     if not port_is_free(asked.host, asked.port):
@@ -108,16 +112,17 @@ def run_router(names: list[str], asked: ServeRequest, fit: FitSettings, smoke: b
     check_public(asked.host, asked.port, asked.api_key, err)
     models = served_models(names, list(asked.pins), list(asked.upstreams), fit)
     first, log_path = models[0], asked.log or default_log(asked.port)
-    launcher = engine_launcher(first.key, asked.port, log_path, asked.extra, asked.plain, bool(asked.apis))
+    env = engine_env(asked.prompt_cache_dir, asked.prompt_cache_disk)
+    launcher = engine_launcher(first.key, asked.port, log_path, asked.extra, asked.plain, bool(asked.apis), env)
     pool = ModelPool(models, launcher,
                      budget=machine_budget(asked.memory_limit), keep_alive=keep_alive, force=asked.force,
-                     log=logger(err))
+                     log=logger(err), prompt_files=prompt_files_of(asked))
     terminated = raise_on_sigterm()
     running = None
     try:
         with console.status("starting mlx_lm.server …") as status, shown_log_on_failure(console):
             server = start_ready(first.ref, port=free_port(), log=log_path, extra=asked.extra, fit=fit,
-                                 on_poll=heeding(terminated, status.update), plain=asked.plain)
+                                 on_poll=heeding(terminated, status.update), plain=asked.plain, env=env)
             pool.load_at_start(first, server, reach_upstream(server.base_url, first.ref, tokenizer=bool(asked.apis)))
             for pinned in (m for m in models[1:] if m.pinned):
                 status.update(f"loading {pinned.key} (pinned) …")
@@ -140,6 +145,15 @@ def run_router(names: list[str], asked: ServeRequest, fit: FitSettings, smoke: b
             running.stop()
         pool.close()
         console.print("server stopped", style="dim")
+
+
+def prompt_files_of(asked: ServeRequest):
+    """The disk tier serve keeps (None with ``--prompt-cache-disk 0``)."""
+    from localchat.store.prompt_files import PromptFiles, default_root
+
+    if asked.prompt_cache_disk <= 0:
+        return None
+    return PromptFiles(asked.prompt_cache_dir or default_root(), asked.prompt_cache_disk)
 
 
 def show_ready(console: Console, url: str, models: list, server: RunningServer, log_path: Path,

@@ -25,6 +25,7 @@ from localchat.gateway.upstream import SERVER_DEFAULT_MODEL, Upstream
 from localchat.router.admission import Resident, admit
 from localchat.router.keep_alive import parse_keep_alive, shown
 from localchat.router.served import LOADED, LOADING, UNLOADED, UNLOADING, ServedModel
+from localchat.store.prompt_files import PromptFiles
 
 REAP_S = 0.25  # how often idle and ended children are looked for
 ADMISSION_WAIT_S = 60.0  # how long a load waits for busy models to go idle before its 503
@@ -46,6 +47,7 @@ class ModelPool:
     keep_alive: float | None = 300.0  # --keep-alive
     force: bool = False
     log: Callable[[str], None] = lambda _: None
+    prompt_files: PromptFiles | None = None  # the disk tier of prompt caches, when serve keeps one
     _changed: threading.Condition = field(default_factory=threading.Condition)
     _loader: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, "engine-loader"))
     _closing: threading.Event = field(default_factory=threading.Event)
@@ -274,7 +276,10 @@ class ModelPool:
             rows = [_row(m, now) for m in held]
         for row in rows:
             row["resident_bytes"] = resident_bytes(row["pid"]) if row["pid"] else None
-        return {"models": rows, "served": self.model_ids(),
+        files = self.prompt_files
+        disk = {"dir": str(files.root), "bytes": files.total_bytes(), "max_bytes": files.max_bytes,
+                "hits": files.hits()} if files is not None else None
+        return {"models": rows, "served": self.model_ids(), "prompt_cache": disk,
                 "budget_bytes": self.budget.bytes if self.budget else None,
                 "budget_source": self.budget.source if self.budget else None}
 

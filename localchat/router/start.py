@@ -65,7 +65,7 @@ def remote_model(text: str, taken: set[str]) -> ServedModel:
 
 
 def engine_launcher(first: str, port: int, first_log: Path, extra: tuple[str, ...], plain: bool,
-                    tokenizers: bool) -> Launcher:
+                    tokenizers: bool, env: dict[str, str]) -> Launcher:
     """How the router starts one model's engine: our enforcing mlx_lm.server (mlx_vlm.server for a
     picture model) on a free loopback port, ready when a 1-token completion succeeds. Admission has
     judged its memory already, so its own fit check is not asked again. The front loads the model's
@@ -75,7 +75,7 @@ def engine_launcher(first: str, port: int, first_log: Path, extra: tuple[str, ..
         assert model.ref is not None
         log = first_log if model.key == first else log_beside(first_log, port, model.key)
         server = start_ready(model.ref, port=free_port(), log=log, extra=extra, fit=FitSettings(force=True),
-                             plain=plain)
+                             plain=plain, env=env)
         try:
             return server, reach_upstream(server.base_url, model.ref, tokenizer=tokenizers)
         except (LocalchatError, OSError):

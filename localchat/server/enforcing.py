@@ -168,8 +168,12 @@ def install(server: Any) -> None:
             handler_class=Handler) -> None:
         import mlx.core as mx
 
+        from localchat.server.prompt_disk import disk_tier, tiered
+
         group = mx.distributed.init()
-        response_generator = Generator(model_provider, server.LRUPromptCache(model_provider.cli_args.prompt_cache_size))
+        disk = disk_tier(model_provider.cli_args) if group.size() == 1 else None  # (ranks hold shards of it)
+        cache = tiered(server.LRUPromptCache, disk)(model_provider.cli_args.prompt_cache_size)
+        response_generator = Generator(model_provider, cache)
         if group.rank() == 0:
             server._run_http_server(host, port, response_generator, server_class, handler_class)
         else:

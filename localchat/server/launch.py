@@ -124,7 +124,7 @@ def server_command(model_location: str, host: str, port: int, extra_args: tuple[
 
 def launch(model_location: str, *, host: str = "127.0.0.1", port: int = 8080, log_path: Path,
            extra_args: tuple[str, ...] = (), ranks: Ranks | None = None, plain: bool = False,
-           vision: bool = False) -> RunningServer:
+           vision: bool = False, env: dict[str, str] | None = None) -> RunningServer:
     """Start the child (not yet ready: see ``wait_ready``)."""
     if not port_is_free(host, port):
         raise ServerStartError(f"port {port} on {host} is busy: stop what is using it, or pick "
@@ -133,7 +133,7 @@ def launch(model_location: str, *, host: str = "127.0.0.1", port: int = 8080, lo
     ensure_hub_cache()
     with open_log(log_path) as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   env=server_env(distributed=ranks is not None),
+                                   env=server_env(distributed=ranks is not None) | (env or {}),
                                    start_new_session=True, preexec_fn=child_preexec())
     return RunningServer(process, host, port, model_location, log_path)
 
@@ -257,7 +257,8 @@ def serves_vision(ref: ModelRef, ranks: Ranks | None = None) -> bool:
 
 def start_ready(ref: ModelRef, *, host: str = "127.0.0.1", port: int, log: Path | None = None,
                 extra: tuple[str, ...] = (), on_poll: Callable[[str], None] = lambda _: None,
-                ranks: Ranks | None = None, fit: FitSettings | None = None, plain: bool = False) -> RunningServer:
+                ranks: Ranks | None = None, fit: FitSettings | None = None, plain: bool = False,
+                env: dict[str, str] | None = None) -> RunningServer:
     """Launch mlx_lm.server for ``ref`` (on ``ranks``, when given) and wait until a completion
     succeeds through rank 0; ``on_poll`` hears what it is waiting for (a spinner shows it). The
     child, every rank of it, is stopped if anything goes wrong. A model that does not fit this
@@ -268,7 +269,7 @@ def start_ready(ref: ModelRef, *, host: str = "127.0.0.1", port: int, log: Path 
     if ranks is not None:
         check_ranks(ranks, model_dir)
     server = launch(ref.location, host=host, port=port, log_path=log or default_log(port), extra_args=extra,
-                    ranks=ranks, plain=plain, vision=vision)
+                    ranks=ranks, plain=plain, vision=vision, env=env)
     where = f" on {ranks.size} ranks ({ranks.backend})" if ranks is not None else ""
     name = "mlx_vlm.server" if vision else "mlx_lm.server"
     try:

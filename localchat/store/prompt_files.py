@@ -1,0 +1,203 @@
+"""The files of serve's disk tier of prompt caches: one directory per model identity (a
+fingerprint of its weights and the KV settings), one file per cached prefix, named by the hash of
+its token ids; a bound on all of them together, least recently used out first.
+
+Everything here reads and writes files only (no mlx): the engine's tier (``server.prompt_disk``)
+says what goes in a file; ``ps``, ``doctor``, ``rm`` and ``log rm --all`` read or clear them.
+Directories are 0700, files 0600; a file is written under ``writing/`` and renamed into place, so a
+kill mid-write leaves no file that loads (and the next start removes what it left).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import stat
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from localchat.files import private_dirs
+from localchat.store.kv_files import SUFFIX, parse_size, read_metadata
+
+DIR_NAME = "prompt-cache"
+TEMP_DIR = "writing"
+HITS_FILE = "hits.json"
+WEIGHTS_FILE = "weights.json"
+DEFAULT_MAX_BYTES = 10 * 1024**3
+MIN_TOKENS = 256  # a shorter prefix prefills in well under a second: not worth a file
+FORMAT = "localchat-prompt-1"
+CACHE_DIR_ENV = "LOCALCHAT_PROMPT_CACHE_DIR"
+CACHE_DISK_ENV = "LOCALCHAT_PROMPT_CACHE_DISK"
+
+
+@dataclass(frozen=True)
+class Stored:
+    """A prefix on disk: its file, token ids, size and when it was last used."""
+
+    path: Path
+    tokens: tuple[int, ...]
+    size: int
+    used: float
+
+
+def tokens_name(tokens: list[int] | tuple[int, ...]) -> str:
+    return hashlib.sha256(json.dumps(list(tokens)).encode()).hexdigest()[:40]
+
+
+def identity(fingerprint: str, settings: dict[str, object]) -> str:
+    """The directory of one model's caches: its weights' fingerprint and the KV settings."""
+    text = json.dumps({"model": fingerprint, **settings}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def default_root() -> Path:
+    from localchat.store.home import home_dir
+
+    return home_dir() / DIR_NAME
+
+
+def root_from_env() -> tuple[Path, int]:
+    """The directory and the bound ``serve`` gave its engine; an engine started otherwise (``load
+    --launch``, the tests' servers) has the bound 0: no disk tier."""
+    root = os.environ.get(CACHE_DIR_ENV)
+    return (Path(root) if root else default_root()), parse_size(os.environ.get(CACHE_DISK_ENV, "0"))
+
+
+def engine_env(root: Path | None, bound: int) -> dict[str, str]:
+    """What ``serve`` tells its engine children of the tier."""
+    return {CACHE_DIR_ENV: str(root or default_root()), CACHE_DISK_ENV: str(bound)}
+
+
+@dataclass(frozen=True)
+class PromptFiles:
+    root: Path
+    max_bytes: int = DEFAULT_MAX_BYTES
+
+    def model_dir(self, key: str) -> Path:
+        return self.root / key
+
+    def prepare(self, key: str, weights: str) -> Path:
+        """The model's directory and the one writes go through, owner-only, with the fingerprint of
+        the weights it is for (``remove_model`` finds it by that); what a dead write left there is
+        removed. A link or a file in their place is refused, never followed."""
+        directory = self.model_dir(key)
+        for path in (self.root, directory, directory / TEMP_DIR):
+            with contextlib.suppress(FileNotFoundError):
+                mode = os.lstat(path).st_mode
+                if stat.S_ISLNK(mode) or not stat.S_ISDIR(mode):
+                    raise OSError(f"{path} is not a directory of its own (a link or a file): remove it")
+        private_dirs(directory / TEMP_DIR)
+        for path in (self.root, directory):
+            os.chmod(path, 0o700)
+        for left in (directory / TEMP_DIR).iterdir():
+            with contextlib.suppress(OSError):
+                left.unlink()
+        self._write_json(directory / WEIGHTS_FILE, {"weights": weights})
+        return directory
+
+    def _write_json(self, path: Path, value: dict) -> None:
+        temp = path.parent / TEMP_DIR / f"{path.name}.{os.getpid()}.{time.monotonic_ns()}"
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(value, f)
+        os.replace(temp, path)
+
+    def stored(self, key: str) -> tuple[list[Stored], list[str]]:
+        """The model's prefixes on disk, and a line for each file that cannot be one of them."""
+        found, ignored = [], []
+        directory = self.model_dir(key)
+        for path in sorted(directory.glob(f"*{SUFFIX}")) if directory.is_dir() else []:
+            try:
+                info = os.lstat(path)
+                if not stat.S_ISREG(info.st_mode):
+                    raise ValueError("it is not a regular file")
+                meta = read_metadata(path)
+                tokens = tuple(json.loads(meta.get("tokens", "null")) or ())
+                if meta.get("format") != FORMAT or meta.get("identity") != key:
+                    raise ValueError("it was written for another model or KV setting")
+                if not tokens or tokens_name(tokens) != path.name[:-len(SUFFIX)]:
+                    raise ValueError("its token ids do not match its name")
+            except (OSError, ValueError, TypeError) as exc:
+                ignored.append(f"{path.name}: {exc}")
+                continue
+            found.append(Stored(path=path, tokens=tokens, size=info.st_size, used=info.st_mtime))
+        return found, ignored
+
+    def temp_path(self, key: str, name: str) -> Path:
+        return self.model_dir(key) / TEMP_DIR / f"{name}.{os.getpid()}.{time.monotonic_ns()}{SUFFIX}"
+
+    def place(self, temp: Path, key: str, name: str) -> Path:
+        """A whole file renamed into place (atomic on one file system), 0600."""
+        os.chmod(temp, 0o600)
+        final = self.model_dir(key) / f"{name}{SUFFIX}"
+        os.replace(temp, final)
+        return final
+
+    def touch(self, path: Path) -> None:
+        """A file just used: the last to go."""
+        with contextlib.suppress(OSError):
+            os.utime(path)
+
+    def evict(self, keep: Path | None = None) -> list[Path]:
+        """The least recently used files, every model's, removed until the total is within the bound
+        (``keep``, the one just written, last). Returns what was removed."""
+        entries = []
+        for path in self.root.glob(f"*/*{SUFFIX}") if self.root.is_dir() else []:
+            with contextlib.suppress(OSError):
+                info = os.lstat(path)
+                entries.append((path == keep, info.st_mtime, info.st_size, path))
+        total, removed = sum(e[2] for e in entries), []
+        for _, _, size, path in sorted(entries):
+            if total <= self.max_bytes:
+                break
+            with contextlib.suppress(OSError):
+                path.unlink()
+                removed.append(path)
+            total -= size
+        return removed
+
+    def total_bytes(self) -> int:
+        return sum(p.stat().st_size for p in self.root.glob(f"*/*{SUFFIX}")) if self.root.is_dir() else 0
+
+    def hits(self) -> int:
+        """Prefixes served from disk, every model's, since the files were made."""
+        total = 0
+        for path in self.root.glob(f"*/{HITS_FILE}") if self.root.is_dir() else []:
+            with contextlib.suppress(OSError, ValueError, TypeError):
+                total += int(json.loads(path.read_text()).get("hits", 0))
+        return total
+
+    def count_hit(self, key: str) -> None:
+        path = self.model_dir(key) / HITS_FILE
+        try:
+            hits = int(json.loads(path.read_text()).get("hits", 0))
+        except (OSError, ValueError, TypeError, AttributeError):
+            hits = 0
+        with contextlib.suppress(OSError):
+            self._write_json(path, {"hits": hits + 1})
+
+    def remove_models(self, keys: list[str]) -> int:
+        """Every cache of these model identities; the bytes freed."""
+        freed = 0
+        for key in keys:
+            directory = self.model_dir(key)
+            if directory.is_dir() and not directory.is_symlink():
+                freed += sum(p.stat().st_size for p in directory.rglob("*") if p.is_file())
+                shutil.rmtree(directory, ignore_errors=True)
+        return freed
+
+    def remove_model(self, weights: str) -> int:
+        """Every cache of the model whose weights have this fingerprint, whatever its KV settings."""
+        keys = []
+        for path in self.root.glob(f"*/{WEIGHTS_FILE}") if self.root.is_dir() else []:
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                if json.loads(path.read_text()).get("weights") == weights:
+                    keys.append(path.parent.name)
+        return self.remove_models(keys)
+
+    def remove_all(self) -> int:
+        return self.remove_models([p.name for p in self.root.iterdir()] if self.root.is_dir() else [])
