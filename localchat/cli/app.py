@@ -42,6 +42,7 @@ from localchat.cli.serve_options import (
     UpstreamOpt,
     ranks_of,
 )
+from localchat.cli.tool_options import ApproveToolsOpt, McpOpt, ToolsOpt, tool_settings
 
 app = typer.Typer(
     name="localchat", cls=OneLineErrors, no_args_is_help=True, add_completion=False, rich_markup_mode=None,
@@ -119,6 +120,12 @@ def serve(
                                         "tool_choice are then not enforced (for comparison).")] = False,
     prompt_cache_disk: PromptCacheDiskOpt = "10GB",
     prompt_cache_dir: PromptCacheDirOpt = None,
+    open_page: Annotated[bool, typer.Option("--open", help="Open the chat page in the default browser.")] = False,
+    results: Annotated[Optional[Path], typer.Option(metavar="DIR", show_default=False, help="A bench or load --out "
+                                                    "directory whose plots the page shows.")] = None,
+    tools: ToolsOpt = None,
+    mcp: McpOpt = None,
+    approve_tools: ApproveToolsOpt = False,
 ) -> None:
     """Serve models on one port by name (-m repeatable): the first loaded now, the others when first
     asked for, each within the memory budget and unloaded when idle; response_format and tool_choice
@@ -130,7 +137,9 @@ def serve(
                          apis=api or (), api_key=api_key, origins=allow_origin, keep_alive=keep_alive,
                          pins=tuple(pin or ()), upstreams=tuple(upstream or ()), memory_limit=memory_limit,
                          force=force, plain=plain, prompt_cache_dir=prompt_cache_dir,
-                         prompt_cache_disk=prompt_cache_disk)
+                         prompt_cache_disk=prompt_cache_disk, open_page=open_page, results=results,
+                         tools=tool_settings(files=tools, mcp=mcp, mcp_only=None, approve=approve_tools,
+                                             timeout_s=None))
     run("localchat.cli.serving:run_serve", asked=asked, console=out_console(), err=err_console(), smoke=smoke,
         every=every, ranks=ranks_of(ranks, hostfile, distributed_backend, pipeline), dry_run=dry_run,
         allow_download=allow_download)

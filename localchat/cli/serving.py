@@ -7,6 +7,7 @@ import shlex
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -60,6 +61,9 @@ class ServeRequest:
     plain: bool = False
     prompt_cache_dir: Path | None = None
     prompt_cache_disk: int = DEFAULT_MAX_BYTES
+    tools: Any = None  # ToolSettings: what the page's conversations may call (approved in the page)
+    results: Path | None = None  # bench and load plots shown in the page
+    open_page: bool = False
 
 
 def run_serve(*, asked: ServeRequest, console: Console, err: Console, smoke: bool = False, every: bool = False,
@@ -118,7 +122,7 @@ def run_router(names: list[str], asked: ServeRequest, fit: FitSettings, smoke: b
                      budget=machine_budget(asked.memory_limit), keep_alive=keep_alive, force=asked.force,
                      log=logger(err), prompt_files=prompt_files_of(asked))
     terminated = raise_on_sigterm()
-    running = None
+    running = web = None
     try:
         with console.status("starting mlx_lm.server …") as status, shown_log_on_failure(console):
             server = start_ready(first.ref, port=free_port(), log=log_path, extra=asked.extra, fit=fit,
@@ -128,10 +132,15 @@ def run_router(names: list[str], asked: ServeRequest, fit: FitSettings, smoke: b
                 status.update(f"loading {pinned.key} (pinned) …")
                 pool.lease(pinned.key).release()
             status.update("starting the front …")
+            web = chat_page(pool, models, asked)
             running = serve_gateway(pool, asked.host, asked.port, asked.apis, asked.api_key, logger(err),
-                                    status.update, asked.origins, model=first.key)
+                                    status.update, asked.origins, model=first.key, web=web)
         pool.run_reaper()
         show_ready(console, running.url, models, server, log_path, asked, keep_alive)
+        if asked.open_page:
+            import webbrowser
+
+            webbrowser.open(running.url + "/")
         if smoke:
             return smoke_all(running.url + "/v1", first.ref, asked, console)
         while running.alive:
@@ -143,8 +152,38 @@ def run_router(names: list[str], asked: ServeRequest, fit: FitSettings, smoke: b
     finally:
         if running is not None:
             running.stop()
+        if web is not None:
+            web.chats.close()
         pool.close()
         console.print("server stopped", style="dim")
+
+
+def chat_page(pool: Any, models: list, asked: ServeRequest) -> Any:
+    """The page at ``/`` and its API: conversations of the log, their turns sent to this very port."""
+    from localchat.vision.support import is_vision
+    from localchat.web.api import WebApi
+    from localchat.web.chats import WebChats
+
+    host = "127.0.0.1" if asked.host in ("0.0.0.0", "localhost") else "[::1]" if asked.host == "::" else \
+        f"[{asked.host}]" if ":" in asked.host else asked.host
+    tools = None
+    if asked.tools is not None and asked.tools.offered:
+        from localchat.toolbox import open_tools
+
+        settings = asked.tools
+
+        def tools(ask: Any) -> Any:  # each conversation its own tool processes; calls asked in the page
+            return open_tools(settings, ask if not settings.approve else approve_all(), hidden=[asked.api_key or ""])
+    chats = WebChats(front_url=f"http://{host}:{asked.port}/v1", served=pool.model_ids, api_key=asked.api_key,
+                     tools=tools)
+    vision = frozenset(m.key for m in models if m.ref is not None and is_vision(m.ref))
+    return WebApi(chats, api_key=asked.api_key, vision=vision, results=asked.results)
+
+
+def approve_all() -> Any:
+    from localchat.tools.runner import approve_all as every_call
+
+    return every_call
 
 
 def prompt_files_of(asked: ServeRequest):

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -32,7 +31,7 @@ from localchat.conversation.stats import TurnClock, stats_line
 from localchat.gateway import anthropic_api, passthrough, responses_api
 from localchat.gateway.bodies import json_body, raw_body, sse
 from localchat.gateway.names import APIS
-from localchat.gateway.shapes import MISSING, ApiError, Ended, GatewayRequest, Idle
+from localchat.gateway.shapes import MISSING, ApiError, Ended, GatewayRequest, Idle, check_key
 from localchat.gateway.routes import Lease, Routes
 from localchat.gateway.stored import ResponseStore
 from localchat.gateway.upstream import Upstream
@@ -48,6 +47,8 @@ class Gateway:
     api_key: str | None = None  # what clients must present; None: loopback use without a key
     log: Callable[[str], None] = lambda _: None
     store: ResponseStore = field(default_factory=ResponseStore)
+    extra: list[Route] = field(default_factory=list)  # the chat page's API (``web.api``), on ``serve``
+    page: Callable[[Request], Awaitable[Response]] | None = None  # ``/`` to a browser, on ``serve``
     _said: set[str] = field(default_factory=set)
 
     def app(self) -> Starlette:
@@ -56,7 +57,7 @@ class Gateway:
                   Route("/v1/models", self.models, methods=["GET"]),
                   Route("/v1/models/{model_id:path}", self.models, methods=["GET"]),
                   Route(PS_PATH, self.held, methods=["GET"]),
-                  Route("/", self.root, methods=["GET", "HEAD"])]  # clients check that something answers
+                  Route("/", self.root, methods=["GET", "HEAD"]), *self.extra]  # clients check something answers
         if "anthropic" in self.apis:
             routes += [Route("/v1/messages", self.messages, methods=["POST"]),
                        Route("/v1/messages/count_tokens", self.count_tokens, methods=["POST"])]
@@ -261,6 +262,9 @@ class Gateway:
                 self._figures(request, lease, ended, started)
 
     async def root(self, request: Request) -> Response:
+        """The chat page to a browser; to other clients what this port serves."""
+        if self.page is not None and "text/html" in request.headers.get("accept", ""):
+            return await self.page(request)
         ids = self.routes.model_ids()
         return JSONResponse({"name": "localchat gateway", "apis": list(self.apis), "model": ids[0], "models": ids})
 
@@ -314,12 +318,7 @@ class Gateway:
     # --- checks, errors and the log ----------------------------------------------------------------------
 
     def _authorized(self, request: Request) -> None:
-        if self.api_key is None:
-            return
-        given = request.headers.get("x-api-key") or request.headers.get("authorization", "").removeprefix("Bearer ")
-        if not hmac.compare_digest(given.strip().encode(), self.api_key.encode()):
-            raise ApiError(401, "authentication_error", "invalid or missing API key (x-api-key or "
-                                                        "Authorization: Bearer)")
+        check_key(request.headers, self.api_key)
 
     def _say_dropped(self, wanted: GatewayRequest) -> None:
         new = [name for name in wanted.dropped_tools if name not in self._said]

@@ -4,7 +4,8 @@ Two checks before any route (an ASGI middleware): the ``Host`` header of a gatew
 loopback must name that loopback address (a page whose own name resolves to 127.0.0.1, DNS
 rebinding, sends its own name), and a request from a browser (it has an ``Origin``) must come from
 an allowed origin: this machine's own pages (``http://localhost``, ``http://127.0.0.1``, any port)
-and what ``--allow-origin`` adds (ollama's ``OLLAMA_ORIGINS`` convention; ``*`` for any). SDKs,
+and what ``--allow-origin`` adds (ollama's ``OLLAMA_ORIGINS`` convention; ``*`` for any); the chat
+page's own API only from the page itself (or an origin ``--allow-origin`` names exactly). SDKs,
 curl and coding agents send no ``Origin`` and are not affected. A preflight (``OPTIONS``) from an
 allowed origin is answered with CORS headers, and its responses carry them.
 
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+PAGE_API = "/api/"  # the chat page's own API (``web.api``): same origin only
 HEADERS_S = 10.0  # a request's headers must be whole within this long
 ALLOWED_HEADERS = "authorization, content-type, x-api-key, anthropic-version, anthropic-beta, openai-beta, " \
                   "x-stainless-*"
@@ -41,6 +43,12 @@ class BrowserPolicy:
             return True
         name = header[:header.find("]") + 1] if header.startswith("[") else header.rsplit(":", 1)[0]
         return _loopback(name)
+
+    def page_origin_allowed(self, origin: str, host: str) -> bool:
+        """The chat page's API (``PAGE_API``) takes a browser's request from the page itself only (the
+        origin the request was sent to), or from an origin ``--allow-origin`` names: another page of
+        this machine, on another port, is another site."""
+        return origin in self.origins or (urlsplit(origin).netloc.lower() == host.lower() and bool(host))
 
     def origin_allowed(self, origin: str) -> bool:
         if "*" in self.origins or origin in self.origins:
@@ -78,6 +86,10 @@ def guarded(app: Any, policy: BrowserPolicy, log: Callable[[str], None]) -> Call
             log(f"{scope['method']} {scope['path']} 403 · from a web page at {origin!r} (--allow-origin allows one)")
             return await _refuse(send, f"requests from web pages at {origin} are refused: start the gateway with "
                                        f"--allow-origin {origin} to allow them")
+        if origin is not None and scope["path"].startswith(PAGE_API) and \
+                not policy.page_origin_allowed(origin, headers.get("host", "")):
+            log(f"{scope['method']} {scope['path']} 403 · the chat page's API from a page at {origin!r}")
+            return await _refuse(send, f"the chat page's API answers the page it serves, not a page at {origin}")
         if origin is not None and scope["method"] == "OPTIONS":
             return await _preflight(send, origin)
         if origin is None:

@@ -29,6 +29,18 @@ class ApiError(Exception):
         self.status, self.kind, self.message, self.param = status, kind, message, param
 
 
+def check_key(headers: Any, api_key: str | None) -> None:
+    """A 401 unless the request carries the key (``x-api-key`` or ``Authorization: Bearer``), when
+    there is one; compared in constant time."""
+    if api_key is None:
+        return
+    import hmac
+
+    given = headers.get("x-api-key") or headers.get("authorization", "").removeprefix("Bearer ")
+    if not hmac.compare_digest(given.strip().encode(), api_key.encode()):
+        raise ApiError(401, "authentication_error", "invalid or missing API key (x-api-key or Authorization: Bearer)")
+
+
 def invalid(message: str, param: str | None = None) -> ApiError:
     return ApiError(400, "invalid_request_error", message, param)
 

@@ -1,0 +1,326 @@
+"""The page's conversations, held in the front: each one a ``ChatSession`` talking to this very
+port through the server backend (the one client path ``chat --backend server`` takes), kept in the
+conversation log by the ``SessionSaver`` the terminal uses. A conversation started in the terminal
+is continued here by its id, and the other way round.
+
+A turn runs in a worker thread and reports what happens as plain dicts (``TurnEvents``): the
+answer's text, reasoning, tool calls (each waiting for the page's approval), and at the end its
+status, figures and whether it was kept. Stop sets a flag the listeners read: the reply is then
+discarded as Ctrl+C discards it.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from localchat.backends import GenerationParams
+from localchat.conversation.history import Conversation
+from localchat.conversation.result import Listeners, TurnResult
+from localchat.conversation.stats import stats_line
+from localchat.conversation.turn import ChatSession
+from localchat.errors import LocalchatError, UsageError
+from localchat.registry import ModelRef, resolve
+from localchat.store.keeper import SessionSaver, saved_state
+from localchat.store.saved_sessions import KEEPING_BUSY_TIMEOUT_S, SessionNotFound, SessionStore, default_store
+
+APPROVAL_WAIT_S = 300.0  # a call the page never answers is refused after this long
+DEFAULT_MAX_TOKENS = 512
+
+
+class Stopped(KeyboardInterrupt):
+    """The page pressed Stop: the turn ends as Ctrl+C ends it (discarded)."""
+
+
+@dataclass
+class LiveChat:
+    uid: str
+    model: str
+    session: ChatSession
+    saver: SessionSaver
+    busy: threading.Lock = field(default_factory=threading.Lock)
+    stop: threading.Event = field(default_factory=threading.Event)
+    decisions: queue.Queue = field(default_factory=queue.Queue)
+    always: set[str] = field(default_factory=set)
+    say: Callable[[dict[str, Any]], None] = lambda _: None  # the running turn's events (an approval asked)
+
+
+@dataclass
+class WebChats:
+    front_url: str  # this port, as the server backend reaches it: http://127.0.0.1:PORT/v1
+    served: Callable[[], list[str]]  # the models this port serves
+    api_key: str | None = None
+    tools: Callable[[Callable[[str, dict[str, Any]], str | None]], Any] | None = None  # a ToolRunner, given an asker
+    store: SessionStore = field(default_factory=lambda: default_store(KEEPING_BUSY_TIMEOUT_S))
+    live: dict[str, LiveChat] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    # --- the list and one conversation -------------------------------------------------------
+
+    def listed(self, query: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
+        from localchat.store.conversation_log import recent, search
+
+        if not self.store.path.exists():
+            return []
+        with self.store.connect() as conn:
+            if query:
+                return [{"id": h.uid, "title": h.line, "model": h.model, "updated": h.time} for h in
+                        _unique(search(conn, query, limit=limit))]
+            return [{"id": c.uid, "title": " ".join(c.first.split())[:80], "model": c.model, "updated": c.updated,
+                     "turns": c.turns} for c in recent(conn, limit=limit)]
+
+    def shown(self, uid: str) -> dict[str, Any]:
+        chat = self.opened(uid)
+        session = chat.session
+        return {"id": chat.uid, "model": chat.model, "system": session.conversation.system,
+                "temperature": session.params.temperature, "history": session.use_history,
+                "turns": [_turn(t) for t in session.conversation.turns]}
+
+    def opened(self, uid: str) -> LiveChat:
+        """A conversation of this page, or one of the log (a terminal's), brought back."""
+        with self._lock:
+            if uid in self.live:
+                return self.live[uid]
+        try:
+            saved = self.store.load(uid)
+        except (SessionNotFound, UsageError):
+            raise SessionNotFound(f"no conversation {uid!r} in the log") from None
+        model = self._served_name(saved.model)
+        chat = self._made(uid, model, saved.system, dict(saved.params), saved.turns, saved)
+        with self._lock:
+            return self.live.setdefault(uid, chat)
+
+    def started(self, model: str | None, system: str | None, temperature: float | None,
+                history: bool = True) -> LiveChat:
+        from localchat.conversation.records import new_session_id
+
+        name = self._served_name(model)
+        ref = _ref(name)
+        system = system if system is not None else (ref.default("system") if ref else None)
+        params = {"temperature": temperature} if temperature is not None else {}
+        chat = self._made(new_session_id(), name, system or None, params, (), None)
+        chat.session.use_history = history
+        with self._lock:
+            self.live[chat.uid] = chat
+        return chat
+
+    def _served_name(self, model: str | None) -> str:
+        served = self.served()
+        if model in served or model is None and served:
+            return model or served[0]
+        ref = _ref(model) if model else None
+        if ref is not None and ref.id in served:
+            return ref.id
+        raise UsageError(f"model {model!r} is not served here: {', '.join(served)}")
+
+    def _made(self, uid: str, model: str, system: str | None, params: dict[str, Any], turns: tuple,
+              saved: Any) -> LiveChat:
+        from localchat.backends.openai_http import backend_for
+
+        ref = _ref(model)
+        backend = backend_for(self.front_url, ref, name=model, api_key=self.api_key)
+        backend.model_field = model  # the front routes by the name it lists
+        backend.image_tokens = _picture_tokens(ref)
+        chat_holder: list[LiveChat] = []
+        tools = self.tools(lambda name, args: _asked(chat_holder[0], name, args)) if self.tools else None
+        if tools is not None:
+            try:
+                backend.offer_tools(tools.specs)
+            except LocalchatError:  # a model whose template calls no tools: its conversations have none
+                tools.close()
+                tools = None
+        session = ChatSession(backend=backend, conversation=Conversation.for_backend(backend, system, turns),
+                              params=_params(ref, params), tools=tools)
+        if saved is not None:
+            session.conversation.pins = list(saved.pins)
+        saver = SessionSaver(self.store, uid, model, name=saved.name if saved else None, logging=True,
+                             saved_state=saved_state(saved.turns, saved.pins, saved.summary) if saved else None)
+        saver.start(session)
+        chat = LiveChat(uid=uid, model=model, session=session, saver=saver)
+        chat_holder.append(chat)
+        return chat
+
+    # --- turns -----------------------------------------------------------------------------------
+
+    def turn(self, uid: str, kind: str, text: str = "", pictures: tuple = ()) -> Iterator[dict[str, Any]]:
+        """``ask`` a question, ``retry`` the last one, or ``edit`` it (taken back, then asked anew):
+        the turn's events as they come, in order, then its end."""
+        chat = self.opened(uid)
+        if not chat.busy.acquire(blocking=False):
+            raise UsageError("this conversation is answering already: stop it first")
+        events: queue.Queue = queue.Queue()
+        chat.stop.clear()
+        chat.say = events.put
+
+        def run() -> None:
+            try:
+                events.put(_ended(chat, self._run(chat, kind, text, pictures, events)))
+            except (LocalchatError, ValueError) as exc:
+                events.put({"type": "error", "message": str(exc)})
+            except Exception as exc:  # never a traceback in the page, never a stuck conversation
+                events.put({"type": "error", "message": f"unexpected {type(exc).__name__}: {exc}"})
+            finally:
+                chat.busy.release()
+                events.put(None)
+
+        threading.Thread(target=run, name=f"web-turn-{uid[:8]}", daemon=True).start()
+        while (event := events.get()) is not None:
+            yield event
+
+    def _run(self, chat: LiveChat, kind: str, text: str, pictures: tuple, events: queue.Queue) -> TurnResult:
+        session = chat.session
+        listeners = _listeners(chat, events.put)
+        if kind == "retry":
+            return session.retry(listeners)
+        if kind == "edit":
+            if not session.conversation.turns:
+                raise UsageError("nothing to edit: no question has been answered and kept yet")
+            last = session.conversation.take_back()
+            result = self._asked(session, text, pictures or last.images, listeners)
+            if not result.committed:
+                session.conversation.put_back(last)
+            return result
+        return self._asked(session, text, pictures, listeners)
+
+    def _asked(self, session: ChatSession, text: str, pictures: tuple, listeners: Listeners) -> TurnResult:
+        count = getattr(session.backend, "image_tokens", None)
+        session.conversation.attached = tuple(p.with_tokens(count(p.data)) for p in pictures) if count else pictures
+        return session.ask(text, listeners)
+
+    def stop(self, uid: str) -> bool:
+        chat = self.opened(uid)
+        chat.stop.set()
+        chat.decisions.put("deny")  # a call waiting for approval is answered at once
+        return chat.busy.locked()
+
+    def decide(self, uid: str, decision: str) -> None:
+        if decision not in ("approve", "deny", "always"):
+            raise UsageError("a decision is approve, deny or always")
+        self.opened(uid).decisions.put(decision)
+
+    def undo(self, uid: str) -> dict[str, Any]:
+        chat = self._idle(uid)
+        if not chat.session.conversation.turns:
+            raise UsageError("nothing to undo")
+        chat.session.conversation.take_back()
+        chat.saver.kept(chat.session, taken_back=1)
+        return self.shown(uid)
+
+    def settings(self, uid: str, *, system: Any = None, temperature: Any = None, history: Any = None) -> dict:
+        chat = self._idle(uid)
+        session = chat.session
+        if history is not None:
+            session.use_history = bool(history)
+        if temperature is not None:
+            if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or \
+                    not 0 <= temperature <= 2:
+                raise UsageError("temperature is a number from 0 to 2")
+            session.params = replace(session.params, temperature=float(temperature))
+        if system is not None:
+            if not isinstance(system, str) or len(system) > 20_000:
+                raise UsageError("the system message is text of at most 20,000 characters")
+            session.set_system(system or None)
+            chat.saver.kept(session)
+        return self.shown(uid)
+
+    def _idle(self, uid: str) -> LiveChat:
+        chat = self.opened(uid)
+        if chat.busy.locked():
+            raise UsageError("this conversation is answering: stop it first")
+        return chat
+
+    def close(self) -> None:
+        for chat in list(self.live.values()):
+            chat.stop.set()
+            chat.session.backend.close()
+            if chat.session.tools is not None:
+                chat.session.tools.close()
+
+
+def _ref(name: str | None) -> ModelRef | None:
+    try:
+        return resolve(name) if name else None
+    except LocalchatError:
+        return None
+
+
+def _params(ref: ModelRef | None, saved: dict[str, Any]) -> GenerationParams:
+    def given(name: str, fallback: Any) -> Any:
+        value = saved.get(name)
+        return value if value is not None else (ref.default(name, fallback) if ref else fallback)
+
+    return GenerationParams(temperature=given("temperature", 0.0), top_p=given("top_p", 1.0),
+                            max_tokens=given("max_tokens", DEFAULT_MAX_TOKENS))
+
+
+def _picture_tokens(ref: ModelRef | None) -> Any:
+    """A vision model's pictures counted by its processor, when it is on this machine."""
+    from localchat.registry import local_dir
+    from localchat.vision.support import has_extra, is_vision
+
+    if ref is None or not has_extra() or not is_vision(ref):
+        return None
+    try:
+        from localchat.vision.counting import local_picture_tokens
+
+        return local_picture_tokens(local_dir(ref))
+    except LocalchatError:
+        return None
+
+
+def _listeners(chat: LiveChat, put: Callable[[dict[str, Any]], None]) -> Listeners:
+    def checked(event: dict[str, Any] | None) -> None:
+        if chat.stop.is_set():
+            raise Stopped()
+        if event is not None:  # (progress: only a moment to look at Stop)
+            put(event)
+
+    return Listeners(on_text=lambda t: checked({"type": "text", "text": t}),
+                     on_reasoning=lambda t: checked({"type": "reasoning", "text": t}),
+                     on_tool_call=lambda c: checked({"type": "tool_call", "name": c.name, "arguments": c.arguments}),
+                     on_progress=lambda p: checked(None))
+
+
+def _asked(chat: LiveChat, name: str, arguments: dict[str, Any]) -> str | None:
+    """The page's answer to a tool call (approve, deny, always): None runs it, else the refusal."""
+    if name in chat.always:
+        return None
+    while not chat.decisions.empty():
+        chat.decisions.get_nowait()  # (a Stop's or a stale answer)
+    if chat.stop.is_set():
+        return "the user stopped the reply"
+    chat.say({"type": "approve", "name": name, "arguments": arguments})
+    try:
+        decision = chat.decisions.get(timeout=APPROVAL_WAIT_S)
+    except queue.Empty:
+        return "the user did not answer in time"
+    if decision == "always":
+        chat.always.add(name)
+    return None if decision in ("approve", "always") else "the user denied this call"
+
+
+def _ended(chat: LiveChat, result: TurnResult) -> dict[str, Any]:
+    stopped = chat.stop.is_set()
+    note = chat.saver.kept(chat.session) if result.committed else None
+    return {"type": "end", "status": "stopped" if stopped else result.status.value, "kept": result.committed,
+            "error": result.error, "figures": stats_line(result.stats) if result.stats.ttft_s is not None else None,
+            "note": note, "turns": len(chat.session.conversation.turns)}
+
+
+def _turn(turn: Any) -> dict[str, Any]:
+    return {"user": turn.user, "assistant": turn.assistant, "reasoning": turn.reasoning or None,
+            "figures": stats_line(turn.stats) if turn.stats is not None and turn.stats.ttft_s is not None else None,
+            "calls": [call for step in turn.steps for call in step.calls],
+            "images": [p.ref.label() for p in turn.images]}
+
+
+def _unique(hits: list[Any]) -> list[Any]:
+    seen, kept = set(), []
+    for hit in hits:
+        if hit.uid not in seen:
+            seen.add(hit.uid)
+            kept.append(hit)
+    return kept

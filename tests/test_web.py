@@ -1,0 +1,270 @@
+"""The chat page in a real browser: Chromium from Debian's packages driven by Playwright (no browser
+download), against ``localchat serve`` with the demo, demo-tools (its ``add`` tool approved in the
+page), demo-vision and a model that never stops. One browser for the module; every page checks that
+no request left loopback and that the console stayed clean. .ci/run installs Chromium."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import pytest
+from routed import Serve
+
+CHROMIUM = Path("/usr/bin/chromium")
+ROOT = Path(__file__).resolve().parents[1]
+REMEMBER = "Remember the code harbor 17. Reply only OK."
+RECALL = "What was the code? Reply with the code only."
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync"]
+
+if not CHROMIUM.exists():
+    why = "Chromium is not installed (apt-get install chromium; .ci/run installs it)"
+    if os.environ.get("CI"):
+        raise RuntimeError(why)
+    pytest.skip(why, allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def rambling_model(tmp_path_factory):
+    """A random-weight model that never ends its reply, big enough to take seconds over 512 tokens."""
+    from demo.random_model import build_random_model
+
+    return build_random_model(tmp_path_factory.mktemp("models") / "slow-rambling", hidden=384, layers=8,
+                              intermediate=1536, heads=6)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, rambling_model):
+    home = tmp_path_factory.mktemp("web-home")
+    serve = Serve(home, "-m", "demo", "-m", "demo-tools", "-m", "demo-vision", "-m", str(rambling_model),
+                  "--tools", str(ROOT / "examples" / "tools" / "add.py"), "--results", str(ROOT / "docs"))
+    serve.home = home
+    yield serve
+    serve.stop()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+        yield launched
+        launched.close()
+
+
+@pytest.fixture
+def page(browser, served):
+    """A fresh page on the served chat, watched: every request it makes, every console error."""
+    context = browser.new_context(viewport={"width": 1100, "height": 760})
+    opened = context.new_page()
+    opened.requests, opened.errors = [], []
+    opened.on("request", lambda r: opened.requests.append(r.url))
+    opened.on("console", lambda m: opened.errors.append(m.text) if m.type == "error" else None)
+    opened.on("pageerror", lambda e: opened.errors.append(str(e)))
+    opened.goto(served.url + "/")
+    opened.get_by_test_id("model").locator("option").first.wait_for(state="attached")
+    yield opened
+    context.close()
+    loopback = (served.url, "data:", "blob:")
+    assert [u for u in opened.requests if not u.startswith(loopback)] == []
+    assert opened.errors == []
+
+
+def say(page, text: str, *, enter: bool = True) -> str:
+    """Send ``text`` and wait for the answer's figures: the answer's text."""
+    before = page.get_by_test_id("figures").count()
+    page.get_by_test_id("composer").fill(text)
+    page.get_by_test_id("composer").press("Enter") if enter else page.get_by_test_id("send").click()
+    page.get_by_test_id("figures").nth(before).wait_for()
+    return answers(page)[-1]
+
+
+def answers(page) -> list[str]:
+    return [m.locator(".body").inner_text().strip() for m in page.locator("[data-testid=message][data-role=assistant]").all()]
+
+
+def localchat(home: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "localchat", *args], capture_output=True, text=True, timeout=120,
+                          env=os.environ | {"LOCALCHAT_HOME": str(home), "COLUMNS": "200"})
+
+
+def test_two_turns_recall_show_their_figures_and_are_in_the_log(page, served):
+    assert say(page, REMEMBER) == "OK"
+    assert say(page, RECALL, enter=False) == "harbor 17"
+    figures = page.get_by_test_id("figures").all_inner_texts()
+    assert len(figures) == 2 and all(f.startswith("[TTFT") and " in " in f and " out " in f for f in figures)
+    assert "cached" in figures[1]
+    logged = localchat(served.home, "log", "-q", '"harbor 17"')
+    assert logged.returncode == 0 and "harbor 17" in logged.stdout
+    page.screenshot(path=str(served.home / "page.png"))
+    page.reload()  # the conversation comes back, as history holds it
+    page.get_by_test_id("figures").nth(1).wait_for()
+    assert answers(page) == ["OK", "harbor 17"]
+    assert page.get_by_test_id("conversation").count() >= 1
+
+
+def test_history_off_forgets(page):
+    page.get_by_test_id("history").uncheck()
+    say(page, REMEMBER)
+    assert say(page, RECALL) == "I don't know."
+
+
+def test_retry_edit_and_undo_follow_the_terminal(page):
+    say(page, REMEMBER)
+    page.get_by_test_id("retry").click()
+    page.get_by_test_id("figures").first.wait_for()
+    page.wait_for_timeout(300)
+    assert answers(page) == ["OK"]  # the retried answer replaced the old one: one turn
+    page.locator("#edit").click()
+    assert page.get_by_test_id("composer").input_value() == REMEMBER
+    page.get_by_test_id("composer").fill("Remember the code lantern 42. Reply only OK.")
+    page.get_by_test_id("composer").press("Enter")
+    page.get_by_test_id("figures").first.wait_for()
+    assert say(page, RECALL) == "lantern 42"
+    page.get_by_test_id("undo").click()
+    page.locator("[data-testid=message]").nth(2).wait_for(state="detached")
+    assert page.locator("[data-testid=message][data-role=user]").all_inner_texts() == [
+        "Remember the code lantern 42. Reply only OK."]
+
+
+def test_stop_mid_stream_keeps_nothing(page, served, rambling_model):
+    page.get_by_test_id("model").select_option(str(rambling_model))
+    page.get_by_test_id("composer").fill("Talk forever.")
+    page.get_by_test_id("send").click()
+    page.locator("[data-role=assistant] .body p").first.wait_for()  # text is streaming
+    page.get_by_test_id("stop").click()
+    page.get_by_test_id("send").wait_for()
+    page.wait_for_timeout(300)
+    assert page.locator("[data-testid=message]").count() == 0  # history is unchanged: nothing kept
+    assert "not kept (stopped" in page.locator("#notice").inner_text()
+
+
+def test_a_conversation_started_by_chat_goes_on_in_the_page_and_is_found_by_log(page, served):
+    started = localchat(served.home, "chat", REMEMBER)
+    assert started.returncode == 0 and started.stdout.strip() == "OK", started.stderr
+    page.reload()
+    page.get_by_test_id("search").fill("harbor")
+    entry = page.get_by_test_id("conversation").first
+    entry.wait_for()
+    page.get_by_test_id("conversation").filter(has_text="Remember").first.click()
+    page.locator("[data-testid=message][data-role=assistant]").first.wait_for()
+    assert say(page, RECALL) == "harbor 17"
+    shown = localchat(served.home, "log", "-q", '"What was the code"')
+    assert shown.returncode == 0 and "What was the code" in shown.stdout
+
+
+def test_the_page_approves_a_tool_call(page):
+    page.get_by_test_id("model").select_option("demo-tools")
+    page.get_by_test_id("composer").fill("What is 12 plus 30?")
+    page.get_by_test_id("send").click()
+    page.get_by_test_id("tool-approve").click()
+    page.get_by_test_id("figures").first.wait_for()
+    assert "42" in answers(page)[-1]
+    assert page.locator("details.folded summary").filter(has_text="tool call: add").count() >= 1
+
+
+def test_a_picture_with_demo_vision(page):
+    page.get_by_test_id("model").select_option("demo-vision")
+    page.locator("#attach").set_input_files(str(ROOT / "examples" / "images" / "red-circle.png"))
+    page.locator("img.thumb").wait_for()
+    assert say(page, "What is in the picture?") == "a red circle"
+    assert "red-circle" in page.locator(".picture-label").first.inner_text() or page.locator(".picture-label").count()
+
+
+def test_markup_from_users_and_stored_answers_is_shown_as_text(page, served):
+    from localchat.conversation.history import Turn
+    from localchat.store.saved_sessions import SavedSession, SessionStore
+
+    hostile = '<img src=x onerror="document.title=\'pwned\'"> <script>document.title="pwned"</script> [x](javascript:alert(1))'
+    store = SessionStore(served.home / "sessions.sqlite3")
+    store.save(SavedSession(name=None, uid="20990101-000000-beef", model="demo", backend="server", system=None,
+                            params={}, turns=(Turn(hostile, hostile),)), log=(Turn(hostile, hostile),))
+    page.goto(served.url + "/#20990101-000000-beef")
+    page.locator("[data-testid=message][data-role=assistant]").first.wait_for()
+    say(page, hostile)
+    assert page.locator(".message img, .message script, .message a[href^=javascript]").count() == 0
+    assert "onerror" in page.locator("[data-role=user]").first.inner_text()
+    assert "<script>" in page.locator("[data-role=assistant] .body").first.inner_text()
+    assert page.title() == "localchat"
+    headers = httpx.get(served.url + "/", headers={"accept": "text/html"}).headers
+    assert "script-src 'self'" in headers["content-security-policy"] and "unsafe-inline" not in headers[
+        "content-security-policy"]
+
+
+def test_a_narrow_window_stays_usable(browser, served):
+    context = browser.new_context(viewport={"width": 390, "height": 844})
+    page = context.new_page()
+    try:
+        page.goto(served.url + "/")
+        page.get_by_test_id("model").locator("option").first.wait_for(state="attached")
+        for part in ("composer", "send", "model", "history"):
+            box = page.get_by_test_id(part).bounding_box()
+            assert box and box["x"] >= 0 and box["x"] + box["width"] <= 390, part
+        assert not page.get_by_test_id("new-chat").is_visible()  # the list folds away …
+        page.locator("#menu").click()
+        page.get_by_test_id("new-chat").wait_for()  # … and comes back
+        page.locator("#menu-close").click()
+        assert say(page, REMEMBER) == "OK"
+        assert page.evaluate("() => document.documentElement.scrollWidth") <= 390
+    finally:
+        context.close()
+
+
+def test_a_page_elsewhere_cannot_drive_it(browser, served):
+    class Evil(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = (f"<script>fetch('{served.url}/api/chats', {{method: 'POST', body: '{{}}', "
+                    "headers: {'content-type': 'application/json'}}).then(r => document.title = 'got ' + r.status)"
+                    ".catch(() => document.title = 'refused')</script>").encode()
+            self.send_response(200)
+            self.send_header("content-type", "text/html")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    evil = ThreadingHTTPServer(("127.0.0.1", 0), Evil)
+    threading.Thread(target=evil.serve_forever, daemon=True).start()
+    before = len(httpx.get(served.url + "/api/chats").json())
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        page.goto(f"http://localhost:{evil.server_address[1]}/")
+        page.wait_for_function("document.title.length > 0")
+        assert page.title() == "refused"
+    finally:
+        context.close()
+        evil.shutdown()
+    refused = httpx.post(served.url + "/api/chats", json={}, headers={"origin": "http://evil.example"})
+    assert refused.status_code == 403
+    assert len(httpx.get(served.url + "/api/chats").json()) == before
+
+
+def test_the_page_asks_once_for_the_key(browser, tmp_path):
+    serve = Serve(tmp_path / "home", "-m", "demo", "--api-key", "s3cret-key")
+    context = browser.new_context()
+    try:
+        assert httpx.get(serve.url + "/api/chats").status_code == 401
+        page = context.new_page()
+        asked = []
+        page.on("dialog", lambda d: (asked.append(d.message), d.accept("s3cret-key")))
+        page.goto(serve.url + "/")
+        page.get_by_test_id("model").locator("option").first.wait_for(state="attached")
+        assert say(page, REMEMBER) == "OK" and len(asked) == 1
+    finally:
+        context.close()
+        serve.stop()
+
+
+def test_the_plots_of_a_results_directory_are_shown(page):
+    page.locator("#results-box").click()
+    page.locator("#results img").first.wait_for()
+    assert page.locator("#results figcaption").count() >= 3
