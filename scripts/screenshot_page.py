@@ -1,0 +1,59 @@
+"""The chat page's picture in docs/ (docs/web-page.png), taken by the browser the tests drive:
+Debian's Chromium under Playwright, against ``localchat serve -m demo -m demo-tools --tools
+examples/tools/add.py`` (a tool call approved in the page, then two turns that recall).
+
+    uv run python scripts/screenshot_page.py [--out docs/web-page.png]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+from routed import Serve  # noqa: E402 - the tests' own helper: serve in a subprocess, stopped whole
+from test_web import ARGS, CHROMIUM  # noqa: E402 - the tests' own browser settings
+
+
+def send(page, text: str) -> None:
+    shown = page.get_by_test_id("figures").count()
+    page.get_by_test_id("composer").fill(text)
+    page.get_by_test_id("composer").press("Enter")
+    page.get_by_test_id("figures").nth(shown).wait_for()
+
+
+def main() -> None:
+    from playwright.sync_api import sync_playwright
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "web-page.png")
+    args = parser.parse_args()
+    serve = Serve(Path(tempfile.mkdtemp(prefix="page-shot-")), "-m", "demo", "-m", "demo-tools",
+                  "--tools", str(ROOT / "examples" / "tools" / "add.py"))
+    try:
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+            page = browser.new_page(viewport={"width": 1100, "height": 640})
+            page.goto(serve.url + "/")
+            page.get_by_test_id("model").locator("option").first.wait_for(state="attached")
+            page.get_by_test_id("model").select_option("demo-tools")
+            page.get_by_test_id("composer").fill("What is 12 plus 30?")
+            page.get_by_test_id("send").click()
+            page.get_by_test_id("tool-approve").click()
+            page.get_by_test_id("figures").first.wait_for()
+            page.get_by_test_id("new-chat").click()
+            page.get_by_test_id("model").select_option("demo")
+            send(page, "Remember the code harbor 17. Reply only OK.")
+            send(page, "What was the code? Reply with the code only.")
+            page.screenshot(path=str(args.out))
+            browser.close()
+    finally:
+        serve.stop()
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
