@@ -87,7 +87,7 @@ def test_a_prompt_prefilled_once_is_served_from_disk_after_a_restart(tmp_path):
         again.stop()
 
 
-def test_another_model_or_kv_bits_never_read_them_and_0_keeps_none(tmp_path):
+def test_other_kv_bits_never_read_them_and_0_keeps_none(tmp_path):
     home, text = tmp_path / "home", long_text(700)
     first = Serve(home, "-m", "demo")
     try:
@@ -95,13 +95,12 @@ def test_another_model_or_kv_bits_never_read_them_and_0_keeps_none(tmp_path):
         wait_files(home)
     finally:
         first.stop()
-    for args in (["-m", "demo-notes"], ["-m", "demo", "--", "--kv-bits", "8"]):
-        other = Serve(home, *args)
-        try:
-            assert cached(ask(other, text, model=args[1])) < 16
-            assert "tokens from disk" not in engine_log(home, other)
-        finally:
-            other.stop()
+    other = Serve(home, "-m", "demo", "--", "--kv-bits", "8")  # (another model: the next test)
+    try:
+        assert cached(ask(other, text)) < 16
+        assert "tokens from disk" not in engine_log(home, other)
+    finally:
+        other.stop()
     off_home = tmp_path / "off"
     off = Serve(off_home, "-m", "demo", "--prompt-cache-disk", "0")
     try:
@@ -129,6 +128,31 @@ def test_the_bound_removes_the_least_recently_used_first(tmp_path):
     left = files_of(home)
     assert len(left) == 1 and left != first  # the older one went
     assert "older files removed to stay within the bound" in engine_log(home, serve)
+
+
+def test_an_idle_unload_keeps_the_prefix_and_models_share_the_bound(tmp_path):
+    home, text = tmp_path / "home", long_text(700)
+    serve = Serve(home, "-m", "demo", "-m", "demo-notes", "--keep-alive", "1s", "--prompt-cache-disk", "13MB")
+    try:
+        cold = ask(serve, text)
+        wait_files(home)
+        serve.wait_log("unloaded demo after")
+        again = ask(serve, text)  # loaded again: its prefix from disk
+        assert cached(again) >= cold["usage"]["prompt_tokens"] - 2
+        assert again["choices"][0]["message"]["content"] == cold["choices"][0]["message"]["content"]
+        assert cached(ask(serve, text, model="demo-notes")) < 16  # another model never reads demo's files
+        ask(serve, long_text(700, seed=5))
+        import time
+
+        deadline = time.monotonic() + 30
+        while len({p.parent for p in files_of(home)}) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1.0)
+    finally:
+        serve.stop()
+    left = files_of(home)
+    assert len({p.parent for p in left}) == 2  # both models' caches, in one root
+    assert sum(p.stat().st_size for p in left) <= 13 * 1024**2  # under the one bound: the oldest went
 
 
 def test_damaged_foreign_and_half_written_files_are_ignored(tmp_path):

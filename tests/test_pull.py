@@ -1,6 +1,7 @@
 """``localchat pull``, ``rm`` and the memory check before a load, against a Hub of our own on
 loopback through the real ``huggingface_hub`` client (``HF_ENDPOINT``); nothing reaches the internet."""
 
+import json
 import os
 import pty
 import signal
@@ -200,13 +201,30 @@ def test_ctrl_c_stops_the_download_within_two_seconds_and_says_how_to_resume(env
 
 def test_rm_frees_the_disk_after_asking(env):
     assert localchat(env, "pull", DEMO).returncode == 0
+    caches = prompt_caches_for(env, DEMO)
     unasked = localchat(env, "rm", DEMO)
     assert unasked.returncode == 2 and "--yes" in error_line(unasked)
     removed = localchat(env, "rm", DEMO, "--yes")
     assert removed.returncode == 0 and "freed" in removed.stderr
     assert blobs(env) == []
+    assert not caches.exists() and "prompt caches" in removed.stderr  # serve's caches of it went with it
+    assert (caches.parent / "other").exists()  # another model's stay
     nothing = localchat(env, "rm", DEMO, "--yes")
     assert nothing.returncode == 1 and "nothing to remove" in error_line(nothing)
+
+
+def prompt_caches_for(env, repo: str) -> Path:
+    """A directory of serve's prompt caches for ``repo``'s weights (as the engine leaves one), and
+    another model's beside it, which stays."""
+    found = subprocess.run([sys.executable, "-c", "from localchat.registry import hub_snapshot; from localchat.backends"
+                            f".saved_cache import model_fingerprint; print(model_fingerprint(hub_snapshot({repo!r})))"],
+                           env=env, capture_output=True, text=True, timeout=60)
+    root = Path(env["LOCALCHAT_HOME"]) / "prompt-cache"
+    for key, weights in (("ours", found.stdout.strip()), ("other", "0" * 32)):
+        (root / key).mkdir(parents=True)
+        (root / key / "weights.json").write_text(json.dumps({"weights": weights}))
+        (root / key / "a.safetensors").write_bytes(b"x" * 1000)
+    return root / "ours"
 
 
 def test_offline_is_named_instead_of_a_hang(env):

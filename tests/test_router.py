@@ -105,6 +105,9 @@ def test_ps_lists_what_is_held_with_its_memory(two_models):
     table = subprocess.run([sys.executable, "-m", "localchat", "ps", "--base-url", two_models.url + "/v1"],
                            capture_output=True, text=True, timeout=60, env=os.environ | {"COLUMNS": "200"})
     assert "demo" in table.stdout and "loaded" in table.stdout and "MB" in table.stdout
+    by_port = subprocess.run([sys.executable, "-m", "localchat", "ps", "--port", str(two_models.port), "--json"],
+                             capture_output=True, text=True, timeout=60)
+    assert by_port.returncode == 0 and "demo" in {row["model"] for row in json.loads(by_port.stdout)}
     nothing = subprocess.run([sys.executable, "-m", "localchat", "ps", "--base-url", f"http://127.0.0.1:{free_port()}"],
                              capture_output=True, text=True, timeout=60)
     assert nothing.returncode == 1 and "nothing answers" in nothing.stderr and "Traceback" not in nothing.stderr

@@ -183,19 +183,37 @@ def test_markup_from_users_and_stored_answers_is_shown_as_text(page, served):
     from localchat.store.saved_sessions import SavedSession, SessionStore
 
     hostile = '<img src=x onerror="document.title=\'pwned\'"> <script>document.title="pwned"</script> [x](javascript:alert(1))'
+    stored = hostile + "\n\n```python\nprint('<b>hi</b>')\n```\n\n**bold** and [a link](https://example.org)"
     store = SessionStore(served.home / "sessions.sqlite3")
     store.save(SavedSession(name=None, uid="20990101-000000-beef", model="demo", backend="server", system=None,
-                            params={}, turns=(Turn(hostile, hostile),)), log=(Turn(hostile, hostile),))
+                            params={}, turns=(Turn(hostile, stored),)), log=(Turn(hostile, stored),))
     page.goto(served.url + "/#20990101-000000-beef")
     page.locator("[data-testid=message][data-role=assistant]").first.wait_for()
     say(page, hostile)
-    assert page.locator(".message img, .message script, .message a[href^=javascript]").count() == 0
+    assert page.locator(".message img, .message script, .message a[href^=javascript], .message b").count() == 0
+    assert page.locator(".message pre code").first.inner_text() == "print('<b>hi</b>')"  # a code block, as text
+    assert page.locator(".message strong").first.inner_text() == "bold"
+    link = page.locator(".message a").first
+    assert link.get_attribute("href") == "https://example.org" and link.get_attribute("rel") == "noopener noreferrer"
     assert "onerror" in page.locator("[data-role=user]").first.inner_text()
     assert "<script>" in page.locator("[data-role=assistant] .body").first.inner_text()
     assert page.title() == "localchat"
     headers = httpx.get(served.url + "/", headers={"accept": "text/html"}).headers
     assert "script-src 'self'" in headers["content-security-policy"] and "unsafe-inline" not in headers[
         "content-security-policy"]
+
+
+def test_system_and_temperature_are_the_conversations_own(page, served):
+    say(page, REMEMBER)
+    uid = page.evaluate("() => location.hash.slice(1)")
+    page.locator("#temperature").fill("0.7")
+    page.locator("#temperature").press("Tab")
+    page.locator("#system-box summary").click()
+    page.locator("#system").fill("You are terse.")
+    page.locator("#system-save").click()
+    page.wait_for_timeout(300)
+    shown = httpx.get(f"{served.url}/api/chats/{uid}").json()
+    assert shown["temperature"] == 0.7 and shown["system"] == "You are terse." and len(shown["turns"]) == 1
 
 
 def test_a_narrow_window_stays_usable(browser, served):

@@ -148,13 +148,16 @@ def serve(
 @app.command()
 def ps(
     base_url: BaseUrlOpt = DEFAULT_BASE_URL,
+    port: Annotated[Optional[int], typer.Option(min=1, max=65535, metavar="PORT", show_default=False,
+                                                help="The port of a serve on this machine (instead of --base-url).")] = None,
     api_key: ApiKeyOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print a list of objects (model, memory_bytes, "
                                                          "expires_in_s, in_flight, pid, …).")] = False,
 ) -> None:
     """The models a running `localchat serve` holds: memory (estimated and resident), since when,
     expires in, requests in flight, the engine's pid."""
-    run("localchat.cli.ps:run_ps", base_url=base_url, api_key=api_key, as_json=as_json, console=out_console())
+    where = f"http://127.0.0.1:{port}/v1" if port is not None else base_url
+    run("localchat.cli.ps:run_ps", base_url=where, api_key=api_key, as_json=as_json, console=out_console())
 
 
 @app.command()

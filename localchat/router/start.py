@@ -75,7 +75,7 @@ def engine_launcher(first: str, port: int, first_log: Path, extra: tuple[str, ..
         assert model.ref is not None
         log = first_log if model.key == first else log_beside(first_log, port, model.key)
         server = start_ready(model.ref, port=free_port(), log=log, extra=extra, fit=FitSettings(force=True),
-                             plain=plain, env=env)
+                             plain=plain, env=env, append_log=model.key == first or model.loads > 0)
         try:
             return server, reach_upstream(server.base_url, model.ref, tokenizer=tokenizers)
         except (LocalchatError, OSError):

@@ -124,14 +124,14 @@ def server_command(model_location: str, host: str, port: int, extra_args: tuple[
 
 def launch(model_location: str, *, host: str = "127.0.0.1", port: int = 8080, log_path: Path,
            extra_args: tuple[str, ...] = (), ranks: Ranks | None = None, plain: bool = False,
-           vision: bool = False, env: dict[str, str] | None = None) -> RunningServer:
+           vision: bool = False, env: dict[str, str] | None = None, append_log: bool = False) -> RunningServer:
     """Start the child (not yet ready: see ``wait_ready``)."""
     if not port_is_free(host, port):
         raise ServerStartError(f"port {port} on {host} is busy: stop what is using it, or pick "
                                "another with --port")
     command = server_command(model_location, host, port, extra_args, ranks, plain, vision)
     ensure_hub_cache()
-    with open_log(log_path) as log:
+    with open_log(log_path, append=append_log) as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                    env=server_env(distributed=ranks is not None) | (env or {}),
                                    start_new_session=True, preexec_fn=child_preexec())
@@ -162,9 +162,10 @@ def ensure_hub_cache() -> None:
         pass  # (a read-only home: /v1/models stays broken, the rest works)
 
 
-def open_log(path: Path):
-    """The log, truncated, never through a symlink; its directory created owner-only. Only a
-    regular file: the log is read back to explain a failure, and a FIFO would block both ways."""
+def open_log(path: Path, append: bool = False):
+    """The log, truncated (or appended to: a model the router loads again), never through a symlink;
+    its directory created owner-only. Only a regular file: the log is read back to explain a
+    failure, and a FIFO would block both ways."""
     try:
         if not path.parent.exists():
             private_dirs(path.parent)
@@ -176,7 +177,10 @@ def open_log(path: Path):
         os.close(fd)
         raise ServerStartError(f"cannot open the server log {path}: a pipe or a device, not a file")
     os.set_blocking(fd, True)
-    os.ftruncate(fd, 0)
+    if append:
+        os.lseek(fd, 0, os.SEEK_END)
+    else:
+        os.ftruncate(fd, 0)
     return os.fdopen(fd, "wb")
 
 
@@ -258,7 +262,7 @@ def serves_vision(ref: ModelRef, ranks: Ranks | None = None) -> bool:
 def start_ready(ref: ModelRef, *, host: str = "127.0.0.1", port: int, log: Path | None = None,
                 extra: tuple[str, ...] = (), on_poll: Callable[[str], None] = lambda _: None,
                 ranks: Ranks | None = None, fit: FitSettings | None = None, plain: bool = False,
-                env: dict[str, str] | None = None) -> RunningServer:
+                env: dict[str, str] | None = None, append_log: bool = False) -> RunningServer:
     """Launch mlx_lm.server for ``ref`` (on ``ranks``, when given) and wait until a completion
     succeeds through rank 0; ``on_poll`` hears what it is waiting for (a spinner shows it). The
     child, every rank of it, is stopped if anything goes wrong. A model that does not fit this
@@ -269,7 +273,7 @@ def start_ready(ref: ModelRef, *, host: str = "127.0.0.1", port: int, log: Path 
     if ranks is not None:
         check_ranks(ranks, model_dir)
     server = launch(ref.location, host=host, port=port, log_path=log or default_log(port), extra_args=extra,
-                    ranks=ranks, plain=plain, vision=vision, env=env)
+                    ranks=ranks, plain=plain, vision=vision, env=env, append_log=append_log)
     where = f" on {ranks.size} ranks ({ranks.backend})" if ranks is not None else ""
     name = "mlx_vlm.server" if vision else "mlx_lm.server"
     try:
