@@ -18,8 +18,6 @@ import httpx
 import pytest
 from routed import Serve
 
-from localchat.store.prompt_files import PromptFiles
-
 WORDS = "the a sea boat wind harbor code red blue green small large river stone".split()
 
 
@@ -57,6 +55,17 @@ def wait_files(home: Path, n: int = 1) -> list[Path]:
     return files_of(home)
 
 
+def prefilled(home: Path, text: str, *args: str, model: str = "demo", **extra) -> dict:
+    """``text`` asked of a serve started and stopped for it, once its cache is on disk: the reply."""
+    serve = Serve(home, "-m", model, *args)
+    try:
+        reply = ask(serve, text, model=model, **extra)
+        wait_files(home)
+    finally:
+        serve.stop()
+    return reply
+
+
 def test_a_prompt_prefilled_once_is_served_from_disk_after_a_restart(tmp_path):
     home, text = tmp_path / "home", long_text(700)
     first = Serve(home, "-m", "demo")
@@ -89,12 +98,7 @@ def test_a_prompt_prefilled_once_is_served_from_disk_after_a_restart(tmp_path):
 
 def test_other_kv_bits_never_read_them_and_0_keeps_none(tmp_path):
     home, text = tmp_path / "home", long_text(700)
-    first = Serve(home, "-m", "demo")
-    try:
-        ask(first, text)
-        wait_files(home)
-    finally:
-        first.stop()
+    prefilled(home, text)
     other = Serve(home, "-m", "demo", "--", "--kv-bits", "8")  # (another model: the next test)
     try:
         assert cached(ask(other, text)) < 16
@@ -194,42 +198,20 @@ def test_damaged_foreign_and_half_written_files_are_ignored(tmp_path):
         serve.stop()
 
 
-def test_log_rm_all_and_a_models_removal_clear_them(tmp_path):
-    from localchat.backends.saved_cache import model_fingerprint
-    from localchat.demo import MODEL_DIR
-
+def test_log_rm_all_clears_them(tmp_path):
     home = tmp_path / "home"
-    serve = Serve(home, "-m", "demo")
-    try:
-        ask(serve, long_text(700))
-        wait_files(home)
-    finally:
-        serve.stop()
-    files = PromptFiles(home / "prompt-cache")
-    assert files.remove_model(model_fingerprint(MODEL_DIR.parent / "demo_notes_model")) == 0  # not that model's
+    prefilled(home, long_text(700))
     assert files_of(home)
-    assert files.remove_model(model_fingerprint(MODEL_DIR)) > 0 and files_of(home) == []
-    serve = Serve(home, "-m", "demo")
-    try:
-        ask(serve, long_text(700))
-        wait_files(home)
-    finally:
-        serve.stop()
     done = subprocess.run([sys.executable, "-m", "localchat", "log", "rm", "--all", "--yes"], capture_output=True,
                           text=True, timeout=60, env=os.environ | {"LOCALCHAT_HOME": str(home)})
     assert done.returncode == 0, done.stderr
-    assert files_of(home) == [] and "prompt caches" in done.stdout + done.stderr
+    assert files_of(home) == [] and "prompt caches" in done.stdout + done.stderr  # (localchat rm: test_pull)
 
 
 @pytest.mark.parametrize("words", [240])
 def test_smollm2_answers_the_same_from_disk_after_a_restart(tmp_path, smollm2, words):
     home, text = tmp_path / "home", long_text(words)
-    first = Serve(home, "-m", str(smollm2))
-    try:
-        cold = ask(first, text, model=str(smollm2), max_tokens=12)
-        wait_files(home)
-    finally:
-        first.stop()
+    cold = prefilled(home, text, model=str(smollm2), max_tokens=12)
     again = Serve(home, "-m", str(smollm2))
     try:
         warm = ask(again, text, model=str(smollm2), max_tokens=12)

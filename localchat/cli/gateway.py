@@ -4,6 +4,7 @@ gateway in front of the models it serves: ``cli.serving``.)"""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 
@@ -33,16 +34,22 @@ def run_gateway(*, upstream_url: str, model: str | None, host: str, port: int, c
         console.print(f"[green]ready[/green] {running.url} · {', '.join(apis)} · in front of {upstream_url} "
                       f"(model {upstream.model_id})")
         _show_use(console, running, apis)
-        while running.alive:
-            raise_if_set(terminated)
-            time.sleep(0.5)
-        raise LocalchatError("the gateway stopped")
-    except KeyboardInterrupt:
-        return outcomes.OK
+        return serve_until_stopped(running, terminated, "the gateway stopped")
     finally:
         if running is not None:
             running.stop()
             console.print("gateway stopped", style="dim")
+
+
+def serve_until_stopped(running: RunningGateway, terminated: threading.Event, ended: str) -> int:
+    """Serve until Ctrl+C or SIGTERM (success); a front that ends by itself is one line."""
+    try:
+        while running.alive:
+            raise_if_set(terminated)
+            time.sleep(0.5)
+        raise LocalchatError(ended)
+    except KeyboardInterrupt:
+        return outcomes.OK
 
 
 def check_public(host: str, port: int, api_key: str | None, err: Console) -> None:

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from localchat.cli import outcomes
-from localchat.cli.gateway import check_public, logger
+from localchat.cli.gateway import check_public, logger, serve_until_stopped
 from localchat.cli.pull import fetch_missing
 from localchat.cli.serve import (
     ended_line,
@@ -143,10 +143,7 @@ def run_router(names: list[str], asked: ServeRequest, fit: FitSettings, smoke: b
             webbrowser.open(running.url + "/")
         if smoke:
             return smoke_all(running.url + "/v1", first.ref, asked, console)
-        while running.alive:
-            raise_if_set(terminated)
-            time.sleep(0.5)
-        raise LocalchatError("the server's front stopped")
+        return serve_until_stopped(running, terminated, "the server's front stopped")
     except KeyboardInterrupt:
         return outcomes.OK
     finally:

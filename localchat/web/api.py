@@ -21,7 +21,7 @@ script (its Content-Security-Policy says so) and never turns text into HTML.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -102,26 +102,18 @@ class WebApi:
             uid, system=body.get("system"), temperature=body.get("temperature"), history=body.get("history")))
 
     async def turn(self, request: Request) -> Response:
-        try:
-            check_key(request.headers, self.api_key)
+        async def respond() -> Response:
             body = await json_body(request)
             if not isinstance(body, dict):
                 raise ApiError(400, "invalid_request_error", "the body is a JSON object")
-            kind = body.get("kind", "ask")
-            if kind not in ("ask", "retry", "edit"):
-                raise ApiError(400, "invalid_request_error", "kind is ask, retry or edit")
-            text = body.get("text", "")
-            if not isinstance(text, str):
-                raise ApiError(400, "invalid_request_error", "text is a string")
+            kind, text = body.get("kind", "ask"), body.get("text", "")
+            if kind not in ("ask", "retry", "edit") or not isinstance(text, str):
+                raise ApiError(400, "invalid_request_error", "kind is ask, retry or edit, and text a string")
             pictures = await run_in_threadpool(_pictures, body.get("images") or [])
             events = await run_in_threadpool(self._first, request.path_params["uid"], kind, text, pictures)
-        except ApiError as exc:
-            return _error(exc.status, exc.message)
-        except SessionNotFound as exc:
-            return _error(404, str(exc))
-        except LocalchatError as exc:
-            return _error(400, str(exc))
-        return StreamingResponse(_sse(events), media_type="text/event-stream", headers={"cache-control": "no-cache"})
+            return StreamingResponse(_sse(events), media_type="text/event-stream", headers={"cache-control": "no-cache"})
+
+        return await self._guarded(request, respond)
 
     def _first(self, uid: str, kind: str, text: str, pictures: tuple) -> Iterator[dict[str, Any]]:
         """The turn's events, its refusals (busy, bad input) raised before the stream begins."""
@@ -154,15 +146,14 @@ class WebApi:
                                     if self.results else [])
 
     async def plot(self, request: Request) -> Response:
-        try:
-            check_key(request.headers, self.api_key)
-        except ApiError as exc:
-            return _error(exc.status, exc.message)
-        name = request.path_params["name"]
-        path = self.results / name if self.results else None
-        if path is None or "/" in name or not name.endswith(".png") or not path.is_file() or path.is_symlink():
-            return _error(404, f"no plot {name[:80]!r}")
-        return FileResponse(path, media_type="image/png", headers={"cache-control": "no-cache"})
+        async def respond() -> Response:
+            name = request.path_params["name"]
+            path = self.results / name if self.results else None
+            if path is None or "/" in name or not name.endswith(".png") or not path.is_file() or path.is_symlink():
+                return _error(404, f"no plot {name[:80]!r}")
+            return FileResponse(path, media_type="image/png", headers={"cache-control": "no-cache"})
+
+        return await self._guarded(request, respond)
 
     async def _body(self, request: Request) -> dict[str, Any]:
         try:
@@ -171,11 +162,18 @@ class WebApi:
             body = None
         return body if isinstance(body, dict) else {}
 
-    async def _answered(self, request: Request, work: Any) -> Response:
-        """``work``'s answer as JSON, in a thread; a refusal as one line in an error object."""
+    async def _answered(self, request: Request, work: Callable[[], Any]) -> Response:
+        """``work``'s answer as JSON, in a thread."""
+        async def respond() -> Response:
+            return JSONResponse(await run_in_threadpool(work))
+
+        return await self._guarded(request, respond)
+
+    async def _guarded(self, request: Request, respond: Callable[[], Awaitable[Response]]) -> Response:
+        """``respond``'s answer when the request carries the key; a refusal as one line in an error object."""
         try:
             check_key(request.headers, self.api_key)
-            return JSONResponse(await run_in_threadpool(work))
+            return await respond()
         except ApiError as exc:
             return _error(exc.status, exc.message)
         except SessionNotFound as exc:
