@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 from rich.console import Console
 from rich.markup import escape
+from rich.box import SIMPLE_HEAD
 from rich.table import Table
 
 from localchat.errors import LocalchatError
@@ -57,7 +58,7 @@ def run_ps(*, base_url: str, api_key: str | None, as_json: bool, console: Consol
 
 
 def show_rows(console: Console, rows: list[dict[str, Any]], held: dict[str, Any]) -> None:
-    table = Table("model", "state", "estimate", "resident", "since", "expires in", "in flight", "pid")
+    table = Table("model", "state", "estimate", "resident", "since", "expires", "requests", "pid", box=SIMPLE_HEAD)
     for row in rows:
         table.add_row(escape(str(row.get("model"))), str(row.get("state")), _size(row.get("memory_bytes")),
                       _size(row.get("resident_bytes")), _since(row.get("loaded_at")),
