@@ -188,3 +188,23 @@ def test_a_model_served_elsewhere_is_routed_never_loaded(serves):
     assert reply.choices[0].finish_reason in ("stop", "tool_calls")
     assert front.held_names() == {"demo"}  # nothing of far's is held here
     assert "far · " in front.wait_log("far · ")
+
+
+@pytest.mark.parametrize("keep_alive, status", [(True, 400), ([1], 400), ("soon", 400), ("nan", 400), ({"a": 1}, 400),
+                                                ("1e400", 200), (-1, 200), ("1h30m", 200)])
+def test_a_requests_keep_alive_is_read_as_ollama_reads_it_or_refused(two_models, keep_alive, status):
+    reply = two_models.ask("demo", keep_alive=keep_alive)
+    assert reply.status_code == status, reply.text
+    if status == 400:
+        assert "keep-alive" in reply.json()["error"]["message"]
+
+
+def test_hostile_names_and_bodies_are_one_answer_each(two_models):
+    long_name = "x" * 20_000
+    missing = two_models.ask(long_name)
+    assert missing.status_code == 404 and len(missing.json()["error"]["message"]) < 400
+    for body in (b"not json", b"[]", b'{"model": 12, "messages": []}', b'{"model": "demo", "messages": "x"}'):
+        answer = httpx.post(two_models.url + "/v1/chat/completions", content=body, timeout=30,
+                            headers={"content-type": "application/json"})
+        assert 400 <= answer.status_code < 500, (body, answer.status_code, answer.text)
+    assert two_models.ask("demo").status_code == 200  # still serving

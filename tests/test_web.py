@@ -286,3 +286,36 @@ def test_the_plots_of_a_results_directory_are_shown(page):
     page.locator("#results-box").click()
     page.locator("#results img").first.wait_for()
     assert page.locator("#results figcaption").count() >= 3
+
+
+@pytest.mark.parametrize("method, path, body", [
+    ("POST", "/api/chats", {"model": 5}),
+    ("POST", "/api/chats", {"temperature": "hot"}),
+    ("POST", "/api/chats", {"model": "llama-70b"}),
+    ("POST", "/api/chats/{uid}/turns", []),
+    ("POST", "/api/chats/{uid}/turns", {"text": 5}),
+    ("POST", "/api/chats/{uid}/turns", {"kind": "rm -rf", "text": "hi"}),
+    ("POST", "/api/chats/{uid}/turns", {"text": "hi", "images": "x"}),
+    ("POST", "/api/chats/{uid}/turns", {"text": "hi", "images": ["data:text/plain;base64,AAAA"]}),
+    ("POST", "/api/chats/{uid}/turns", {"text": "hi", "images": ["data:image/png;base64,!!!"]}),
+    ("POST", "/api/chats/{uid}/turns", {"text": "hi", "images": ["file:///etc/passwd"]}),
+    ("POST", "/api/chats/{uid}/turns", {"text": "x" * 2_000_000}),
+    ("POST", "/api/chats/{uid}/turns", {"text": ""}),
+    ("POST", "/api/chats/{uid}/approval", {"decision": "maybe"}),
+    ("PATCH", "/api/chats/{uid}", {"history": "false"}),
+    ("PATCH", "/api/chats/{uid}", {"temperature": 7}),
+    ("PATCH", "/api/chats/{uid}", {"system": ["a"]}),
+    ("POST", "/api/chats/{uid}/undo", {}),
+    ("GET", "/api/chats/..%2F..%2Fetc", None),
+    ("GET", "/api/chats/nosuch", None),
+    ("GET", "/static/..%2F..%2Fapi.py", None),
+    ("GET", "/api/results/..%2F..%2Fpyproject.toml", None),
+])
+def test_hostile_requests_to_the_page_api_are_one_4xx_line_each(served, method, path, body):
+    uid = httpx.post(served.url + "/api/chats", json={}).json()["id"]
+    content = None if body is None else (b"[]" if body == [] else None)
+    answer = httpx.request(method, served.url + path.replace("{uid}", uid), timeout=60, content=content,
+                           json=body if body not in (None, []) else None)
+    assert 400 <= answer.status_code < 500, answer.text
+    message = answer.json()["error"]["message"]
+    assert message and "\n" not in message and "Traceback" not in message

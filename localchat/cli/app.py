@@ -121,7 +121,8 @@ def serve(
     prompt_cache_disk: PromptCacheDiskOpt = "10GB",
     prompt_cache_dir: PromptCacheDirOpt = None,
     open_page: Annotated[bool, typer.Option("--open", help="Open the chat page in the default browser.")] = False,
-    results: Annotated[Optional[Path], typer.Option(metavar="DIR", show_default=False, help="A bench or load --out "
+    results: Annotated[Optional[Path], typer.Option(metavar="DIR", show_default=False, exists=True, file_okay=False,
+                                                    help="A bench or load --out "
                                                     "directory whose plots the page shows.")] = None,
     tools: ToolsOpt = None,
     mcp: McpOpt = None,

@@ -88,7 +88,10 @@ class WebChats:
             saved = self.store.load(uid)
         except (SessionNotFound, UsageError):
             raise SessionNotFound(f"no conversation {uid!r} in the log") from None
-        model = self._served_name(saved.model)
+        try:
+            model = self._served_name(saved.model)
+        except UsageError:  # a conversation of a model not served here goes on with the first one served
+            model = self.served()[0]
         chat = self._made(uid, model, saved.system, dict(saved.params), saved.turns, saved)
         with self._lock:
             return self.live.setdefault(uid, chat)
@@ -167,8 +170,14 @@ class WebChats:
                 events.put(None)
 
         threading.Thread(target=run, name=f"web-turn-{uid[:8]}", daemon=True).start()
-        while (event := events.get()) is not None:
-            yield event
+        ended = False
+        try:
+            while (event := events.get()) is not None:
+                yield event
+            ended = True
+        finally:
+            if not ended:
+                chat.stop.set()  # the page went away mid-reply: the turn is discarded, as Stop does
 
     def _run(self, chat: LiveChat, kind: str, text: str, pictures: tuple, events: queue.Queue) -> TurnResult:
         session = chat.session
@@ -213,7 +222,9 @@ class WebChats:
         chat = self._idle(uid)
         session = chat.session
         if history is not None:
-            session.use_history = bool(history)
+            if not isinstance(history, bool):
+                raise UsageError("history is true or false")
+            session.use_history = history
         if temperature is not None:
             if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or \
                     not 0 <= temperature <= 2:
