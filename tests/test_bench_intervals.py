@@ -84,6 +84,15 @@ def test_compare_refuses_a_damaged_results_file_in_one_line(runs, tmp_path, turn
     assert refused.exit_code == 2 and needle in refused.stderr and "Traceback" not in refused.stderr, refused.stderr
 
 
+def test_a_damaged_results_file_under_a_directory_with_braces_is_one_line(runs, tmp_path):
+    damaged = tmp_path / "{x}"
+    damaged.mkdir()
+    (damaged / "results.json").write_text(json.dumps({"schema": "localchat.bench.arms/2", "turns": [
+        {"arm": "a", "script": "s", "repeat": 0}]}))
+    refused = runner.invoke(app, ["bench", "compare", str(runs["a"][0]), str(damaged), "--force"])
+    assert refused.exit_code == 2 and "{x}" in refused.stderr and "user must be str" in refused.stderr, refused.stderr
+
+
 def test_compare_refuses_wrong_types_and_non_finite_figures(runs, tmp_path):
     saved = json.loads((runs["a"][0] / "results.json").read_text())
     for field, value, needle in (("ttft_s", "fast", "ttft_s must be"), ("correct", "yes", "correct must be"),

@@ -183,11 +183,50 @@ def test_trimming_drops_a_picture_with_its_turn_never_alone(a_picture):
     assert parts(conversation.preview("q")) == [] and len(conversation.turns) == 1
 
 
-def test_a_retry_sends_the_picture_again(a_picture):
-    conversation = Conversation(None, [Turn(WHAT, "e", images=(a_picture,))])
-    last = conversation.take_back()
-    conversation.attached = last.images
-    assert conversation.preview(last.user)[0]["content"][0]["type"] == "image_url"
+class SeeingBackend:
+    """A backend that answers "ok" and keeps the messages of each call: what a retry sends."""
+
+    name, model_id, template = "fake", "fake", None
+
+    def __init__(self):
+        self.calls = []
+
+    def stream(self, messages, params):
+        from localchat.backends import Finished, TextChunk
+
+        self.calls.append(messages)
+        yield TextChunk("ok")
+        yield Finished(finish_reason="stop", prompt_tokens=1, completion_tokens=1)
+
+    def count_tokens(self, messages, think=None):
+        return None
+
+    def context_length(self):
+        return None
+
+    def close(self):
+        pass
+
+
+def test_a_retry_sends_its_picture_again_and_keeps_the_one_attached_for_the_next_question(a_picture):
+    from dataclasses import replace
+
+    from localchat.backends import GenerationParams
+    from localchat.conversation.turn import ChatSession
+
+    backend = SeeingBackend()
+    session = ChatSession(backend, Conversation(None), GenerationParams())
+    session.conversation.attached = (a_picture,)
+    assert session.ask(WHAT).committed
+    pending = replace(a_picture, ref=replace(a_picture.ref, name="b.webp"))
+    session.conversation.attached = (pending,)  # /image b.webp, then /retry
+    assert session.retry().committed
+    sent = backend.calls[-1][-1]["content"]
+    assert [p["type"] for p in sent] == ["image_url", "text"]  # the retried question's own picture
+    assert session.conversation.attached == (pending,)  # b is still waiting for the next question
+    assert len(session.conversation.turns) == 1 and session.conversation.turns[0].images == (a_picture,)
+    session.ask("and now?")
+    assert session.conversation.turns[-1].images == (pending,) and session.conversation.attached == ()
 
 
 # --- refusals: one line, exit 2, before any model loads, nothing kept ---------------------------------

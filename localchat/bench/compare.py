@@ -76,7 +76,7 @@ def _checked_turn(turn: Any, number: int, path: Path) -> dict:
         if name not in turn or not isinstance(value, kinds) or not number_ok or not finite:
             wanted = " or ".join("null" if k is type(None) else k.__name__ for k in kinds)
             raise UsageError(f"bench compare: {path}: turn {number}: {name} must be {wanted} (a finite number where "
-                             "one is asked), not {!r}".format(value)[:300])
+                             f"one is asked), not {value!r}"[:300])
     return turn
 
 

@@ -151,14 +151,15 @@ class ChatSession:
         the history only when the new one is accepted."""
         if not self.conversation.turns:
             raise UsageError("nothing to retry: no question has been answered and kept yet")
-        last = self.conversation.take_back()
-        self.conversation.attached = last.images
+        last, pending = self.conversation.take_back(), self.conversation.attached
+        self.conversation.attached = last.images  # the question goes again with its own pictures …
         try:
             result = self.ask(last.user, listeners, on_compaction)
         except BaseException:
-            self.conversation.attached = ()
             self.conversation.put_back(last)
             raise
+        finally:
+            self.conversation.attached = pending  # … and what was attached for the next one waits for it
         if not result.committed:
             self.conversation.put_back(last)
         return result
