@@ -40,6 +40,12 @@ def tools_server(tmp_path_factory):
         yield openai_client(server.base_url)
 
 
+@pytest.fixture(scope="module")
+def demo_server(tmp_path_factory):
+    with serving("demo", tmp_path_factory.mktemp("plain-demo")) as server:
+        yield openai_client(server.base_url)
+
+
 def ask(client, content, **fields):
     raw = client.chat.completions.with_raw_response.create(
         model="default_model", messages=[{"role": "user", "content": content}], temperature=0, **fields)
@@ -118,11 +124,13 @@ def test_four_concurrent_requests_with_four_formats_are_all_valid(smol):
         valid(results[i])
 
 
-@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "add"}}])
-def test_a_forced_tool_choice_always_calls_add(tools_server, choice):
+@pytest.mark.parametrize("choice, said", [("required", "tool_choice=required"),
+                                          ({"type": "function", "function": {"name": "add"}},
+                                           "tool_choice=function:add")])
+def test_a_forced_tool_choice_always_calls_add(tools_server, choice, said):
     for prompt in ("Hello there!", "Tell me a story.", "What is 12 plus 30?"):
         enforced, reply = ask(tools_server, prompt, tools=TOOLS, tool_choice=choice, max_tokens=64)
-        assert enforced == "tool_choice=required"
+        assert enforced == said  # the header names what was enforced: a named function is not "required"
         assert reply.finish_reason == "tool_calls" and reply.message.tool_calls, reply
         call = reply.message.tool_calls[0]
         assert call.function.name == "add"
@@ -135,6 +143,13 @@ def test_tool_choice_none_never_starts_a_call(tools_server):
     assert "<tool_call>" not in (reply.message.content or "")
     auto = ask(tools_server, "What is 12 plus 30?", tools=TOOLS, max_tokens=64)[1]
     assert auto.message.tool_calls  # the toy calls when it may: "none" is what stopped it
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "add"}}])
+def test_a_call_forced_on_a_model_whose_template_takes_no_tools_is_a_400(demo_server, choice):
+    with pytest.raises(openai.BadRequestError) as refused:
+        ask(demo_server, "What is 12 plus 30?", tools=TOOLS, tool_choice=choice)
+    assert refused.value.body["param"] == "tools" and "takes no tools" in refused.value.body["message"]
 
 
 def test_naming_a_tool_that_was_not_offered_is_a_400(tools_server):

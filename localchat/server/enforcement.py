@@ -22,7 +22,7 @@ class RequestRefused(Exception):
 
 @dataclass(frozen=True)
 class Enforcement:
-    kind: str  # what is enforced, as the response's header says it: json_schema, regex, tool_choice=required…
+    kind: str  # what is enforced, as the header says it: json_schema, regex, tool_choice=required, …=function:add
     schema: dict[str, Any] | None = None
     pattern: str | None = None
     choices: tuple[str, ...] = ()
@@ -97,14 +97,14 @@ def _tool_name(tool: Any) -> str | None:
     return function.get("name") if isinstance(function, dict) else None
 
 
-def _calls(body: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
-    """(auto | none | required, the tools a call may use)."""
+def _calls(body: dict[str, Any]) -> tuple[str, list[dict[str, Any]], str]:
+    """(auto | none | required, the tools a call may use, what the header says was enforced)."""
     tools = body.get("tools") or []
     choice = body.get("tool_choice", "auto")
     if choice in ("auto", "none", "required"):
         if choice == "required" and not tools:
             raise RequestRefused("tool_choice is required but no tools were given", "tool_choice")
-        return choice, list(tools)
+        return choice, list(tools), f"tool_choice={choice}"
     name = choice.get("function", {}).get("name") if isinstance(choice, dict) and isinstance(
         choice.get("function"), dict) else None
     if not isinstance(choice, dict) or choice.get("type") != "function" or not isinstance(name, str):
@@ -113,7 +113,7 @@ def _calls(body: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
     named = [t for t in tools if _tool_name(t) == name]
     if not named:
         raise RequestRefused(f"tool_choice names {name!r}, which is not among the tools given", "tool_choice")
-    return "required", named
+    return "required", named, f"tool_choice=function:{name}"
 
 
 def _check(fmt: AnswerFormat | None, tools: list[dict[str, Any]], calls: str) -> None:
@@ -130,14 +130,14 @@ def _check(fmt: AnswerFormat | None, tools: list[dict[str, Any]], calls: str) ->
             raise RequestRefused(f"tool {name!r}: its parameters cannot be enforced: {why}", "tools")
 
 
-def enforcement_of(body: dict[str, Any], provider: Any = None) -> Enforcement | None:
+def enforcement_of(body: dict[str, Any]) -> Enforcement | None:
     """What ``body`` asks to be enforced (None: nothing), or ``RequestRefused``."""
     found = _format(body)
-    calls, tools = _calls(body)
+    calls, tools, said = _calls(body)
     if found is None and not tools:
         return None
     kind, fields = found or ("", {})
-    enforcement = Enforcement(kind=",".join(k for k in (kind, f"tool_choice={calls}" if tools else "") if k),
+    enforcement = Enforcement(kind=",".join(k for k in (kind, said if tools else "") if k),
                               tools=tools if calls != "none" else [], calls=calls, **fields)
     _check(enforcement.answer(), enforcement.tools, calls)
     return enforcement

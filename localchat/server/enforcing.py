@@ -136,7 +136,8 @@ def install(server: Any) -> None:
         def handle_completion(self, request, stop_words):
             self.enforced = None  # each request its own (were connections kept alive, a handler would serve several)
             try:
-                enforcement = enforcement_of(self.body, self.response_generator.model_provider)
+                enforcement = enforcement_of(self.body)
+                self._check_calls(enforcement)
             except RequestRefused as exc:
                 return self._refuse(exc)
             if enforcement is not None:
@@ -145,6 +146,17 @@ def install(server: Any) -> None:
                     request.tools = None  # no call can start: the template offers none
                 self.enforced = enforcement.kind
             return super().handle_completion(request, stop_words)
+
+        def _check_calls(self, enforcement: Enforcement | None) -> None:
+            """A call that must come, from a model whose chat template takes no tools, is refused: its
+            prompt would not even show the tools (the header would claim what was not done)."""
+            provider = self.response_generator.model_provider
+            tokenizer, model = getattr(provider, "tokenizer", None), getattr(provider, "model", None)
+            if enforcement is None or enforcement.calls != "required" or tokenizer is None:
+                return
+            if masks.of(tokenizer, model)[1].tool_format is None:
+                raise RequestRefused("the served model's chat template takes no tools, so no call can be enforced: "
+                                     "serve a model that calls tools (e.g. localchat serve -m demo-tools)", "tools")
 
         def _refuse(self, exc: RequestRefused) -> None:
             import json
