@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import statistics
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from localchat.backends import GenerationParams
@@ -138,5 +138,3 @@ def _slope(points: list[DepthPoint]) -> float | None:
     return slope * 1000 * 1000  # seconds per token → ms per 1,000 tokens
 
 
-def as_dicts(points: list[DepthPoint]) -> list[dict]:
-    return [asdict(p) for p in points]

@@ -8,9 +8,9 @@ import time
 from typing import Any
 
 import httpx
+from rich.box import SIMPLE_HEAD
 from rich.console import Console
 from rich.markup import escape
-from rich.box import SIMPLE_HEAD
 from rich.table import Table
 
 from localchat.errors import LocalchatError

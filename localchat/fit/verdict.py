@@ -1,6 +1,6 @@
 """Does a model fit: its estimate against the machine's budget, and what would help when it is
-tight or does not fit. ``check`` is what ``chat``, ``serve``, ``bench``, ``load`` and ``pull`` run
-before a byte is downloaded or a weight is loaded."""
+tight or does not fit; the module ``fit.check`` judges a model with it for ``chat``, ``serve``,
+``bench``, ``load`` and ``pull`` before a byte is downloaded or a weight is loaded."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def gb(n: float) -> str:
     return f"{n / 1e6:.1f} MB" if n >= 1e6 else f"{n / 1e3:.0f} KB"
 
 
-def fit_context(shape: ModelShape, asked: int | None, kv: KVSettings) -> int:
+def fit_context(shape: ModelShape, asked: int | None) -> int:
     """The context a fit is judged at: the user's budget, else 8k, never past the model's window."""
     context = asked or DEFAULT_CONTEXT
     if shape.context_window:
@@ -78,7 +78,7 @@ def _helps(shape: ModelShape, context: int, kv: KVSettings, budget: MemoryBudget
 
 def judge(shape: ModelShape, budget: MemoryBudget | None, *, context: int | None = None,
           kv: KVSettings = KVSettings(), metal: bool = False, smaller: tuple[str, ...] = ()) -> FitReport:
-    at = fit_context(shape, context, kv)
+    at = fit_context(shape, context)
     guess = estimate(shape, at, kv, metal)
     verdict = _verdict(guess.total, budget)
     helps = _helps(shape, at, kv, budget, metal, smaller) if verdict in ("tight", "does not fit") else ()

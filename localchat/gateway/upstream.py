@@ -22,7 +22,7 @@ import httpx
 
 from localchat.backends import DEFAULT_TIMEOUT_S, Event, Finished, Message, ReasoningChunk, TextChunk
 from localchat.backends.http import make_client
-from localchat.backends.openai_http import ServerBackend
+from localchat.backends.openai_http import SERVER_DEFAULT_MODEL, ServerBackend
 from localchat.conversation.history import system_first
 from localchat.conversation.result import Listeners, StreamOutcome, consume
 from localchat.conversation.stats import TurnClock
@@ -33,8 +33,7 @@ from localchat.registry import ModelRef, context_length_of, local_tokenizer_load
 from localchat.templates.render import ChatTemplate, TemplateError, template_of
 
 IDLE_S = 5.0  # a client hears a ping when the server has sent nothing for this long
-REASONING_KEY = "_reasoning"
-SERVER_DEFAULT_MODEL = "default_model"  # mlx_lm.server's name for the model it was started with  # where a request's past reasoning waits for the template's own field
+REASONING_KEY = "_reasoning"  # where a request's past reasoning waits for the template's own field
 
 
 @dataclass

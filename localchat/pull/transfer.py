@@ -16,8 +16,6 @@ from pathlib import Path
 from localchat.errors import LocalchatError
 from localchat.pull.plan import PullPlan, RemoteFile
 
-STOP_GRACE_S = 1.0
-
 
 @dataclass(frozen=True)
 class Transfer:

@@ -85,7 +85,7 @@ class VisionBackend:
         prompt, pictures = self.counter.inputs(messages)
         shown = tuple(image_urls(messages))
         if not self.cache_reuse or shown != self._shown:
-            self._state = self._new_state()  # see below: a cached prefix is only ever one with the same pictures
+            self._state = self._new_state()  # a cached prefix is only ever one with the same pictures (above)
         self._shown = shown
         yield Progress(0, 0)
         if params.seed is not None:

@@ -22,6 +22,8 @@ from typing import Any
 from localchat.errors import UsageError
 from localchat.files import read_named
 
+IMAGE_PART_TYPES = ("image_url", "input_image", "image")  # a picture's part: OpenAI's, Responses', Anthropic's
+
 MAX_IMAGE_BYTES = 20 * 1024**2
 MAX_PIXELS = 40_000_000  # 8,000 × 5,000: past any photo or screenshot; 20,000 × 20,000 is not a picture to chat about
 FORMATS = {"PNG": "image/png", "JPEG": "image/jpeg", "WEBP": "image/webp", "GIF": "image/gif", "BMP": "image/bmp"}
@@ -153,7 +155,7 @@ def shown_text(content: str | list[dict[str, Any]] | None, labels: dict[str, str
     for part in content:
         if part.get("type") == "text":
             shown.append(str(part.get("text", "")))
-        elif part.get("type") in ("image_url", "input_image", "image"):
+        elif part.get("type") in IMAGE_PART_TYPES:
             url = part.get("image_url", {}).get("url", "") if isinstance(part.get("image_url"), dict) else ""
             shown.append((labels or {}).get(url, "[image]"))
     return "\n".join(shown)

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-IMAGE_PART_TYPES = ("image_url", "input_image", "image")
-
 
 def image_urls(messages: list[dict[str, Any]]) -> list[str]:
     """Every image's URL in the user messages, in order (what the server collects)."""
