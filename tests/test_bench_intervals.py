@@ -84,6 +84,16 @@ def test_compare_refuses_a_damaged_results_file_in_one_line(runs, tmp_path, turn
     assert refused.exit_code == 2 and needle in refused.stderr and "Traceback" not in refused.stderr, refused.stderr
 
 
+def test_compare_names_an_arm_only_one_run_has(runs, tmp_path):
+    saved = json.loads((runs["a"][0] / "results.json").read_text())
+    first = saved["turns"][0]["arm"]
+    renamed = dict(saved, turns=[dict(t, arm="extra") if t["arm"] == first else t for t in saved["turns"]])
+    (tmp_path / "results.json").write_text(json.dumps(renamed))
+    shown = runner.invoke(app, ["bench", "compare", str(runs["a"][0]), str(tmp_path), "--force"])
+    assert shown.exit_code == 0, shown.stderr
+    assert f"{first}: only in run A" in shown.stdout and "extra: only in run B" in shown.stdout
+
+
 def test_a_damaged_results_file_under_a_directory_with_braces_is_one_line(runs, tmp_path):
     damaged = tmp_path / "{x}"
     damaged.mkdir()

@@ -370,3 +370,24 @@ def test_leaving_kept_conversations_writes_their_kv_caches_under_the_cap(home):
     assert "evicted the oldest" in done.stderr  # three would not fit: the oldest went
     again = runner.invoke(app, ["chat", "--continue"], input="/quit\n")
     assert "KV cache loaded" in again.stderr  # the latest one is there to continue
+
+
+@pytest.mark.parametrize("answer, kept", [("", True), ("n", True), ("y", False), ("yes", False)])
+def test_log_rm_asks_with_its_default_shown_and_no_is_the_default(monkeypatch, answer, kept):
+    from localchat.cli import log as log_command
+    from localchat.errors import UsageError
+
+    asked = []
+
+    class Console:
+        def input(self, prompt):
+            asked.append(prompt)
+            return answer
+
+    monkeypatch.setattr(log_command.sys.stdin, "isatty", lambda: True)
+    if kept:
+        with pytest.raises(UsageError, match="nothing removed"):
+            log_command._confirm_bulk(Console(), None)
+    else:
+        log_command._confirm_bulk(Console(), "30d")
+    assert asked and asked[0].endswith("[y/N] ")

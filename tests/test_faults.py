@@ -338,6 +338,13 @@ def test_bench_out_that_is_a_file(tmp_path):
     check(runner.invoke(app, ["bench", "--out", str(tmp_path / "f")]), 2, "is a file, not a directory")
 
 
+def test_a_refused_bench_leaves_no_empty_out_directory(tmp_path):
+    out = tmp_path / "new" / "out"
+    check(runner.invoke(app, ["bench", "--out", str(out), "--plot", str(tmp_path / "no" / "x.png")]), 2,
+          "does not exist")
+    assert not (tmp_path / "new").exists()
+
+
 def test_bench_plot_into_a_missing_directory(tmp_path):
     check(runner.invoke(app, ["bench", "--plot", str(tmp_path / "no" / "x.png")]), 2, "does not exist")
 

@@ -143,7 +143,9 @@ def compare_runs(first: Path, second: Path, force: bool = False) -> dict:
     return {"a": {"path": str(a.path), "run": a.label, "busy": busy_line(a.environment.get("conditions"))},
             "b": {"path": str(b.path), "run": b.label, "busy": busy_line(b.environment.get("conditions"))},
             "differences_in_settings": differ,
-            "arms": {arm: compare_arm(a.records(arm), b.records(arm)) for arm in shared}}
+            "arms": {arm: compare_arm(a.records(arm), b.records(arm)) for arm in shared},
+            "only_in": {"a": [arm for arm in a.arms if arm not in b.arms],
+                        "b": [arm for arm in b.arms if arm not in a.arms]}}
 
 
 def compare_lines(report: dict) -> list[str]:
@@ -163,4 +165,6 @@ def compare_lines(report: dict) -> list[str]:
                          f"{interval_text(i['ttft_median_s'], '.1f', 1e3)} ms · decode median "
                          f"{interval_text(i['decode_tps_median'], '.1f')} tok/s")
         lines.append("  " + paired_line("B vs A", c["b_vs_a"]))
+    lines += [f"{arm}: only in run {run.upper()}, nothing to compare it with"
+              for run in ("a", "b") for arm in report["only_in"][run]]
     return lines

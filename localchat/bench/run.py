@@ -94,11 +94,15 @@ def check_outputs(opts: BenchOptions) -> None:
 
 
 def check_writable_directory(path: Path, option: str) -> None:
+    """``path`` can be written, or made where the nearest directory that exists can be written; it
+    is made only when the results are (a run refused later leaves no empty directory behind)."""
     if path.exists() and not path.is_dir():
         raise UsageError(f"{option} {path} is a file, not a directory")
+    existing = next((p for p in (path, *path.parents) if p.exists()), Path("."))
+    if not existing.is_dir():
+        raise UsageError(f"{option} {path}: {existing} is a file, not a directory")
     try:
-        path.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path):
+        with tempfile.TemporaryFile(dir=existing):
             pass
     except OSError as exc:
         raise UsageError(f"{option} {path} cannot be written: {exc.strerror or exc}") from None

@@ -189,7 +189,6 @@ def _confirm_bulk(console: Console, older_than: str | None) -> None:
     what = f"every conversation last kept more than {older_than} ago" if older_than else "every conversation"
     if not sys.stdin.isatty():
         raise UsageError(f"log rm would remove {what}: add --yes (there is no terminal to ask on)")
-    from rich.prompt import Confirm
-
-    if not Confirm.ask(f"remove {what} from the log, with their KV caches?", console=console, default=False):
+    answer = console.input(f"remove {what} from the log, with their KV caches? [y/N] ")
+    if answer.strip().lower() not in ("y", "yes"):
         raise UsageError("nothing removed")
