@@ -36,7 +36,7 @@ def load_table(result: LoadResult) -> tuple[list[str], list[list[str]]]:
     passes = result.settings.get("repeat", 1) > 1
     for s in result.summaries():
         acc = s["accuracy"]
-        shown = str(s["users"]) + (f" (pass {s['repeat'] + 1})" if passes else "") \
+        shown = count(s["users"], "user") + (f" (pass {s['repeat'] + 1})" if passes else "") \
             + (" (partial)" if s["partial"] else "")
         rows.append([shown, s["history"], str(s["requests"]),
                      str(s["requests"] - s["ok"]), _f(s["request_rate"], ".2f"), _f(s["output_tps"]),
@@ -70,8 +70,12 @@ def sweep_lines(result: LoadResult) -> list[str]:
         if s["history"] == "on":
             hits = " · ".join(f"turn {n} {_f(t['cached_tokens_mean'], '.0f')}/{_f(t['prompt_tokens_mean'], '.0f')}"
                               for n, t in s["by_turn"].items())
-            lines.append(f"{count(s['users'], 'user')}, history on: cached/prompt tokens by turn: {hits}")
+            which = f" (pass {s['repeat'] + 1})" if result.settings.get("repeat", 1) > 1 else ""
+            lines.append(f"{count(s['users'], 'user')}{which}, history on: cached/prompt tokens by turn: {hits}")
     return lines
+
+
+FEWEST_FOR_INTERVAL = 5  # passes: as bench says of its repeats ("--repeat 5 gives 95 % intervals")
 
 
 def repeated_lines(result: LoadResult) -> list[str]:
@@ -83,7 +87,11 @@ def repeated_lines(result: LoadResult) -> list[str]:
             if interval["low"] is not None else ""
         return _f(interval["value"], spec, scale) + bounds
 
-    return [f"{count(r['users'], 'user')}, history {r['history']}, {r['passes']} passes (median [95 % interval]): "
+    def kind(passes: int) -> str:  # two or three values have a range, not a 95 % interval worth the name
+        return "median [95 % interval]" if passes >= FEWEST_FOR_INTERVAL else \
+            f"median [the {passes} passes' range]; --repeat {FEWEST_FOR_INTERVAL} or more gives a 95 % interval"
+
+    return [f"{count(r['users'], 'user')}, history {r['history']}, {r['passes']} passes ({kind(r['passes'])}): "
             f"out tok/s {shown(r['output_tps'], '.1f')} · req/s {shown(r['request_rate'], '.2f')} · TTFT p50 "
             f"{shown(r['ttft_p50_s'], '.0f', 1e3)} ms · TTFT p99 {shown(r['ttft_p99_s'], '.0f', 1e3)} ms · "
             f"accuracy {shown(r['accuracy'], '.0%')}" for r in result.repeated() or []]
