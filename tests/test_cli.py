@@ -165,3 +165,9 @@ def test_version_names_localchat_and_mlx():
 
     result = runner.invoke(app, ["--version"])
     assert result.exit_code == 0 and re.fullmatch(r"localchat \S+ \(mlx \S+, mlx-lm \S+\)\n", result.stdout)
+
+
+def test_bench_help_shows_the_usage_a_user_types():
+    for args in (["bench", "--help"], ["bench", "run", "--help"]):
+        shown = runner.invoke(app, args).stdout
+        assert shown.startswith("Usage: localchat bench [OPTIONS]"), shown[:80]

@@ -10,7 +10,15 @@ import typer
 
 from localchat.backends import DEFAULT_BASE_URL, DEFAULT_TIMEOUT_S
 from localchat.cli.chat_command import chat
-from localchat.cli.dispatch import ListsByDefault, OneLineErrors, RunsByDefault, err_console, out_console, run
+from localchat.cli.dispatch import (
+    DefaultRun,
+    ListsByDefault,
+    OneLineErrors,
+    RunsByDefault,
+    err_console,
+    out_console,
+    run,
+)
 from localchat.cli.measure_commands import SERVER_ARGS, bench, load
 from localchat.cli.options import (
     AllowDownloadOpt,
@@ -75,7 +83,7 @@ app.command()(chat)
 bench_app = typer.Typer(help="Benchmark what history costs and buys: run (the default), compare two runs.",
                         cls=RunsByDefault, rich_markup_mode=None)
 app.add_typer(bench_app, name="bench")
-bench_app.command("run")(bench)
+bench_app.command("run", cls=DefaultRun)(bench)
 
 
 @bench_app.command("compare")

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_args
 
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 from localchat.cli import outcomes
 from localchat.errors import LocalchatError, TerminationRequested
@@ -115,6 +115,15 @@ class ListsByDefault(OneLineErrors):
         if not args or (args[0] not in self.commands and args[0] not in ("--help", "-h")):
             args = ["list", *args]
         return super().parse_args(ctx, args)
+
+
+class DefaultRun(TyperCommand):
+    """The ``run`` of a ``RunsByDefault`` group: its help shows the usage a user types
+    (``localchat bench [OPTIONS]``), not the name it is reached by."""
+
+    def format_usage(self, ctx, formatter):
+        path = ctx.parent.command_path if ctx.parent is not None else ctx.command_path
+        formatter.write_usage(path, " ".join(self.collect_usage_pieces(ctx)))
 
 
 class RunsByDefault(OneLineErrors):
