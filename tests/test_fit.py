@@ -94,12 +94,16 @@ def test_the_context_judged_is_the_users_and_never_past_the_models_window():
     assert judge(shape, None).verdict == "unknown"
 
 
-@pytest.mark.parametrize("text, value", [("12GB", 12 * 2**30), ("512M", 512 * 2**20), ("1000", 1000)])
-def test_a_memory_limit_is_a_size(text, value):
+@pytest.mark.parametrize("text, value", [("12GB", 12 * 10**9), ("512M", 512 * 10**6), ("20MB", 20 * 10**6),
+                                         ("1GiB", 2**30), ("123456B", 123456), ("1.5 GB", 1_500_000_000)])
+def test_a_memory_limit_is_a_size_in_one_convention(text, value):
+    from localchat.sizes import shown_size
+
     assert parse_limit(text) == value
+    assert shown_size(parse_limit("20MB")) == "20.0 MB" and shown_size(parse_limit("1GB")) == "1.00 GB"
 
 
-@pytest.mark.parametrize("text", ["0", "twelve", "-1GB", ""])
+@pytest.mark.parametrize("text", ["0", "twelve", "-1GB", "", "12", "1000", "9" * 400 + "GB", "nanGB", "1e9GB"])
 def test_a_memory_limit_that_is_not_one_is_a_usage_error(text):
     with pytest.raises(UsageError):
         parse_limit(text)
@@ -108,7 +112,7 @@ def test_a_memory_limit_that_is_not_one_is_a_usage_error(text):
 def test_the_config_files_memory_limit_is_the_budget(tmp_path, monkeypatch):
     monkeypatch.setenv("LOCALCHAT_HOME", str(tmp_path))
     (tmp_path / "config.yaml").write_text("memory_limit: 6GB\n")
-    assert machine_budget() == MemoryBudget(bytes=6 * 2**30, source="your memory limit")
+    assert machine_budget() == MemoryBudget(bytes=6 * 10**9, source="your memory limit")
     assert machine_budget(2**30).bytes == 2**30  # the flag wins
     (tmp_path / "config.yaml").write_text("memory_limit: lots\n")
     with pytest.raises(UsageError, match="memory_limit"):
@@ -173,7 +177,7 @@ def test_models_and_doctor_show_the_budget_and_verdicts(tmp_path, monkeypatch):
     monkeypatch.setenv("LOCALCHAT_HOME", str(tmp_path))
     (tmp_path / "config.yaml").write_text("memory_limit: 10MB\n")
     models = CliRunner().invoke(app, ["models"])
-    assert "demo (default, tiny) · demo family · present · 0.9 MB · 4-bit · needs ~" in models.stdout
+    assert "demo (default, tiny) · demo family · present · 870 KB · 4-bit · needs ~" in models.stdout
     assert " at 1,024 tokens: does not fit" in models.stdout  # 10 MB is too little even for the demo
     doctor = CliRunner().invoke(app, ["doctor", "--base-url", "http://127.0.0.1:9/v1"])
-    assert "memory budget" in doctor.stdout and "10.5 MB (your memory limit" in doctor.stdout
+    assert "memory budget" in doctor.stdout and "10.0 MB (your memory limit" in doctor.stdout

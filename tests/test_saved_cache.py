@@ -151,8 +151,8 @@ def test_files_are_private_capped_oldest_first_and_a_failed_write_keeps_the_sess
     assert skipped.save(session, "plain").cache is None and files.size_of("plain") is None
 
 
-@pytest.mark.parametrize("text, expected", [("4G", 4 * 1024**3), ("500MB", 500 * 1024**2), ("1.5GiB", 1610612736),
-                                            ("0", 0), (123, 123)])
+@pytest.mark.parametrize("text, expected", [("4G", 4 * 10**9), ("500MB", 500 * 10**6), ("1.5GiB", 1610612736),
+                                            ("0", 0), ("123B", 123)])
 def test_sizes_parse(text, expected):
     assert parse_size(text) == expected
 

@@ -11,26 +11,21 @@ from rich.table import Column, Table
 from localchat.environment import collect
 from localchat.errors import LocalchatError
 from localchat.registry import describe, load_registry, models_file
-
-
-def _size(n: int | None) -> str:
-    if n is None:
-        return "–"
-    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
+from localchat.sizes import shown_size
 
 
 def fit_text(entry, budget) -> str:
     """What a present model needs at 8k tokens of context (or its window) and the verdict here."""
     from localchat.fit.check import on_metal
     from localchat.fit.shape import local_shape
-    from localchat.fit.verdict import gb, judge
+    from localchat.fit.verdict import judge
     from localchat.registry import local_dir, resolve
 
     try:
         report = judge(local_shape(local_dir(resolve(entry.id))), budget, metal=on_metal())
     except LocalchatError as exc:
         return f"no estimate ({exc})"
-    return f"needs ~{gb(report.estimate.total)} at {report.estimate.context:,} tokens: {report.verdict}"
+    return f"needs ~{shown_size(report.estimate.total)} at {report.estimate.context:,} tokens: {report.verdict}"
 
 
 def show_model_list(console: Console) -> None:
@@ -43,7 +38,7 @@ def show_model_list(console: Console) -> None:
         e = info.entry
         aliases = f" ({', '.join(e.aliases)})" if e.aliases else ""
         figures = " · ".join([*([f"{e.family} family"] if e.family else []), "present" if info.present else "not on this machine",
-                              *([_size(info.size_bytes)] if info.present else []),
+                              *([shown_size(info.size_bytes)] if info.present else []),
                               *([f"{info.bits}-bit"] if info.bits else []),
                               *([fit_text(e, budget)] if info.present else ["localchat pull " + e.id])])
         console.print(f"[bold]{escape(e.id)}[/bold]{escape(aliases)} · {figures}")
@@ -86,12 +81,11 @@ def distributed_backends() -> str:
 def budget_text() -> str:
     """What a model may take here, and where that figure comes from."""
     from localchat.fit.budget import machine_budget
-    from localchat.fit.verdict import gb
 
     budget = machine_budget()
     if budget is None:
         return "unknown (this machine does not say)"
-    return f"{gb(budget.bytes)} ({budget.source}; memory_limit in config.yaml or --memory-limit to keep room)"
+    return f"{shown_size(budget.bytes)} ({budget.source}; memory_limit in config.yaml or --memory-limit to keep room)"
 
 
 def prompt_cache_text() -> str:
@@ -99,7 +93,7 @@ def prompt_cache_text() -> str:
     from localchat.store.prompt_files import PromptFiles, default_root
 
     files = PromptFiles(default_root())
-    return f"{_size(files.total_bytes())} on disk, {files.hits()} served from disk ({files.root})"
+    return f"{shown_size(files.total_bytes())} on disk, {files.hits()} served from disk ({files.root})"
 
 
 def run_doctor(console: Console, base_url: str) -> None:

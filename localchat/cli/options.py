@@ -77,7 +77,7 @@ def check_seed(value: int | None) -> int | None:
 def check_size(value: str | None) -> int | None:
     """``--cache-max-bytes``: bytes, or a number with K, M, G or T."""
     from localchat.errors import UsageError
-    from localchat.store.kv_files import parse_size
+    from localchat.sizes import parse_size
 
     try:
         return parse_size(value) if value is not None else None

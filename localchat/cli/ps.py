@@ -14,7 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from localchat.errors import LocalchatError
-from localchat.fit.verdict import gb
+from localchat.sizes import shown_size
 
 PS_PATH = "/localchat/ps"
 
@@ -52,7 +52,7 @@ def run_ps(*, base_url: str, api_key: str | None, as_json: bool, console: Consol
         show_rows(console, rows, held)
     disk = held.get("prompt_cache")
     if isinstance(disk, dict) and isinstance(disk.get("bytes"), int) and isinstance(disk.get("max_bytes"), int):
-        console.print(f"prompt caches on disk: {gb(disk['bytes'])} of {gb(disk['max_bytes'])}, {disk.get('hits')} "
+        console.print(f"prompt caches on disk: {shown_size(disk['bytes'])} of {shown_size(disk['max_bytes'])}, {disk.get('hits')} "
                       f"served from disk ({disk.get('dir')})", style="dim", markup=False)
     return 0
 
@@ -60,19 +60,15 @@ def run_ps(*, base_url: str, api_key: str | None, as_json: bool, console: Consol
 def show_rows(console: Console, rows: list[dict[str, Any]], held: dict[str, Any]) -> None:
     table = Table("model", "state", "estimate", "resident", "since", "expires", "requests", "pid", box=SIMPLE_HEAD)
     for row in rows:
-        table.add_row(escape(str(row.get("model"))), str(row.get("state")), _size(row.get("memory_bytes")),
-                      _size(row.get("resident_bytes")), _since(row.get("loaded_at")),
+        table.add_row(escape(str(row.get("model"))), str(row.get("state")), shown_size(row.get("memory_bytes")),
+                      shown_size(row.get("resident_bytes")), _since(row.get("loaded_at")),
                       _expires(row.get("expires_in_s"), row.get("pinned")), str(row.get("in_flight")),
                       str(row.get("pid") or "-"))
     console.print(table)
     if isinstance(held.get("budget_bytes"), int):
         total = sum(r.get("memory_bytes") or 0 for r in rows)
-        console.print(f"{gb(total)} estimated of {gb(held['budget_bytes'])} ({held.get('budget_source')})",
+        console.print(f"{shown_size(total)} estimated of {shown_size(held['budget_bytes'])} ({held.get('budget_source')})",
                       style="dim", markup=False)
-
-
-def _size(value: Any) -> str:
-    return gb(value) if isinstance(value, int) else "-"
 
 
 def _since(value: Any) -> str:

@@ -14,10 +14,11 @@ from rich.console import Console
 
 from localchat.errors import LocalchatError, UsageError
 from localchat.fit.check import FitSettings, judge_shape, smaller_variants
-from localchat.fit.verdict import gb, summary
+from localchat.fit.verdict import summary
 from localchat.pull.plan import PullPlan, endpoint, make_plan
 from localchat.pull.transfer import PlainLines, Transfer, download
 from localchat.registry import ModelRef, resolve
+from localchat.sizes import shown_size
 
 
 def hub_ref(model: str, verb: str = "pull") -> ModelRef:
@@ -30,9 +31,9 @@ def hub_ref(model: str, verb: str = "pull") -> ModelRef:
 def show_plan(plan: PullPlan, name: str, console: Console) -> None:
     cached = sum(f.cached for f in plan.files)
     console.print(f"{plan.repo} at {plan.revision[:12]} from {endpoint()}", markup=False)
-    console.print(f"  {len(plan.files)} files, {gb(plan.total)}" + (f" ({cached} already here; {gb(plan.to_fetch)} "
+    console.print(f"  {len(plan.files)} files, {shown_size(plan.total)}" + (f" ({cached} already here; {shown_size(plan.to_fetch)} "
                                                                      "to fetch)" if cached else ""), markup=False)
-    console.print(f"  free disk {gb(plan.free_disk)} at {plan.cache_dir}", markup=False)
+    console.print(f"  free disk {shown_size(plan.free_disk)} at {plan.cache_dir}", markup=False)
     if plan.fit is not None:
         console.print("  " + summary(name, plan.fit), markup=False)
 
@@ -41,7 +42,7 @@ def refuse(plan: PullPlan, name: str, force: bool) -> None:
     if force:
         return
     if plan.to_fetch > plan.free_disk:
-        raise LocalchatError(f"{plan.repo} needs {gb(plan.to_fetch)} of disk and {gb(plan.free_disk)} is free at "
+        raise LocalchatError(f"{plan.repo} needs {shown_size(plan.to_fetch)} of disk and {shown_size(plan.free_disk)} is free at "
                              f"{plan.cache_dir} (--force to try anyway)")
     if plan.fit is not None and plan.fit.verdict == "does not fit":
         raise LocalchatError(summary(name, plan.fit) + " (--force to download anyway)")
@@ -84,7 +85,7 @@ def pull_ref(ref: ModelRef, settings: FitSettings, *, err: Console, dry_run: boo
         err.print(f"stopped: {len(transfer.finished)} of {sum(not f.cached for f in plan.files)} files finished "
                   "and kept in the cache; run the same command to resume", markup=False)
         raise KeyboardInterrupt
-    err.print(f"fetched {gb(transfer.received)} into {plan.cache_dir}", markup=False)
+    err.print(f"fetched {shown_size(transfer.received)} into {plan.cache_dir}", markup=False)
     return plan
 
 
@@ -117,17 +118,17 @@ def run_rm(*, model: str, yes: bool, console: Console) -> None:
     strategy = cache.delete_revisions(*[rev.commit_hash for r in repos for rev in r.revisions])
     if not yes:
         if not sys.stdin.isatty():
-            raise UsageError(f"rm would free {gb(strategy.expected_freed_size)} ({ref.location}): add --yes "
+            raise UsageError(f"rm would free {shown_size(strategy.expected_freed_size)} ({ref.location}): add --yes "
                              "(there is no terminal to ask on)")
-        answer = console.input(f"remove {ref.location} ({gb(strategy.expected_freed_size)})? [y/N] ")
+        answer = console.input(f"remove {ref.location} ({shown_size(strategy.expected_freed_size)})? [y/N] ")
         if answer.strip().lower() not in ("y", "yes"):
             console.print("kept", style="dim")
             return
     cached = prompt_caches_of(ref)
     strategy.execute()
     freed = cached()
-    also = f" (and {gb(freed)} of serve's prompt caches)" if freed else ""
-    console.print(f"removed {ref.location}: {gb(strategy.expected_freed_size)} freed{also}", markup=False)
+    also = f" (and {shown_size(freed)} of serve's prompt caches)" if freed else ""
+    console.print(f"removed {ref.location}: {shown_size(strategy.expected_freed_size)} freed{also}", markup=False)
 
 
 def prompt_caches_of(ref: ModelRef) -> Callable[[], int]:

@@ -119,7 +119,7 @@ UpstreamOpt = Annotated[Optional[list[str]], typer.Option(metavar="NAME=URL", sh
 
 def check_disk_size(value: str) -> int:
     from localchat.errors import UsageError
-    from localchat.store.kv_files import parse_size
+    from localchat.sizes import parse_size
 
     try:
         return parse_size(value)

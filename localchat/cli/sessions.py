@@ -11,7 +11,8 @@ from rich.table import Table
 from localchat import bounded_json
 from localchat.cli.terminal import for_stream
 from localchat.errors import LocalchatError
-from localchat.store.kv_files import cache_files, human_size, read_metadata
+from localchat.sizes import shown_size
+from localchat.store.kv_files import cache_files, read_metadata
 from localchat.store.saved_sessions import default_store
 from localchat.store.session_export import export_json, export_markdown
 
@@ -28,9 +29,9 @@ def show_list(console: Console) -> None:
         size = caches.size_of(s.name)
         sizes.append(size or 0)
         table.add_row(s.name, str(s.turns), s.model or "(server default)", s.backend, s.updated,
-                      human_size(size) if size is not None else "-")
+                      shown_size(size) if size is not None else "-")
     console.print(table)
-    console.print(f"sessions in {store.path}; KV caches: {human_size(sum(sizes))} of {human_size(caches.max_bytes)} "
+    console.print(f"sessions in {store.path}; KV caches: {shown_size(sum(sizes))} of {shown_size(caches.max_bytes)} "
                   f"in {caches.directory}", style="dim", markup=False)
 
 
@@ -45,9 +46,9 @@ def cache_description(name: str) -> str:
     try:
         metadata = read_metadata(path)
         tokens = len(bounded_json.loads(metadata["ids"]))
-        return f"KV cache: {human_size(path.stat().st_size)}, {tokens} tokens of {metadata.get('model', '?')}"
+        return f"KV cache: {shown_size(path.stat().st_size)}, {tokens} tokens of {metadata.get('model', '?')}"
     except (OSError, ValueError, KeyError) as exc:
-        return f"KV cache: {human_size(path.stat().st_size)}, damaged ({exc}); a resume will not use it"
+        return f"KV cache: {shown_size(path.stat().st_size)}, damaged ({exc}); a resume will not use it"
 
 
 def show_session(console: Console, name: str) -> None:
@@ -83,7 +84,7 @@ def remove_session(console: Console, name: str) -> None:
         size = cache_files().remove(name)
     except LocalchatError as exc:
         raise LocalchatError(f"removed {name!r}, but not its KV cache: {exc}") from None
-    cache = f" and its KV cache ({human_size(size)})" if size is not None else ""
+    cache = f" and its KV cache ({shown_size(size)})" if size is not None else ""
     console.print(f"removed {escape(repr(name))}{cache}")
 
 

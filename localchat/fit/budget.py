@@ -19,13 +19,11 @@ class MemoryBudget:
 
 
 def parse_limit(text: str | int) -> int:
-    """``12GB``, ``512M``, or bytes; a limit of nothing is a usage error, not "fits nowhere"."""
-    from localchat.store.kv_files import parse_size
+    """``12GB``, ``512MB`` (``sizes``: decimal units, binary ones by name); a limit of nothing is a
+    usage error, not "fits nowhere"."""
+    from localchat.sizes import parse_size
 
-    try:
-        value = parse_size(text)
-    except UsageError:
-        raise UsageError(f"invalid memory limit {text!r}: use a size such as 12GB or 512M") from None
+    value = parse_size(text, "memory limit")
     if value <= 0:
         raise UsageError("the memory limit must be more than 0 bytes")
     return value

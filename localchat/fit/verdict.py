@@ -10,6 +10,7 @@ from localchat.errors import LocalchatError
 from localchat.fit.budget import MemoryBudget
 from localchat.fit.estimate import KVSettings, MemoryEstimate, estimate
 from localchat.fit.shape import ModelShape
+from localchat.sizes import shown_size
 
 DEFAULT_CONTEXT = 8192  # the context a fit is judged at when the user sets none (LM Studio's 4k, doubled)
 TIGHT = 0.85
@@ -25,13 +26,6 @@ class FitReport:
     @property
     def share(self) -> float | None:
         return self.estimate.total / self.budget.bytes if self.budget else None
-
-
-def gb(n: float) -> str:
-    """A size as people read one: GB from a gigabyte up, else MB, else KB."""
-    if n >= 1e9:
-        return f"{n / 1e9:.2f} GB" if n < 1e10 else f"{n / 1e9:.1f} GB"
-    return f"{n / 1e6:.1f} MB" if n >= 1e6 else f"{n / 1e3:.0f} KB"
 
 
 def fit_context(shape: ModelShape, asked: int | None) -> int:
@@ -71,7 +65,7 @@ def _helps(shape: ModelShape, context: int, kv: KVSettings, budget: MemoryBudget
     if kv.bits is None:
         quantized = estimate(shape, context, replace(kv, bits=8), metal).total
         if quantized <= budget.bytes:
-            found.append(f"--kv-bits 8 ({gb(quantized)})")
+            found.append(f"--kv-bits 8 ({shown_size(quantized)})")
     found += [f"a smaller variant: {name}" for name in smaller]
     return tuple(found)
 
@@ -87,17 +81,17 @@ def judge(shape: ModelShape, budget: MemoryBudget | None, *, context: int | None
 
 def terms(report: FitReport) -> str:
     e = report.estimate
-    return (f"weights {gb(e.weights)} + KV cache {gb(e.kv_cache)} + prefill {gb(e.prefill)} "
-            f"+ runtime {gb(e.overhead)}")
+    return (f"weights {shown_size(e.weights)} + KV cache {shown_size(e.kv_cache)} + prefill {shown_size(e.prefill)} "
+            f"+ runtime {shown_size(e.overhead)}")
 
 
 def summary(name: str, report: FitReport) -> str:
     """One line: what the model needs, what the machine gives, the verdict and what would help."""
     e, budget = report.estimate, report.budget
-    line = f"{name} needs ~{gb(e.total)} at {e.context:,} tokens of context ({terms(report)})"
+    line = f"{name} needs ~{shown_size(e.total)} at {e.context:,} tokens of context ({terms(report)})"
     if budget is None:
         return line + "; this machine does not say how much memory it has"
-    line += f"; {budget.source} is {gb(budget.bytes)} ({report.share:.0%}): {report.verdict}"
+    line += f"; {budget.source} is {shown_size(budget.bytes)} ({report.share:.0%}): {report.verdict}"
     if report.helps:
         line += "; would help: " + ", ".join(report.helps)
     return line

@@ -17,7 +17,6 @@ from typing import Any
 
 from localchat.errors import LocalchatError, UsageError
 from localchat.fit.budget import MemoryBudget
-from localchat.fit.verdict import gb
 from localchat.gateway.passthrough import not_found_body
 from localchat.gateway.routes import Lease
 from localchat.gateway.shapes import MISSING, ApiError, invalid
@@ -25,6 +24,7 @@ from localchat.gateway.upstream import SERVER_DEFAULT_MODEL, Upstream
 from localchat.router.admission import Resident, admit
 from localchat.router.keep_alive import parse_keep_alive, shown
 from localchat.router.served import LOADED, LOADING, UNLOADED, UNLOADING, ServedModel
+from localchat.sizes import shown_size
 from localchat.store.prompt_files import PromptFiles
 
 REAP_S = 0.25  # how often idle and ended children are looked for
@@ -163,7 +163,7 @@ class ModelPool:
             model.last_used, model.drain_until = time.monotonic(), 0.0
             self._changed.notify_all()
         self.log(f"loaded {model.key} in {time.perf_counter() - started:.1f}s (pid {server.process.pid}, "
-                 f"estimate {gb(model.estimate)}{self._budget_words()})")
+                 f"estimate {shown_size(model.estimate)}{self._budget_words()})")
         return True
 
     def load_at_start(self, model: ServedModel, server: Any, upstream: Upstream) -> None:
@@ -182,20 +182,20 @@ class ModelPool:
 
     def _budget_words(self) -> str:
         held = sum(m.estimate for m in self.models if m.holds_memory)
-        return f"; {gb(held)} of {gb(self.budget.bytes)} held" if self.budget else ""
+        return f"; {shown_size(held)} of {shown_size(self.budget.bytes)} held" if self.budget else ""
 
     def _refusal(self, model: ServedModel, why: str) -> ApiError:
-        budget = f"{self.budget.source} is {gb(self.budget.bytes)}" if self.budget else "no budget"
+        budget = f"{self.budget.source} is {shown_size(self.budget.bytes)}" if self.budget else "no budget"
         if why == "alone":
-            text = f"{model.key} needs ~{gb(model.estimate)} and {budget}: it cannot load here (serve --force to try)"
+            text = f"{model.key} needs ~{shown_size(model.estimate)} and {budget}: it cannot load here (serve --force to try)"
         else:
             pinned = ", ".join(m.key for m in self.models if m.pinned and m.holds_memory)
-            text = f"{model.key} needs ~{gb(model.estimate)}; {budget} and the pinned models ({pinned}) hold the rest"
+            text = f"{model.key} needs ~{shown_size(model.estimate)}; {budget} and the pinned models ({pinned}) hold the rest"
         return ApiError(503, "overloaded_error", text, "model")
 
     def _busy(self, model: ServedModel, busy: tuple[str, ...]) -> ApiError:
         who = ", ".join(busy) or "the models in use"
-        return ApiError(503, "overloaded_error", f"{model.key} needs ~{gb(model.estimate)}; {who} still answering "
+        return ApiError(503, "overloaded_error", f"{model.key} needs ~{shown_size(model.estimate)}; {who} still answering "
                                                  f"after {ADMISSION_WAIT_S:.0f}s: try again shortly", "model")
 
     # --- unloading --------------------------------------------------------------------------------

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import stat
 import struct
 import time
@@ -21,35 +20,14 @@ from pathlib import Path
 from localchat import bounded_json
 from localchat.errors import LocalchatError, UsageError
 from localchat.files import private_dirs
+from localchat.sizes import parse_size, shown_size
 
 DIR_NAME = "kv-cache"
 SUFFIX = ".safetensors"
 TEMP_DIR = "writing"
-DEFAULT_MAX_BYTES = 4 * 1024**3
+DEFAULT_MAX_BYTES = 4 * 10**9
 STALE_TEMP_S = 3600.0  # a temporary file this old was left by a write that died
 MAX_HEADER_BYTES = 64 * 1024**2
-_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
-_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*", re.IGNORECASE)
-
-
-def parse_size(text: str | int) -> int:
-    """``4G``, ``500MB``, ``1.5GiB`` or a number of bytes; 0 means keep no caches."""
-    if isinstance(text, int) and not isinstance(text, bool) and text >= 0:
-        return text
-    match = _SIZE.fullmatch(str(text))
-    if not match:
-        raise UsageError(f"invalid size {text!r}: use bytes or a number with K, M, G or T (e.g. 4G)")
-    return int(float(match[1]) * _UNITS[match[2].upper()])
-
-
-def human_size(n: float) -> str:
-    if n < 1024:
-        return f"{n:.0f} B"
-    for unit in ("KB", "MB", "GB"):
-        n /= 1024
-        if n < 1024 or unit == "GB":
-            return f"{n:.1f} {unit}"
-    raise AssertionError("unreachable")
 
 
 @dataclass(frozen=True)
@@ -111,7 +89,7 @@ class CacheFiles:
         if not stat.S_ISREG(info.st_mode):
             raise LocalchatError(f"{path} is not a regular file")
         if info.st_size > self.max_bytes:
-            raise LocalchatError(f"at {human_size(info.st_size)} it is over the cap of {human_size(self.max_bytes)} "
+            raise LocalchatError(f"at {shown_size(info.st_size)} it is over the cap of {shown_size(self.max_bytes)} "
                                  "(--cache-max-bytes)")
         return path
 
@@ -199,5 +177,6 @@ def cache_files(max_bytes: int | None = None) -> CacheFiles:
     from localchat.store.home import home_dir, load_config
 
     if max_bytes is None:
-        max_bytes = parse_size(load_config().get("cache_max_bytes", DEFAULT_MAX_BYTES))
+        configured = load_config().get("cache_max_bytes")
+        max_bytes = parse_size(configured, "cache_max_bytes") if configured is not None else DEFAULT_MAX_BYTES
     return CacheFiles(home_dir() / DIR_NAME, max_bytes)

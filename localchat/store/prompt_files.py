@@ -21,13 +21,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from localchat.files import private_dirs
-from localchat.store.kv_files import SUFFIX, parse_size, read_metadata
+from localchat.sizes import parse_size
+from localchat.store.kv_files import SUFFIX, read_metadata
 
 DIR_NAME = "prompt-cache"
 TEMP_DIR = "writing"
 HITS_FILE = "hits.json"
 WEIGHTS_FILE = "weights.json"
-DEFAULT_MAX_BYTES = 10 * 1024**3
+DEFAULT_MAX_BYTES = 10 * 10**9
 MIN_TOKENS = 256  # a shorter prefix prefills in well under a second: not worth a file
 FORMAT = "localchat-prompt-1"
 CACHE_DIR_ENV = "LOCALCHAT_PROMPT_CACHE_DIR"
@@ -69,7 +70,7 @@ def root_from_env() -> tuple[Path, int]:
 
 def engine_env(root: Path | None, bound: int) -> dict[str, str]:
     """What ``serve`` tells its engine children of the tier."""
-    return {CACHE_DIR_ENV: str(root or default_root()), CACHE_DISK_ENV: str(bound)}
+    return {CACHE_DIR_ENV: str(root or default_root()), CACHE_DISK_ENV: f"{bound}B"}
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,8 @@ from typing import Any
 
 from localchat.conversation.turn import ChatSession
 from localchat.errors import LocalchatError
-from localchat.store.kv_files import CacheFiles, human_size, read_metadata
+from localchat.sizes import shown_size
+from localchat.store.kv_files import CacheFiles, read_metadata
 
 PROBE = "…"  # a stand-in next message: what the template renders before it is what the cache must hold
 
@@ -29,7 +30,7 @@ class CacheWrite:
         if self.problem:
             return f"its KV cache was not kept: {self.problem}"
         evicted = f"; evicted the oldest: {', '.join(self.evicted)}" if self.evicted else ""
-        return f"with its KV cache ({self.tokens} tokens, {human_size(self.size or 0)}){evicted}"
+        return f"with its KV cache ({self.tokens} tokens, {shown_size(self.size or 0)}){evicted}"
 
 
 @dataclass
@@ -66,7 +67,7 @@ def write_cache(session: ChatSession, uid: str, name: str, caches: SessionCaches
             caches.files.remove(name)  # an older file would no longer describe this save
         return CacheWrite(problem=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
     if name in evicted:
-        return CacheWrite(problem=f"at {human_size(size)} it is over the cap of {human_size(caches.files.max_bytes)} "
+        return CacheWrite(problem=f"at {shown_size(size)} it is over the cap of {shown_size(caches.files.max_bytes)} "
                                   "(--cache-max-bytes or cache_max_bytes in config.yaml)",
                           evicted=tuple(e for e in evicted if e != name))
     return CacheWrite(tokens=len(held), size=size, evicted=evicted)
@@ -103,7 +104,7 @@ def restore_cache(session: ChatSession, uid: str, name: str, files: CacheFiles) 
     except CacheUnusable as exc:
         return f"saved KV cache not used: {exc}; the first turn prefills the whole prompt"
     backend.adopt_cache(restored.cache, restored.ids)
-    held, size = len(restored.ids), f"{human_size(path.stat().st_size)} in {restored.seconds:.2f}s"
+    held, size = len(restored.ids), f"{shown_size(path.stat().st_size)} in {restored.seconds:.2f}s"
     if matched >= held:
         return f"KV cache loaded: {held} tokens, {size}; the first turn prefills only what is new"
     return (f"KV cache loaded ({size}), but only {matched} of its {held} tokens still match the prompt the template "
