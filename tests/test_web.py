@@ -282,10 +282,12 @@ def test_the_page_asks_once_for_the_key(browser, tmp_path):
         serve.stop()
 
 
-def test_the_plots_of_a_results_directory_are_shown(page):
+def test_the_plots_of_a_results_directory_are_shown(page, served):
+    plots = httpx.get(served.url + "/api/results").json()
+    assert len(plots) >= 3 and all(name.endswith(".png") for name in plots)
     page.locator("#results-box").click()
-    page.locator("#results img").first.wait_for()
-    assert page.locator("#results figcaption").count() >= 3
+    page.locator("#results figcaption").nth(len(plots) - 1).wait_for()  # (each fetched in turn)
+    assert page.locator("#results figcaption").all_inner_texts() == plots
 
 
 @pytest.mark.parametrize("method, path, body", [
