@@ -21,36 +21,27 @@ from localchat.cli.dispatch import (
 )
 from localchat.cli.measure_commands import SERVER_ARGS, bench, load
 from localchat.cli.options import (
-    AllowDownloadOpt,
     ApiKeyOpt,
     BaseUrlOpt,
     ExportFormat,
-    ForceOpt,
     LaunchedModelOpt,
     MemoryLimitOpt,
     ServedModelOpt,
     TimeoutOpt,
     check_base_url,
 )
+from localchat.cli.serve_command import ps, serve
 from localchat.cli.serve_options import (
     AllowOriginOpt,
-    ApiOpt,
     DistributedBackend,
     DistributedBackendOpt,
     GatewayApiOpt,
     GatewayKeyOpt,
     HostfileOpt,
-    KeepAliveOpt,
-    PinOpt,
-    PromptCacheDirOpt,
-    PromptCacheDiskOpt,
     RanksOpt,
-    ServeModelsOpt,
     SmokeApiOpt,
-    UpstreamOpt,
     ranks_of,
 )
-from localchat.cli.tool_options import ApproveToolsOpt, McpOpt, ToolsOpt, tool_settings
 
 app = typer.Typer(
     name="localchat", cls=OneLineErrors, no_args_is_help=True, add_completion=False, rich_markup_mode=None,
@@ -100,73 +91,8 @@ def bench_compare(
 app.command(context_settings=SERVER_ARGS)(load)
 
 
-@app.command(context_settings=SERVER_ARGS)
-def serve(
-    ctx: typer.Context,
-    model: ServeModelsOpt = None,
-    every: Annotated[bool, typer.Option("--all", help="Serve every model `localchat models` shows as present.")] = False,
-    host: Annotated[str, typer.Option(metavar="HOST", help="Interface to bind (loopback unless you mean it).")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(min=1, max=65535, envvar="LOCALCHAT_PORT", metavar="PORT",
-                                      help="Port to listen on.")] = 8080,
-    log: Annotated[Optional[Path], typer.Option(help="The first model's engine log [default: logs/server-PORT.log in the localchat data directory; the others beside it].")] = None,
-    smoke: Annotated[bool, typer.Option("--smoke", help="Start, run the smoke test, stop; exit with its result.")] = False,
-    keep_alive: KeepAliveOpt = "5m",
-    pin: PinOpt = None,
-    upstream: UpstreamOpt = None,
-    ranks: RanksOpt = None,
-    hostfile: HostfileOpt = None,
-    distributed_backend: DistributedBackendOpt = DistributedBackend.ring,
-    pipeline: Annotated[bool, typer.Option("--pipeline", help="Split the layers across the ranks instead of the heads.")] = False,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the command that would run, and start nothing.")] = False,
-    api: ApiOpt = None,
-    api_key: GatewayKeyOpt = None,
-    allow_origin: AllowOriginOpt = None,
-    memory_limit: MemoryLimitOpt = None,
-    force: ForceOpt = False,
-    allow_download: AllowDownloadOpt = False,
-    plain: Annotated[bool, typer.Option("--plain", help="Run mlx_lm.server as it is: response_format and "
-                                        "tool_choice are then not enforced (for comparison).")] = False,
-    prompt_cache_disk: PromptCacheDiskOpt = "10GB",
-    prompt_cache_dir: PromptCacheDirOpt = None,
-    open_page: Annotated[bool, typer.Option("--open", help="Open the chat page in the default browser.")] = False,
-    results: Annotated[Optional[Path], typer.Option(metavar="DIR", show_default=False, exists=True, file_okay=False,
-                                                    help="A bench or load --out "
-                                                    "directory whose plots the page shows.")] = None,
-    tools: ToolsOpt = None,
-    mcp: McpOpt = None,
-    approve_tools: ApproveToolsOpt = False,
-) -> None:
-    """Serve models on one port by name (-m repeatable): the first loaded now, the others when first
-    asked for, each within the memory budget and unloaded when idle; response_format and tool_choice
-    enforced while decoding (extra mlx_lm.server args after --); with --api, the Anthropic Messages
-    and OpenAI Responses APIs too; one model on several ranks with --ranks N or --hostfile FILE."""
-    from localchat.cli.serving import ServeRequest
-
-    asked = ServeRequest(models=tuple(model or ()), host=host, port=port, log=log, extra=tuple(ctx.args),
-                         apis=api or (), api_key=api_key, origins=allow_origin, keep_alive=keep_alive,
-                         pins=tuple(pin or ()), upstreams=tuple(upstream or ()), memory_limit=memory_limit,
-                         force=force, plain=plain, prompt_cache_dir=prompt_cache_dir,
-                         prompt_cache_disk=prompt_cache_disk, open_page=open_page, results=results,
-                         tools=tool_settings(files=tools, mcp=mcp, mcp_only=None, approve=approve_tools,
-                                             timeout_s=None))
-    run("localchat.cli.serving:run_serve", asked=asked, console=out_console(), err=err_console(), smoke=smoke,
-        every=every, ranks=ranks_of(ranks, hostfile, distributed_backend, pipeline), dry_run=dry_run,
-        allow_download=allow_download)
-
-
-@app.command()
-def ps(
-    base_url: BaseUrlOpt = DEFAULT_BASE_URL,
-    port: Annotated[Optional[int], typer.Option(min=1, max=65535, metavar="PORT", show_default=False,
-                                                help="The port of a serve on this machine (instead of --base-url).")] = None,
-    api_key: ApiKeyOpt = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print a list of objects (model, memory_bytes, "
-                                                         "expires_in_s, in_flight, pid, …).")] = False,
-) -> None:
-    """The models a running `localchat serve` holds: memory (estimated and resident), since when,
-    expires in, requests in flight, the engine's pid."""
-    where = f"http://127.0.0.1:{port}/v1" if port is not None else base_url
-    run("localchat.cli.ps:run_ps", base_url=where, api_key=api_key, as_json=as_json, console=out_console())
+app.command(context_settings=SERVER_ARGS)(serve)
+app.command()(ps)
 
 
 @app.command()
