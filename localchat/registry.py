@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -220,7 +221,22 @@ def check_model_dir(path: Path, name: str) -> Path:
         raise LocalchatError(f"{path} is not an MLX model directory (needs config.json and *.safetensors)")
     if not read_config(path):
         raise LocalchatError(f"{path / 'config.json'} is not a readable JSON object")
+    for file in path.iterdir():
+        if file.suffix in MODEL_FILE_SUFFIXES and not _regular(file):
+            raise LocalchatError(f"{file} is not a regular file (a pipe, a device or a dangling link): "
+                                 "remove it, or pull the model again")
     return path
+
+
+MODEL_FILE_SUFFIXES = (".json", ".safetensors", ".model", ".jinja", ".txt", ".tiktoken")
+
+
+def _regular(path: Path) -> bool:
+    """A file a loader can read to its end: a FIFO would block it forever, a device never end."""
+    try:
+        return stat.S_ISREG(path.stat().st_mode)
+    except OSError:
+        return False
 
 
 def local_dir(ref: ModelRef) -> Path:

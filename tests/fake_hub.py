@@ -18,6 +18,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
+import json
+import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +41,8 @@ class FakeRepo:
     rate: int | None = None  # bytes per second
     claimed: dict[str, int] = field(default_factory=dict)
     stall_s: float = 0.0  # the model info answers only after this long
+    trickle_s: float = 0.0  # the model info comes a byte at a time, this long apart
+    siblings: list[dict] = field(default_factory=list)  # listed besides the files; "@raw:X@" is written as X
     dropped: set[str] = field(default_factory=set)
     gets: list[tuple[str, str | None]] = field(default_factory=list)  # (file, Range header)
 
@@ -97,12 +101,13 @@ class FakeHub:
             if _is_lfs(name):
                 sibling["lfs"] = {"sha256": _etag(name, data), "size": size, "pointerSize": 134}
             siblings.append(sibling)
+        siblings += repo.siblings
         repo_id = f"{request.path_params['owner']}/{request.path_params['name']}"
-        return JSONResponse({"_id": repo_id, "id": repo_id, "modelId": repo_id, "sha": repo.sha, "private": False,
+        return _json({"_id": repo_id, "id": repo_id, "modelId": repo_id, "sha": repo.sha, "private": False,
                              "gated": "manual" if repo.gated else False, "disabled": False, "siblings": siblings,
                              "tags": ["mlx"], "library_name": "mlx", "downloads": 0, "likes": 0,
                              "lastModified": "2026-12-01T00:00:00.000Z", "createdAt": "2026-12-01T00:00:00.000Z",
-                             "usedStorage": sum(len(d) for d in repo.files.values())})
+                             "usedStorage": sum(len(d) for d in repo.files.values())}, repo.trickle_s)
 
     async def resolve(self, request: Request) -> Response:
         repo = self._repo(request)
@@ -132,6 +137,21 @@ class FakeHub:
             repo.dropped.add(name)
             cut = start + repo.drop_after
         return StreamingResponse(_chunks(body, start, end, cut, repo.rate), status, headers=headers)
+
+
+def _json(body: dict, trickle_s: float) -> Response:
+    """The JSON as written (NaN and Infinity too, a ``"@raw:X@"`` string as the bare X), at once or
+    trickled a byte at a time."""
+    text = re.sub(r'"@raw:(.*?)@"', r"\1", json.dumps(body)).encode()
+    if not trickle_s:
+        return Response(text, headers={"Content-Type": "application/json"})
+
+    async def trickle():
+        for at in range(len(text)):
+            yield text[at:at + 1]
+            await asyncio.sleep(trickle_s)
+
+    return StreamingResponse(trickle(), headers={"Content-Type": "application/json"})
 
 
 def _range(header: str | None, size: int) -> tuple[int, int]:

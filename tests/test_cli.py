@@ -46,7 +46,7 @@ def test_single_prompt_rejects_no_history():
     (["chat", "-m", "a" * 5000, "hi"], 2, "unknown model '" + "a" * 80 + "…'"),  # longer than a file name may be
     (["chat", "-m", " ", "hi"], 2, "the model name is empty"),
     (["pull", ""], 2, "the model name is empty"),
-    (["rm", "demo"], 2, "not a Hugging Face model (bundled: "),
+    (["rm", "demo"], 2, "neither pulled nor imported (bundled: "),
     (["chat", "-m", "./no/such/dir", "hi"], 1, "does not exist"),
     (["chat", "-m", "mlx-community/Not-Cached-4bit", "hi"], 1, "localchat pull mlx-community/Not-Cached-4bit"),
 ])

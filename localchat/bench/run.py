@@ -30,6 +30,7 @@ from localchat.bench.script import (
 from localchat.conversation.policy import parse_policies
 from localchat.environment import collect, conditions
 from localchat.errors import LocalchatError, UsageError
+from localchat.extras import install_hint
 from localchat.fit.check import FitSettings, check_local, smaller_variants
 from localchat.registry import (
     DEFAULT_MODEL,
@@ -118,7 +119,7 @@ def check_plot_path(plot: Path) -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        raise UsageError("--plot needs matplotlib: run with `uv run --extra plot localchat bench …`") from None
+        raise UsageError(f"--plot needs matplotlib: {install_hint('plot')}") from None
 
 
 def environment_block(ref: ModelRef, tokenizer: Any, opts: BenchOptions) -> dict:

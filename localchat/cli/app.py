@@ -246,11 +246,11 @@ def pull(
 
 @app.command("rm")
 def remove_model(
-    model: Annotated[str, typer.Argument(metavar="MODEL", help="A models.yaml id or a Hugging Face repo id.")],
+    model: Annotated[str, typer.Argument(metavar="MODEL", help="A models.yaml id, an imported model or a Hugging Face repo id.")],
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask first.")] = False,
 ) -> None:
-    """Remove a downloaded model from the Hugging Face cache, freeing its disk (asks first)."""
-    run("localchat.cli.pull:run_rm", model=model, yes=yes, console=err_console())
+    """Remove a model pull fetched or import made, freeing its disk (asks first)."""
+    run("localchat.cli.remove:run_rm", model=model, yes=yes, console=err_console())
 
 
 @app.command()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
@@ -10,11 +11,11 @@ from rich.table import Column, Table
 
 from localchat.environment import collect
 from localchat.errors import LocalchatError
-from localchat.registry import describe, load_registry, models_file
+from localchat.registry import describe, directory_size, load_registry, models_file, quantization_bits
 from localchat.sizes import shown_size
 
 
-def fit_text(entry, budget) -> str:
+def fit_text(name: str, budget) -> str:
     """What a present model needs at 8k tokens of context (or its window) and the verdict here."""
     from localchat.fit.check import on_metal
     from localchat.fit.shape import local_shape
@@ -22,10 +23,18 @@ def fit_text(entry, budget) -> str:
     from localchat.registry import local_dir, resolve
 
     try:
-        report = judge(local_shape(local_dir(resolve(entry.id))), budget, metal=on_metal())
+        report = judge(local_shape(local_dir(resolve(name))), budget, metal=on_metal())
     except LocalchatError as exc:
         return f"no estimate ({exc})"
     return f"needs ~{shown_size(report.estimate.total)} at {report.estimate.context:,} tokens: {report.verdict}"
+
+
+def how_to_get(entry) -> str:
+    from localchat.cli.pull import how_it_arrives
+    from localchat.registry import resolve
+
+    ref = resolve(entry.id)
+    return f"localchat pull {entry.id}" if ref.kind == "hub" else how_it_arrives(ref)
 
 
 def show_model_list(console: Console) -> None:
@@ -34,13 +43,14 @@ def show_model_list(console: Console) -> None:
     from localchat.fit.budget import machine_budget
 
     budget = machine_budget()
-    for info in map(describe, load_registry()):
+    entries = load_registry()
+    for info in map(describe, entries):
         e = info.entry
         aliases = f" ({', '.join(e.aliases)})" if e.aliases else ""
         figures = " · ".join([*([f"{e.family} family"] if e.family else []), "present" if info.present else "not on this machine",
                               *([shown_size(info.size_bytes)] if info.present else []),
                               *([f"{info.bits}-bit"] if info.bits else []),
-                              *([fit_text(e, budget)] if info.present else ["localchat pull " + e.id])])
+                              *([fit_text(e.id, budget)] if info.present else [how_to_get(e)])])
         console.print(f"[bold]{escape(e.id)}[/bold]{escape(aliases)} · {figures}")
         console.print(f"  {e.source}" + (f" (variants: {', '.join(e.variants)})" if e.variants else ""),
                       style="dim", markup=False)
@@ -49,6 +59,31 @@ def show_model_list(console: Console) -> None:
         if e.imported:
             console.print(f"  from {e.imported.get('file')} ({e.imported.get('tensor_types')})", style="dim",
                           markup=False)
+    for repo, path in pulled_elsewhere(entries):
+        figures = " · ".join(["pulled, not in models.yaml", shown_size(directory_size(path)),
+                              *([f"{bits}-bit"] if (bits := quantization_bits(path)) else []), fit_text(repo, budget)])
+        console.print(f"[bold]{escape(repo)}[/bold] · {escape(figures)}")
+        console.print(f"  {path}", style="dim", markup=False)
+
+
+def pulled_elsewhere(entries) -> list[tuple[str, Path]]:
+    """Model repos in the Hugging Face cache that no models.yaml entry names (pulled by repo id),
+    each with its snapshot: what ``chat -m ORG/NAME`` and ``rm ORG/NAME`` take."""
+    from huggingface_hub import scan_cache_dir
+
+    from localchat.registry import hub_snapshot
+
+    named = {e.source for e in entries} | {repo for e in entries for repo in e.variants.values()}
+    try:
+        repos = scan_cache_dir().repos
+    except Exception:  # no cache yet, or one the client cannot read: nothing to add
+        return []
+    found = []
+    for repo in sorted(repos, key=lambda r: r.repo_id):
+        snapshot = hub_snapshot(repo.repo_id) if repo.repo_type == "model" and repo.repo_id not in named else None
+        if snapshot is not None and (snapshot / "config.json").is_file():
+            found.append((repo.repo_id, snapshot))
+    return found
 
 
 def show_models(console: Console) -> None:

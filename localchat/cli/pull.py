@@ -13,6 +13,7 @@ from pathlib import Path
 from rich.console import Console
 
 from localchat.errors import LocalchatError, UsageError
+from localchat.extras import install_hint
 from localchat.fit.check import FitSettings, judge_shape, smaller_variants
 from localchat.fit.verdict import summary
 from localchat.pull.plan import PullPlan, endpoint, make_plan
@@ -21,18 +22,43 @@ from localchat.registry import ModelRef, resolve
 from localchat.sizes import shown_size
 
 
-def hub_ref(model: str, verb: str = "pull") -> ModelRef:
+def hub_ref(model: str) -> ModelRef:
     ref = resolve(model)
     if ref.kind != "hub":
-        raise UsageError(f"{model} is not a Hugging Face model ({ref.kind}: {ref.location}); nothing to {verb}")
+        raise UsageError(f"{model}: nothing to pull, {how_it_arrives(ref)}")
     return ref
+
+
+def how_it_arrives(ref: ModelRef) -> str:
+    """How a model that is not on the Hub comes to this machine, for ``pull`` and ``models``."""
+    if ref.kind == "bundled":
+        return "it comes with localchat"
+    if ref.kind == "package-gguf":
+        from localchat.gguf.package import extra_of, package_file
+
+        dist = (ref.entry.source if ref.entry else "").removeprefix("gguf-package:").split("/")[0]
+        try:
+            package_file(ref.entry.source if ref.entry else "")
+        except LocalchatError:
+            return f"it is imported from the {dist} package on first use; {install_hint(extra_of(dist))}"
+        return f"it is imported from the {dist} package on first use: uv run localchat chat -m {ref.id}"
+    return f"it is the local directory {ref.location}"
+
+
+SHOWN_FILES = 24  # a model's few dozen files one a line; a longer listing ends with a count
 
 
 def show_plan(plan: PullPlan, name: str, console: Console) -> None:
     cached = sum(f.cached for f in plan.files)
     console.print(f"{plan.repo} at {plan.revision[:12]} from {endpoint()}", markup=False)
-    console.print(f"  {len(plan.files)} files, {shown_size(plan.total)}" + (f" ({cached} already here; {shown_size(plan.to_fetch)} "
-                                                                     "to fetch)" if cached else ""), markup=False)
+    console.print(f"  {len(plan.files)} files, {shown_size(plan.total)}" + (f" ({cached} already here; "
+                  f"{shown_size(plan.to_fetch)} to fetch)" if cached else ""), markup=False)
+    width = max(len(f.name) for f in plan.files[:SHOWN_FILES])
+    for file in plan.files[:SHOWN_FILES]:
+        where = "already here" if file.cached else "to fetch"
+        console.print(f"    {file.name:<{width}}  {shown_size(file.size):>9}  {where}", markup=False)
+    if len(plan.files) > SHOWN_FILES:
+        console.print(f"    … and {len(plan.files) - SHOWN_FILES} more files", markup=False)
     console.print(f"  free disk {shown_size(plan.free_disk)} at {plan.cache_dir}", markup=False)
     if plan.fit is not None:
         console.print("  " + summary(name, plan.fit), markup=False)
@@ -81,10 +107,10 @@ def pull_ref(ref: ModelRef, settings: FitSettings, *, err: Console, dry_run: boo
                   markup=False)
         return plan
     transfer = fetch(plan, err)
-    if transfer.interrupted:
+    if transfer.stopped_by is not None:
         err.print(f"stopped: {len(transfer.finished)} of {sum(not f.cached for f in plan.files)} files finished "
                   "and kept in the cache; run the same command to resume", markup=False)
-        raise KeyboardInterrupt
+        raise transfer.stopped_by
     err.print(f"fetched {shown_size(transfer.received)} into {plan.cache_dir}", markup=False)
     return plan
 
@@ -101,46 +127,6 @@ def run_pull(*, model: str, dry_run: bool, memory_limit: int | None, context: in
 
         local_dir(ref)  # the snapshot is a loadable model directory
         sys.stdout.write(f"uv run localchat chat -m {ref.id if ref.entry else ref.location}\n")
-
-
-def run_rm(*, model: str, yes: bool, console: Console) -> None:
-    """Remove a model's snapshots from the Hugging Face cache (the client's own delete strategy)."""
-    from huggingface_hub import scan_cache_dir
-
-    ref = hub_ref(model, "remove")
-    try:
-        cache = scan_cache_dir()
-    except Exception:  # no cache directory yet (the client's CacheNotFound)
-        cache = None
-    repos = [r for r in cache.repos if r.repo_id == ref.location and r.repo_type == "model"] if cache else []
-    if not repos:
-        raise LocalchatError(f"{ref.location} is not in the Hugging Face cache: nothing to remove")
-    strategy = cache.delete_revisions(*[rev.commit_hash for r in repos for rev in r.revisions])
-    if not yes:
-        if not sys.stdin.isatty():
-            raise UsageError(f"rm would free {shown_size(strategy.expected_freed_size)} ({ref.location}): add --yes "
-                             "(there is no terminal to ask on)")
-        answer = console.input(f"remove {ref.location} ({shown_size(strategy.expected_freed_size)})? [y/N] ")
-        if answer.strip().lower() not in ("y", "yes"):
-            console.print("kept", style="dim")
-            return
-    cached = prompt_caches_of(ref)
-    strategy.execute()
-    freed = cached()
-    also = f" (and {shown_size(freed)} of serve's prompt caches)" if freed else ""
-    console.print(f"removed {ref.location}: {shown_size(strategy.expected_freed_size)} freed{also}", markup=False)
-
-
-def prompt_caches_of(ref: ModelRef) -> Callable[[], int]:
-    """What removes serve's prompt caches of ``ref``'s weights (found by their fingerprint, taken
-    now, before the weights go); it returns the bytes freed."""
-    from localchat.backends.saved_cache import model_fingerprint
-    from localchat.registry import hub_snapshot
-    from localchat.store.prompt_files import PromptFiles, default_root
-
-    snapshot = hub_snapshot(ref.location)
-    weights = model_fingerprint(snapshot) if snapshot is not None else None
-    return lambda: PromptFiles(default_root()).remove_model(weights) if weights else 0
 
 
 def fetch_missing(ref: ModelRef, settings: FitSettings, err: Console) -> None:

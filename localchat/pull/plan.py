@@ -6,9 +6,14 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import queue
+import re
 import shutil
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+from typing import Any
 
 from localchat.errors import LocalchatError, UsageError
 from localchat.fit.verdict import FitReport
@@ -17,6 +22,7 @@ from localchat.fit.verdict import FitReport
 MODEL_FILES = ("*.json", "model*.safetensors", "*.py", "tokenizer.model", "*.tiktoken", "tiktoken.model",
                "*.txt", "*.jsonl", "*.jinja")
 MAX_FILES = 2000  # a model is a few dozen files; a listing of more is not one
+MAX_FILE_BYTES = 10**15  # a petabyte: past any file a Hub holds
 
 
 @dataclass(frozen=True)
@@ -76,6 +82,30 @@ def _wanted(name: str) -> bool:
     return any(fnmatch.fnmatch(name, pattern) for pattern in MODEL_FILES)
 
 
+def _inside_repo(name: object) -> bool:
+    """A name the cache can hold under the repo's snapshot and a terminal can show: relative, no
+    ``..``, no control characters."""
+    if not isinstance(name, str) or not name or "\\" in name or len(name) > 1024 or re.search(r"[\x00-\x1f\x7f-\x9f]", name):
+        return False
+    path = PurePosixPath(name)
+    return not path.is_absolute() and all(part not in ("", ".", "..") for part in name.split("/"))
+
+
+def _remote_file(repo: str, sibling, cached: Callable[[str], bool]) -> RemoteFile:
+    """One file of the listing, refused in one line when the Hub's answer is not a repo's."""
+    name, size = sibling.rfilename, sibling.size if sibling.size is not None else 0
+    if not _inside_repo(name):
+        raise LocalchatError(f"{repo}: the Hub lists a file named {str(name)[:80]!r}, which is not a path inside "
+                             "a repo; nothing fetched")
+    if type(size) is not int or not 0 <= size <= MAX_FILE_BYTES:
+        raise LocalchatError(f"{repo}: the Hub gives {name[:80]!r} the size {str(size)[:40]!r}, not a number of "
+                             "bytes; nothing fetched")
+    digest = sibling.lfs.sha256 if sibling.lfs is not None else None
+    if digest is not None and not (isinstance(digest, str) and re.fullmatch(r"[0-9a-f]{64}", digest)):
+        raise LocalchatError(f"{repo}: the Hub gives {name[:80]!r} a checksum that is not a sha256; nothing fetched")
+    return RemoteFile(name=name, size=size, sha256=digest, cached=cached(name))
+
+
 def _files(api, repo: str) -> tuple[str, list[RemoteFile]]:
     from huggingface_hub import constants, try_to_load_from_cache
 
@@ -83,21 +113,20 @@ def _files(api, repo: str) -> tuple[str, list[RemoteFile]]:
         info = api.model_info(repo, files_metadata=True, timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT)
     except Exception as exc:  # every client error is one line, named by hub_error
         raise hub_error(repo, exc) from None
-    if len(info.siblings or []) > MAX_FILES or not isinstance(info.sha, str):
-        raise LocalchatError(f"{repo}: the Hub's listing is not a model's ({len(info.siblings or [])} files, "
-                             f"commit {info.sha!r}); nothing fetched")
-    files = []
-    for sibling in info.siblings or []:
-        if not _wanted(sibling.rfilename):
-            continue
-        cached = isinstance(try_to_load_from_cache(repo, sibling.rfilename, revision=info.sha), str)
-        lfs = sibling.lfs
-        files.append(RemoteFile(name=sibling.rfilename, size=int(sibling.size or 0),
-                                sha256=lfs.sha256 if lfs is not None else None, cached=cached))
+    siblings = info.siblings or []
+    if len(siblings) > MAX_FILES or not isinstance(info.sha, str) or not re.fullmatch(r"[0-9a-f]{40}", info.sha):
+        raise LocalchatError(f"{repo}: the Hub's listing is not a model's ({len(siblings)} files, "
+                             f"commit {str(info.sha)[:60]!r}); nothing fetched")
+    sha = info.sha
+
+    def cached(name: str) -> bool:
+        return isinstance(try_to_load_from_cache(repo, name, revision=sha), str)
+
+    files = [_remote_file(repo, sibling, cached) for sibling in siblings if _wanted(str(sibling.rfilename))]
     if not any(f.name.endswith(".safetensors") for f in files):
         raise LocalchatError(f"{repo} has no safetensors weights: not an MLX model "
                              "(a GGUF file goes through localchat import)")
-    return info.sha, files
+    return sha, files
 
 
 def _remote_config(api, repo: str, revision: str) -> dict:
@@ -122,14 +151,49 @@ def _remote_config(api, repo: str, revision: str) -> dict:
     return config if isinstance(config, dict) else {}
 
 
-def remote_shape(api, repo: str, revision: str):
+def remote_shape(api, repo: str, revision: str, files: list[RemoteFile]):
+    """The shape from the config and each weights file's header, read with ranged requests (not
+    the client's ``get_safetensors_metadata``, which caches a sharded repo's index and draws a bar)."""
     from localchat.fit.shape import shape_from, tensors_of
 
+    headers = {}
+    for file in files:
+        if file.name.endswith(".safetensors"):
+            try:
+                headers[file.name] = api.parse_safetensors_file_metadata(repo, file.name, revision=revision)
+            except Exception as exc:  # unparsable headers: one line
+                raise LocalchatError(f"{repo}: cannot read the safetensors header of {file.name} "
+                                     f"({exc})".splitlines()[0]) from None
+    return shape_from(_remote_config(api, repo, revision), tensors_of(headers))
+
+
+def hub_deadline_s() -> float:
+    """The whole of a plan's questions to the Hub, however slowly it answers: six of the client's
+    per-read timeouts (60 s by default), so a Hub that trickles a byte at a time cannot hold a pull."""
+    from huggingface_hub import constants
+
+    return 6 * float(constants.HF_HUB_DOWNLOAD_TIMEOUT)
+
+
+def _within(seconds: float, what: str, work: Callable[[], Any]) -> Any:
+    """``work()`` in a daemon thread, given up after ``seconds`` (the thread ends with the process)."""
+    outcome: queue.Queue = queue.Queue()
+
+    def run() -> None:
+        try:
+            outcome.put((True, work()))
+        except BaseException as exc:  # handed to the caller's thread as it is
+            outcome.put((False, exc))
+
+    threading.Thread(target=run, name="hub-questions", daemon=True).start()
     try:
-        metadata = api.get_safetensors_metadata(repo, revision=revision)
-    except Exception as exc:  # unparsable headers: one line
-        raise LocalchatError(f"{repo}: cannot read its safetensors headers ({exc})".splitlines()[0]) from None
-    return shape_from(_remote_config(api, repo, revision), tensors_of(metadata))
+        ok, value = outcome.get(timeout=seconds)
+    except queue.Empty:
+        raise LocalchatError(f"{what}: the Hub at {endpoint()} did not finish answering within {seconds:.0f} s "
+                             "(HF_HUB_DOWNLOAD_TIMEOUT sets a sixth of this)") from None
+    if not ok:
+        raise value
+    return value
 
 
 def make_plan(repo: str, judge_fit) -> PullPlan:
@@ -139,7 +203,12 @@ def make_plan(repo: str, judge_fit) -> PullPlan:
     from huggingface_hub import HfApi, constants
 
     api = HfApi()
-    revision, files = _files(api, repo)
+
+    def ask() -> tuple[str, list[RemoteFile], Any]:
+        revision, files = _files(api, repo)
+        return revision, files, remote_shape(api, repo, revision, files)
+
+    revision, files, shape = _within(hub_deadline_s(), repo, ask)
     cache_dir = Path(constants.HF_HUB_CACHE)
     return PullPlan(repo=repo, revision=revision, files=tuple(files), cache_dir=cache_dir,
-                    free_disk=_free_disk(cache_dir), fit=judge_fit(remote_shape(api, repo, revision)))
+                    free_disk=_free_disk(cache_dir), fit=judge_fit(shape))

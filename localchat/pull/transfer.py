@@ -23,7 +23,7 @@ class Transfer:
 
     finished: tuple[str, ...]
     received: int
-    interrupted: bool = False
+    stopped_by: KeyboardInterrupt | None = None  # Ctrl+C or SIGTERM (its exit code is its own)
 
 
 class Progress:
@@ -82,11 +82,11 @@ def download(plan: PullPlan, show: Callable[[int, str], None]) -> Transfer:
             except (ValueError, KeyError, TypeError):
                 continue  # a stray line from a library is not progress
         process.wait()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
         kill_group(process)
         for partial in _partials(plan) - before:
             partial.unlink(missing_ok=True)
-        return Transfer(finished=tuple(progress.finished), received=progress.received, interrupted=True)
+        return Transfer(finished=tuple(progress.finished), received=progress.received, stopped_by=stop)
     finally:
         if process.poll() is None:
             kill_group(process)

@@ -56,6 +56,18 @@ def add_user_model(entry: dict[str, Any]) -> Path:
     return path
 
 
+def remove_user_model(name: str) -> None:
+    """Take ``name``'s entry out of the user's registry (under the lock); a name it does not hold
+    is an error, so ``rm`` never removes a directory the registry still names."""
+    path = user_models_file()
+    with registry_lock(path):
+        entries = _raw_entries(path)
+        kept = [e for e in entries if e.get("id") != name]
+        if len(kept) == len(entries):
+            raise LocalchatError(f"{name} is not in {path}: nothing removed")
+        _write_atomic(path, HEADER + yaml.safe_dump({"models": kept}, sort_keys=False, allow_unicode=True))
+
+
 def _write_atomic(path: Path, text: str) -> None:
     try:
         write_atomic(path, text.encode("utf-8"))

@@ -14,9 +14,6 @@ from pathlib import Path
 from localchat.errors import UsageError
 from localchat.registry import ModelRef, load_registry, read_config
 
-EXTRA_COMMAND = "uv run --extra vision localchat chat …"
-
-
 def quiet_transformers() -> None:
     """transformers (under mlx-vlm) warns on stderr about PyTorch's absence and its own deprecations,
     a line each time a processor runs; the chat's stderr is for the chat. Read when transformers
@@ -43,8 +40,9 @@ def has_extra() -> bool:
 
 def require_extra(what: str = "--image") -> None:
     if not has_extra():
-        raise UsageError(f"{what} needs the vision extra (mlx-vlm), which is not installed: run {EXTRA_COMMAND} "
-                         "(or pip install 'localchat[vision]')")
+        from localchat.extras import install_hint
+
+        raise UsageError(f"{what} needs the vision extra (mlx-vlm), which is not installed: {install_hint('vision')}")
 
 
 def is_vision(ref: ModelRef) -> bool:
