@@ -98,17 +98,21 @@ def unfinished_tail(text: str, words: tuple[str, ...]) -> int:
 
 
 class Redactor:
-    """The API key cut out of a stream of text, wherever the chunks split it: the tail that could
-    be the start of the key is held back until the next chunk (or the end) says what it is."""
+    """The API key cut out of a stream of text (and each of ``also``'s texts replaced by its
+    value), wherever the chunks split it: the tail that could be the start of one is held back
+    until the next chunk (or the end) says what it is."""
 
-    def __init__(self, secret: str):
-        self.secret, self.pending = secret, ""
+    def __init__(self, secret: str, also: dict[str, str] | None = None):
+        self.replacements = {**({secret: REDACTED} if secret else {}), **(also or {})}
+        self.pending = ""
 
     def feed(self, text: str) -> str:
-        if not self.secret:
+        if not self.replacements:
             return text
-        text = (self.pending + text).replace(self.secret, REDACTED)
-        held = unfinished_tail(text, (self.secret,))
+        text = self.pending + text
+        for old, new in self.replacements.items():
+            text = text.replace(old, new)
+        held = unfinished_tail(text, tuple(self.replacements))
         self.pending = text[len(text) - held:] if held else ""
         return text[:len(text) - held]
 

@@ -32,6 +32,7 @@ from localchat.cli.options import (
 )
 from localchat.cli.serve_command import ps, serve
 from localchat.cli.serve_options import (
+    AllowImageUrlsOpt,
     AllowOriginOpt,
     DistributedBackend,
     DistributedBackendOpt,
@@ -107,12 +108,13 @@ def gateway(
     upstream_api_key: ApiKeyOpt = None,
     timeout: TimeoutOpt = DEFAULT_TIMEOUT_S,
     allow_origin: AllowOriginOpt = None,
+    allow_image_urls: AllowImageUrlsOpt = None,
 ) -> None:
     """The Anthropic Messages and OpenAI Responses APIs in front of a running server (chat
     completions, models and health passed through)."""
     run("localchat.cli.gateway:run_gateway", upstream_url=upstream, model=model, host=host, port=port,
         console=out_console(), err=err_console(), apis=api, api_key=api_key, upstream_key=upstream_api_key,
-        timeout_s=timeout, origins=allow_origin)
+        timeout_s=timeout, origins=allow_origin, image_urls=allow_image_urls)
 
 
 @app.command("smoke")

@@ -21,7 +21,7 @@ from localchat.server.launch import LOOPBACK, port_is_free
 
 def run_gateway(*, upstream_url: str, model: str | None, host: str, port: int, console: Console, err: Console,
                 apis: tuple[str, ...], api_key: str | None, upstream_key: str | None, timeout_s: float,
-                origins: tuple[str, ...] = ()) -> int:
+                origins: tuple[str, ...] = (), image_urls: tuple[str, ...] = ()) -> int:
     ref = resolve(model) if model else None
     check_public(host, port, api_key, err)
     terminated = raise_on_sigterm()
@@ -30,7 +30,7 @@ def run_gateway(*, upstream_url: str, model: str | None, host: str, port: int, c
     try:
         with console.status("starting the gateway …") as status:
             running = serve_gateway(FixedRoute(upstream), host, port, apis, api_key, logger(err), status.update,
-                                    origins, model=upstream.model_field)
+                                    origins, model=upstream.model_field, image_urls=image_urls)
         console.print(f"[green]ready[/green] {running.url} · {', '.join(apis)} · in front of {upstream_url} "
                       f"(model {upstream.model_id})")
         _show_use(console, running, apis)

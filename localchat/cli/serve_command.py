@@ -12,6 +12,7 @@ from localchat.backends import DEFAULT_BASE_URL
 from localchat.cli.dispatch import err_console, out_console, run
 from localchat.cli.options import AllowDownloadOpt, ApiKeyOpt, BaseUrlOpt, ForceOpt, MemoryLimitOpt
 from localchat.cli.serve_options import (
+    AllowImageUrlsOpt,
     AllowOriginOpt,
     ApiOpt,
     DistributedBackend,
@@ -64,6 +65,7 @@ def serve(
     tools: ToolsOpt = None,
     mcp: McpOpt = None,
     approve_tools: ApproveToolsOpt = False,
+    allow_image_urls: AllowImageUrlsOpt = None,
 ) -> None:
     """Serve models on one port by name (-m repeatable): the first loaded now, the others when first
     asked for, each within the memory budget and unloaded when idle; response_format and tool_choice
@@ -73,6 +75,7 @@ def serve(
 
     asked = ServeRequest(models=tuple(model or ()), host=host, port=port, log=log, extra=tuple(ctx.args),
                          apis=api or (), api_key=api_key, origins=allow_origin, keep_alive=keep_alive,
+                         image_urls=allow_image_urls,
                          pins=tuple(pin or ()), upstreams=tuple(upstream or ()), memory_limit=memory_limit,
                          force=force, plain=plain, prompt_cache_dir=prompt_cache_dir,
                          prompt_cache_disk=prompt_cache_disk, open_page=open_page, results=results,

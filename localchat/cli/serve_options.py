@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -54,6 +55,21 @@ def check_origins(value: str | None) -> tuple[str, ...]:
         raise typer.BadParameter(f"{wrong[0]!r} is not an origin such as http://localhost:3000 (or * for any)")
     return origins
 
+
+def check_image_urls(value: str | None) -> tuple[str, ...]:
+    """``--allow-image-urls https://example.com/img/``: prefixes of http(s) URLs, each with its host."""
+    prefixes = tuple(p.strip() for p in (value or "").split(",") if p.strip())
+    wrong = [p for p in prefixes if not re.fullmatch(r"https?://[^/\s]+/\S*", p)]
+    if wrong:
+        raise typer.BadParameter(f"{wrong[0]!r} is not the start of a URL such as https://example.com/img/ "
+                                 "(a scheme, a host and a slash)")
+    return prefixes
+
+
+AllowImageUrlsOpt = Annotated[Optional[str], typer.Option(
+    "--allow-image-urls", callback=check_image_urls, metavar="PREFIX[,PREFIX]", show_default=False,
+    help="URLs a picture may name (e.g. https://example.com/img/); any other must come as its data [default: "
+         "data: URLs only: no fetching, no local files].")]
 
 AllowOriginOpt = Annotated[Optional[str], typer.Option(
     "--allow-origin", envvar="LOCALCHAT_ORIGINS", callback=check_origins, metavar="ORIGIN[,ORIGIN]", show_default=False,

@@ -53,6 +53,7 @@ class ServeRequest:
     apis: tuple[str, ...] = ()
     api_key: str | None = None
     origins: tuple[str, ...] = ()
+    image_urls: tuple[str, ...] = ()  # --allow-image-urls
     keep_alive: str = "5m"
     pins: tuple[str, ...] = ()
     upstreams: tuple[str, ...] = ()
@@ -134,7 +135,8 @@ def run_router(names: list[str], asked: ServeRequest, fit: FitSettings, smoke: b
             status.update("starting the front …")
             web = chat_page(pool, models, asked)
             running = serve_gateway(pool, asked.host, asked.port, asked.apis, asked.api_key, logger(err),
-                                    status.update, asked.origins, model=first.key, web=web)
+                                    status.update, asked.origins, model=first.key, web=web,
+                                    image_urls=asked.image_urls)
         pool.run_reaper()
         show_ready(console, running.url, models, server, log_path, asked, keep_alive)
         if asked.open_page:
@@ -248,7 +250,8 @@ def run_ranks(ref: ModelRef, asked: ServeRequest, ranks: Ranks, fit: FitSettings
         url = server.base_url
         if asked.apis:
             front = serve_gateway(FixedRoute(reach_upstream(server.base_url, ref)), asked.host, asked.port,
-                                  asked.apis, asked.api_key, logger(err), origins=asked.origins, model=ref.location)
+                                  asked.apis, asked.api_key, logger(err), origins=asked.origins, model=ref.location,
+                                  image_urls=asked.image_urls)
             url = front.url + "/v1"
         console.print(f"[green]ready[/green] {url} · model {ref.id} ({ref.location}){where} · "
                       f"loaded in {server.load_s:.1f}s · log {server.log_path}")

@@ -49,6 +49,7 @@ class Gateway:
     store: ResponseStore = field(default_factory=ResponseStore)
     extra: list[Route] = field(default_factory=list)  # the chat page's API (``web.api``), on ``serve``
     page: Callable[[Request], Awaitable[Response]] | None = None  # ``/`` to a browser, on ``serve``
+    image_urls: tuple[str, ...] = ()  # --allow-image-urls: URL prefixes a picture may name (else data: only)
     _said: set[str] = field(default_factory=set)
 
     def app(self) -> Starlette:
@@ -287,6 +288,7 @@ class Gateway:
         try:
             self._authorized(request)
             raw = await raw_body(request)
+            passthrough.check_media(raw, self.image_urls)
             name, keep_alive = passthrough.routing_fields(raw)
             lease = await run_in_threadpool(self.routes.lease, name, keep_alive)
         except ApiError as exc:
@@ -297,7 +299,7 @@ class Gateway:
         try:
             return await passthrough.relay(request.method, request.url.path, request.query_params, body,
                                            request.headers.get("content-type", "application/json"), lease,
-                                           self.log)
+                                           self.log, request.is_disconnected)
         except ApiError as exc:
             lease.release()
             return self._error(request, exc, responses_api.error_body, time.perf_counter())

@@ -9,11 +9,13 @@ model. What the server sends back is relayed with the upstream key cut out of it
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
 from starlette.background import BackgroundTask
@@ -27,6 +29,8 @@ from localchat.gateway.upstream import Upstream
 if TYPE_CHECKING:
     from localchat.gateway.routes import Lease
 
+T = TypeVar("T")
+HANGUP_EVERY_S = 0.25
 CREATED = int(datetime(2026, 1, 1, tzinfo=timezone.utc).timestamp())  # a fixed date: a local model has no release
 
 
@@ -59,6 +63,43 @@ def routing_fields(body: bytes) -> tuple[str, Any]:
     return (model if isinstance(model, str) else ""), parsed.get("keep_alive", MISSING)
 
 
+MEDIA_PARTS = ("image_url", "input_image", "image", "input_video", "video_url", "video", "input_audio", "file",
+               "input_file")  # what mlx_vlm.server (and others) would fetch or open: a URL or a path
+
+
+def _references(part: dict[str, Any]) -> list[Any]:
+    """The URLs or paths a media part names (``{"image_url": {"url": …}}``, ``{"image_url": …}``,
+    ``{"video": …}``, ``{"file_id": …}``…)."""
+    found = []
+    for key in (part.get("type"), "url", "file_id", "path", "file_url", "image_url"):
+        value = part.get(key) if isinstance(key, str) else None
+        value = value.get("url", value.get("file_data")) if isinstance(value, dict) else value
+        if value is not None:
+            found.append(value)
+    return found
+
+
+def check_media(body: bytes, allowed: tuple[str, ...]) -> None:
+    """A 400 for a picture (or video, audio, file) given by a URL or a path rather than its data: the
+    server behind would fetch a URL on this machine's network (loopback too) or open a local file
+    for whoever asks. ``data:`` URLs pass, and URLs starting with a prefix of ``--allow-image-urls``."""
+    parsed = _parsed(body) or {}
+    messages = parsed.get("messages")
+    for number, message in enumerate(messages if isinstance(messages, list) else []):
+        content = message.get("content") if isinstance(message, dict) else None
+        for part in content if isinstance(content, list) else []:
+            if not isinstance(part, dict) or part.get("type") not in MEDIA_PARTS:
+                continue
+            for reference in _references(part):
+                if isinstance(reference, str) and (reference.startswith("data:") or
+                                                   any(reference.startswith(prefix) for prefix in allowed)):
+                    continue
+                shown = str(reference)[:60]
+                raise ApiError(400, "invalid_request_error", f"messages[{number}]: a {part['type']} part must hold "
+                               f"its data (a data: URL), not {shown!r}: this server fetches no URL and opens no file "
+                               "(serve --allow-image-urls PREFIX allows URLs that start with it)", f"messages[{number}]")
+
+
 def renamed(body: bytes, upstream: Upstream) -> bytes:
     """A chat completion's body with its model as the server knows it, and without the router's
     own ``keep_alive``; a body that is not a JSON object goes as it is (the server answers for it)."""
@@ -75,9 +116,12 @@ def renamed(body: bytes, upstream: Upstream) -> bytes:
 
 
 async def relay(request_method: str, path: str, query: Any, content: bytes | None, content_type: str,
-                lease: Lease, log: Callable[[str], None]) -> Response:
+                lease: Lease, log: Callable[[str], None], gone: Callable[[], Awaitable[bool]]) -> Response:
     """The request sent on as it is (``content`` already checked), the answer streamed back with
-    the server's own ``X-Localchat-*`` headers; ``lease`` is given back when the answer has ended."""
+    the server's own ``X-Localchat-*`` headers and its model named by id, never by the server's
+    own name for it (a path on this machine); ``lease`` is given back when the answer has ended. A
+    client that hangs up before the answer starts closes the request upstream (``gone``), so the
+    server stops generating it."""
     started, upstream = time.perf_counter(), lease.upstream
     headers = {"content-type": content_type}
     if upstream.api_key:
@@ -86,16 +130,21 @@ async def relay(request_method: str, path: str, query: Any, content: bytes | Non
     try:
         sent = client.build_request(request_method, upstream.base_url.removesuffix("/v1") + path, content=content,
                                     headers=headers, params=query)
-        response = await client.send(sent, stream=True)
+        response = await unless_gone(client.send(sent, stream=True), gone)
     except httpx.HTTPError as exc:
         await client.aclose()
         raise ApiError(502, "api_error", f"the server behind the gateway: {type(exc).__name__} ({exc})") from None
-    redactor = Redactor(upstream.api_key or "")
+    if response is None:
+        await client.aclose()
+        lease.release()
+        log(f"{request_method} {path} (passed through) · {upstream.model_id} · the client hung up first")
+        return Response(status_code=499)
+    redactor = Redactor(upstream.api_key or "", also=_own_names(upstream))
 
     async def relayed() -> AsyncIterator[bytes]:
         try:
             async for chunk in response.aiter_raw():
-                yield _cut(redactor, chunk, upstream.api_key)
+                yield _cut(redactor, chunk)
             yield redactor.flush().encode()
         except httpx.HTTPError:
             pass  # the server went away mid-stream: the client sees the stream end
@@ -113,9 +162,30 @@ async def relay(request_method: str, path: str, query: Any, content: bytes | Non
                              background=BackgroundTask(lease.release))
 
 
-def _cut(redactor: Redactor, chunk: bytes, key: str | None) -> bytes:
-    """A chunk with the upstream key cut out (held back where a chunk ends inside it)."""
-    if not key:
+async def unless_gone(work: Awaitable[T], gone: Callable[[], Awaitable[bool]]) -> T | None:
+    """``work``'s result, or None (``work`` cancelled) once ``gone()`` says the client hung up."""
+    task = asyncio.ensure_future(work)
+    while not (await asyncio.wait({task}, timeout=HANGUP_EVERY_S))[0]:
+        if await gone():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+            return None
+    return task.result()
+
+
+def _own_names(upstream: Upstream) -> dict[str, str]:
+    """The server's name for the model when it is a path on this machine (as JSON writes it) →
+    the id every client sees."""
+    if upstream.model_field == upstream.model_id or not upstream.model_field.startswith(("/", "~", "./", "../")):
+        return {}
+    return {json.dumps(upstream.model_field)[1:-1]: json.dumps(upstream.model_id)[1:-1]}
+
+
+def _cut(redactor: Redactor, chunk: bytes) -> bytes:
+    """A chunk with the upstream key cut out and the model named by id (held back where a chunk
+    ends inside one)."""
+    if not redactor.replacements:
         return chunk
     return redactor.feed(chunk.decode("utf-8", errors="surrogateescape")).encode("utf-8", errors="surrogateescape")
 

@@ -104,12 +104,13 @@ def wait_ready(running: RunningGateway, apis: tuple[str, ...], api_key: str | No
 
 def serve_gateway(routes: Routes, host: str, port: int, apis: tuple[str, ...], api_key: str | None,
                   log: Callable[[str], None], on_poll: Callable[[str], None] = lambda _: None,
-                  origins: tuple[str, ...] = (), model: str = "", web: Any = None) -> RunningGateway:
+                  origins: tuple[str, ...] = (), model: str = "", web: Any = None,
+                  image_urls: tuple[str, ...] = ()) -> RunningGateway:
     """The gateway in front of ``routes``, started and ready (or stopped, and the error raised):
     ``model`` answers a 1-token request through each API; ``web`` (a ``web.api.WebApi``) adds the
     chat page. Its own readiness probes are not traffic: the log starts once it is ready."""
     gateway = Gateway(routes, apis=apis, api_key=api_key, extra=web.routes() if web else [],
-                      page=web.page if web else None)
+                      page=web.page if web else None, image_urls=image_urls)
     running = start_gateway(gateway, host, port, origins)
     try:
         wait_ready(running, apis, api_key, model, on_poll=on_poll)

@@ -137,16 +137,67 @@ def _refers(value: Any) -> bool:
 
 def refused_tools(tools: list[dict[str, Any]], llg: Any | None) -> dict[str, str]:
     """The tools whose arguments' schema the grammar cannot take (an unsupported keyword, a
-    reference to nothing), each with why: they are left out, never the others."""
+    reference to nothing, no value at all), each with why: they are left out, never the others."""
     from llguidance import LLMatcher
 
     refused = {}
     for tool in tools:
+        if not admits_a_value(tool["function"].get("parameters", {})):
+            refused[tool["function"]["name"]] = NO_VALUE
+            continue
         schema = json.dumps({**call_schema([tool]), "x-guidance": JSON_STYLE})
         error = LLMatcher.validate_grammar(LLMatcher.grammar_from_lark(f"start: %json {schema}"), llg)
         if error:
             refused[tool["function"]["name"]] = _first_line(error)
     return refused
+
+
+NO_VALUE = "no value satisfies it (a $ref cycle, or a property required all the way down)"
+ADMITS_BUDGET = 20_000  # schema nodes visited before the answer is taken to be yes
+
+
+def admits_a_value(schema: Any) -> bool:
+    """Whether some finite JSON value satisfies ``schema``, for the parts that decide it (``$ref``
+    to ``#`` or its definitions, ``anyOf``/``oneOf``/``allOf``, required properties, ``minItems``).
+    A schema that admits none (``{"$ref": "#"}``, or an object whose required property is itself)
+    would let a grammar open an answer it can never close: llguidance compiles lazily and cannot
+    tell. A node met again on the way down counts as no; a schema too large to walk counts as yes."""
+    steps = [0]
+
+    def target(ref: str) -> Any:
+        if ref == "#":
+            return schema
+        kind, _, name = ref.removeprefix("#/").partition("/")
+        found = schema.get(kind, {}) if kind in ("$defs", "definitions") else None
+        return found.get(name, True) if isinstance(found, dict) else True
+
+    def admits(node: Any, seen: tuple[int, ...]) -> bool:
+        steps[0] += 1
+        if steps[0] > ADMITS_BUDGET:
+            return True
+        if not isinstance(node, dict):
+            return node is not False
+        if id(node) in seen:
+            return False
+        seen = (*seen, id(node))
+        ref = node.get("$ref")
+        if isinstance(ref, str) and not admits(target(ref), seen):
+            return False
+        for key, needs_all in (("allOf", True), ("anyOf", False), ("oneOf", False)):
+            parts = node.get(key)
+            if isinstance(parts, list) and parts:
+                results = (admits(part, seen) for part in parts)
+                if not (all(results) if needs_all else any(results)):
+                    return False
+        properties = node.get("properties") if isinstance(node.get("properties"), dict) else {}
+        required = node.get("required") if isinstance(node.get("required"), list) else []
+        if not all(admits(properties[name], seen) for name in required if isinstance(name, str) and name in properties):
+            return False
+        min_items = node.get("minItems")
+        return not (isinstance(node.get("items"), dict) and isinstance(min_items, int) and min_items > 0
+                    and not admits(node["items"], seen))
+
+    return admits(schema, ())
 
 
 def call_rule(tools: list[dict[str, Any]], markers: CallMarkers, llg: Any | None) -> str:
@@ -202,6 +253,8 @@ def check(fmt: AnswerFormat, llg: Any | None) -> None:
     tokenizer) when it admits no text at all; nothing when it can be enforced."""
     from llguidance import LLMatcher
 
+    if fmt.schema is not None and not admits_a_value(fmt.schema):
+        raise GrammarError(f"{fmt.described()} cannot be enforced: {NO_VALUE}")
     body = LLMatcher.grammar_from_lark(f"start: {body_rule(fmt)}")
     error = LLMatcher.validate_grammar(body, llg)
     if error:

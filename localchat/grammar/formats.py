@@ -31,6 +31,8 @@ DEFAULT_SCHEMA: dict[str, Any] = {
 MAX_CHOICES = 1000
 LEADING = re.compile(r"^[ \t\n]{0,4}")  # what the grammar lets come before an answer after reasoning
 MAX_PATTERN_CHARS = 2000
+MAX_PATTERN_SIZE = 100_000  # what a pattern may unroll to: a{1000000000} would take 24 GB to compile
+REPEAT_COUNT = re.compile(r"(?<!\\)\{(\d+)(?:,(\d*))?\}")
 
 
 @dataclass(frozen=True)
@@ -124,6 +126,9 @@ def regex_format(pattern: str) -> AnswerFormat:
     pattern, checks every reply, in bounded time: ``localchat.bounded_schema``)."""
     if not pattern or len(pattern) > MAX_PATTERN_CHARS:
         raise UsageError(f"--regex must be a pattern of 1 to {MAX_PATTERN_CHARS} characters")
+    if (size := unrolled_size(pattern)) > MAX_PATTERN_SIZE:
+        raise UsageError(f"--regex {pattern[:80]!r} unrolls to {size:,} steps, past the {MAX_PATTERN_SIZE:,} a "
+                         "pattern may take (count a repeat with * or +, or use a smaller {n})")
     import regex
 
     try:
@@ -131,6 +136,38 @@ def regex_format(pattern: str) -> AnswerFormat:
     except regex.error as exc:
         raise UsageError(f"--regex {pattern!r} is not a regular expression: {exc}") from None
     return AnswerFormat(f"Answer with text that matches the regular expression {pattern}", pattern=pattern)
+
+
+def unrolled_size(pattern: str) -> int:
+    """How many steps the pattern unrolls to (each bounded repeat ``{m,n}`` copies its part n
+    times; ``*`` and ``+`` loop without copying), as Python's own parser reads it; a pattern it
+    cannot read (the ``regex`` module's own syntax) is judged by its largest ``{n}``."""
+    import re._constants as constants
+    import re._parser as parser
+
+    def size(items: Any) -> int:
+        total = 0
+        for op, arg in items:
+            if op in (constants.MAX_REPEAT, constants.MIN_REPEAT, constants.POSSESSIVE_REPEAT):
+                low, high, inner = arg
+                total += size(inner) * max(1, low if high == constants.MAXREPEAT else high)
+            elif op is constants.BRANCH:
+                total += sum(size(branch) for branch in arg[1])
+            elif op in (constants.SUBPATTERN, constants.ATOMIC_GROUP):
+                total += size(arg[-1])
+            elif op in (constants.ASSERT, constants.ASSERT_NOT):
+                total += size(arg[1])
+            else:
+                total += 1
+            if total > MAX_PATTERN_SIZE:
+                return total  # (enough to refuse: no need to multiply further)
+        return total
+
+    try:
+        return size(parser.parse(pattern))
+    except (re.error, RecursionError, OverflowError, TypeError, ValueError):
+        counts = [int(n or 0) for m in REPEAT_COUNT.finditer(pattern) for n in m.groups()]
+        return max([len(pattern), *counts])
 
 
 def choice_format(text: str) -> AnswerFormat:

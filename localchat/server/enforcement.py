@@ -5,11 +5,17 @@ It is plain data: it travels with the request to every rank."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from localchat.errors import UsageError
 from localchat.grammar.formats import MAX_CHOICES, AnswerFormat, regex_format
+
+
+MAX_TOOLS = 128
+MAX_SCHEMA_DEPTH = 64  # JSON levels of one schema: far past any tool's; deeper ones exhaust the compiler's stack
+CONTROL_OR_EDGE_SPACE = re.compile(r"[\x00-\x1f\x7f]|^\s|\s$")
 
 
 class RequestRefused(Exception):
@@ -74,6 +80,9 @@ def _format(body: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
             if not isinstance(schema, dict):
                 raise RequestRefused("response_format.json_schema.schema must be a JSON Schema object",
                                      "response_format")
+            if depth(schema) > MAX_SCHEMA_DEPTH:
+                raise RequestRefused(f"response_format's schema nests deeper than {MAX_SCHEMA_DEPTH} levels",
+                                     "response_format")
             return "json_schema", {"schema": schema}
         if kind != "text":
             raise RequestRefused("response_format.type must be text, json_object or json_schema", "response_format")
@@ -88,6 +97,10 @@ def _format(body: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
         if not isinstance(choices, list) or not all(isinstance(c, str) and c for c in choices) \
                 or not 2 <= len(set(choices)) <= MAX_CHOICES:
             raise RequestRefused(f"guided_choice must be a list of 2 to {MAX_CHOICES} strings", "guided_choice")
+        if any(CONTROL_OR_EDGE_SPACE.search(c) for c in choices):
+            raise RequestRefused("guided_choice: a choice cannot hold a control character (NUL, a line break) or "
+                                 "begin or end with a space: the reply is compared with its spaces trimmed",
+                                 "guided_choice")
         return "choice", {"choices": tuple(dict.fromkeys(choices))}
     return None
 
@@ -97,9 +110,40 @@ def _tool_name(tool: Any) -> str | None:
     return function.get("name") if isinstance(function, dict) else None
 
 
+def depth(value: Any) -> int:
+    """How deep a JSON value nests (counted without recursion: a hostile one may be deep)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        node, level = stack.pop()
+        deepest = max(deepest, level)
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+        stack.extend((child, level + 1) for child in children if isinstance(child, (dict, list)))
+    return deepest
+
+
+def checked_tools(tools: Any) -> list[dict[str, Any]]:
+    """``tools`` as OpenAI defines it, or a 400 naming the first that is not one."""
+    if tools is None:
+        return []
+    if not isinstance(tools, list) or len(tools) > MAX_TOOLS:
+        raise RequestRefused(f"tools must be a list of at most {MAX_TOOLS} functions", "tools")
+    for number, tool in enumerate(tools):
+        name = _tool_name(tool)
+        if not isinstance(tool, dict) or tool.get("type", "function") != "function" or not isinstance(name, str) \
+                or not name:
+            raise RequestRefused(f'tools[{number}] must be {{"type": "function", "function": {{"name": …}}}}', "tools")
+        parameters = tool["function"].get("parameters", {})
+        if not isinstance(parameters, dict):
+            raise RequestRefused(f"tools[{number}] ({name[:60]}): parameters must be a JSON Schema object", "tools")
+        if depth(parameters) > MAX_SCHEMA_DEPTH:
+            raise RequestRefused(f"tools[{number}] ({name[:60]}): parameters nest deeper than {MAX_SCHEMA_DEPTH} "
+                                 "levels", "tools")
+    return tools
+
+
 def _calls(body: dict[str, Any]) -> tuple[str, list[dict[str, Any]], str]:
     """(auto | none | required, the tools a call may use, what the header says was enforced)."""
-    tools = body.get("tools") or []
+    tools = checked_tools(body.get("tools"))
     choice = body.get("tool_choice", "auto")
     if choice in ("auto", "none", "required"):
         if choice == "required" and not tools:
@@ -136,6 +180,9 @@ def enforcement_of(body: dict[str, Any]) -> Enforcement | None:
     calls, tools, said = _calls(body)
     if found is None and not tools:
         return None
+    if body.get("stop") and (found is not None or calls == "required"):
+        raise RequestRefused("stop cannot be combined with an enforced format or required calls: a stop string "
+                             "would cut the answer before the format ends", "stop")
     kind, fields = found or ("", {})
     enforcement = Enforcement(kind=",".join(k for k in (kind, said if tools else "") if k),
                               tools=tools if calls != "none" else [], calls=calls, **fields)

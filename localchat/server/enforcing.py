@@ -25,6 +25,7 @@ import sys
 from typing import Any
 
 from localchat.server.enforcement import Enforcement, RequestRefused, enforcement_of
+from localchat.server.hangup import HangupWatch
 
 TESTED_MLX_LM = ("0.32.2",)
 SEAM = ("mlx_lm.server._make_sampler(args, tokenizer)", "mlx_lm.server._make_logits_processors(args)",
@@ -122,6 +123,11 @@ def install(server: Any) -> None:
         return [*make_processors(args), *extra]
 
     class Generator(server.ResponseGenerator):
+        def generate(self, request, *args, **kwargs):
+            context, response = super().generate(request, *args, **kwargs)
+            request.localchat_context = context  # for the hangup watch: what stops this request
+            return context, response
+
         def _tokenize(self, tokenizer, request, args):
             tokenized = super()._tokenize(tokenizer, request, args)
             enforcement = getattr(request, "localchat_enforcement", None)
@@ -145,7 +151,8 @@ def install(server: Any) -> None:
                 if enforcement.calls == "none":
                     request.tools = None  # no call can start: the template offers none
                 self.enforced = enforcement.kind
-            return super().handle_completion(request, stop_words)
+            with HangupWatch(self.connection, lambda: getattr(request, "localchat_context", None)):
+                return super().handle_completion(request, stop_words)
 
         def _check_calls(self, enforcement: Enforcement | None) -> None:
             """A call that must come, from a model whose chat template takes no tools, is refused: its

@@ -1,0 +1,140 @@
+"""Hostile requests to ``localchat serve`` (the front and its enforcing engine, on demo-tools):
+each a 400 in OpenAI's shape naming its field, before anything is generated; the server's own
+path for its model never shown; a client that hangs up stops its reply being generated."""
+
+import json
+import socket
+import time
+
+import httpx
+import pytest
+from routed import Serve
+
+from localchat.registry import resolve
+
+TOOL = {"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {
+    "a": {"type": "integer"}}, "required": ["a"]}}}
+
+
+def deep(levels: int) -> dict:
+    schema: dict = {"type": "integer"}
+    for _ in range(levels):
+        schema = {"type": "object", "properties": {"a": schema}, "required": ["a"]}
+    return schema
+
+
+def tool(parameters) -> list[dict]:
+    return [{"type": "function", "function": {"name": "f", "parameters": parameters}}]
+
+
+CYCLE = {"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}}
+HOSTILE = [
+    ({"guided_regex": "a{1000000000}"}, "guided_regex"),
+    ({"guided_regex": "((a{100}){100}){100}"}, "guided_regex"),
+    ({"tools": 5}, "tools"),
+    ({"tools": "add"}, "tools"),
+    ({"tools": [5]}, "tools"),
+    ({"tools": [{"type": "function", "function": {"name": ""}}]}, "tools"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": []}}]}, "tools"),
+    ({"tools": tool(deep(200)), "tool_choice": "required"}, "tools"),
+    ({"tools": tool(deep(200))}, "tools"),
+    ({"tools": tool(CYCLE), "tool_choice": "required"}, "tools"),
+    ({"tools": tool({"$ref": "#"}), "tool_choice": "required"}, "tools"),
+    ({"tools": tool({"type": "object", "properties": {"n": {"$ref": "#"}}, "required": ["n"]}),
+      "tool_choice": "required"}, "tools"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#"}}}},
+     "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": deep(100)}}},
+     "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "integer", "minimum": -(2**70)}}}}, "response_format"),
+    ({"guided_choice": ["yes\x00", "no"]}, "guided_choice"),
+    ({"guided_choice": ["yes\nno", "no"]}, "guided_choice"),
+    ({"guided_choice": [" yes", "no"]}, "guided_choice"),
+    ({"response_format": {"type": "json_object"}, "stop": ["}"]}, "stop"),
+    ({"tools": [TOOL], "tool_choice": "required", "stop": "<"}, "stop"),
+]
+
+
+@pytest.fixture(scope="module")
+def serve(tmp_path_factory):
+    server = Serve(tmp_path_factory.mktemp("home"), "-m", "demo-tools")
+    yield server
+    server.stop()
+
+
+@pytest.mark.parametrize("fields, param", HOSTILE, ids=[f"{i}-{p}" for i, (_, p) in enumerate(HOSTILE)])
+def test_a_hostile_request_is_a_400_naming_its_field(serve, fields, param):
+    reply = serve.ask("demo-tools", **fields)
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] == param, error
+    assert len(error["message"].splitlines()) == 1
+    assert serve.ask("demo-tools").status_code == 200  # and the server is still there
+
+
+@pytest.mark.parametrize("name", ["../../etc/passwd", "/tmp/anything", "x" * 5000, "", "demo-tools\x00"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_hostile_model_name_never_shows_the_servers_path(serve, name, stream):
+    location = resolve("demo-tools").location
+    reply = serve.ask(name, stream=stream)
+    assert reply.status_code == 200, reply.text
+    assert location not in reply.text and json.dumps(location)[1:-1] not in reply.text
+    if not stream:
+        assert reply.json()["model"] == "demo-tools"
+
+
+def test_a_client_that_hangs_up_stops_its_reply_being_generated(serve):
+    """A whole (not streamed) reply of 100,000 tokens (its end token banned), abandoned: the engine
+    stops generating it (its log says so) and the next request is answered."""
+    from mlx_lm.utils import load_tokenizer
+
+    from localchat.registry import local_dir
+
+    ends = load_tokenizer(local_dir(resolve("demo-tools"))).eos_token_ids
+    body = json.dumps({"model": "demo-tools", "messages": [{"role": "user", "content": "Tell a story."}],
+                       "max_tokens": 100_000, "logit_bias": {str(end): -1000 for end in ends}}).encode()
+    with socket.create_connection(("127.0.0.1", serve.port)) as client:
+        client.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n" % serve.port
+                       + b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        time.sleep(1.5)
+    serve.wait_log("the client hung up first")
+    engine_log = next(row["log"] for row in serve.held() if row["model"] == "demo-tools")
+    deadline = time.monotonic() + 30
+    while "its reply is no longer generated" not in open(engine_log).read() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert "its reply is no longer generated" in open(engine_log).read()
+    assert httpx.post(serve.url + "/v1/chat/completions", timeout=60, json={
+        "model": "demo-tools", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}).status_code == 200
+
+
+def picture(url) -> list[dict]:
+    return [{"role": "user", "content": [{"type": "text", "text": "What is this?"},
+                                         {"type": "image_url", "image_url": {"url": url}}]}]
+
+
+@pytest.mark.parametrize("messages", [
+    picture("http://127.0.0.1:22/"), picture("http://localhost:8080/admin"), picture("file:///etc/passwd"),
+    picture("/etc/passwd"), picture("~/.ssh/id_rsa"), picture(["data:image/png;base64,AAAA"]),
+    [{"role": "user", "content": [{"type": "input_image", "image_url": "/etc/hosts"}]}],
+    [{"role": "user", "content": [{"type": "image", "image": "http://169.254.169.254/latest"}]}],
+    [{"role": "user", "content": [{"type": "video_url", "video_url": {"url": "/tmp/a.mp4"}}]}],
+    [{"role": "system", "content": "x"}, {"role": "user", "content": [{"type": "input_image", "file_id": "/x"}]}],
+])
+def test_a_picture_named_by_url_or_path_is_refused_not_fetched(serve, messages):
+    reply = httpx.post(serve.url + "/v1/chat/completions", timeout=60,
+                       json={"model": "demo-tools", "messages": messages, "max_tokens": 4})
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["param"].startswith("messages[") and "fetches no URL and opens no file" in error["message"]
+
+
+def test_allowed_url_prefixes_and_data_urls_pass_the_check():
+    from localchat.gateway.passthrough import check_media
+    from localchat.gateway.shapes import ApiError
+
+    body = json.dumps({"messages": picture("https://example.com/img/a.png")}).encode()
+    check_media(body, ("https://example.com/img/",))
+    check_media(json.dumps({"messages": picture("data:image/png;base64,AAAA")}).encode(), ())
+    with pytest.raises(ApiError):
+        check_media(body, ("https://example.com/other/",))
