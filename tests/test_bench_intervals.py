@@ -115,3 +115,22 @@ def test_compare_refuses_wrong_types_and_non_finite_figures(runs, tmp_path):
     (tmp_path / "results.json").write_text(json.dumps(nan))  # Python writes NaN, which its reader takes
     refused = runner.invoke(app, ["bench", "compare", str(runs["a"][0]), str(tmp_path)])
     assert refused.exit_code == 2 and "not nan" in refused.stderr, refused.stderr
+
+
+@pytest.mark.parametrize("change, needle", [
+    (lambda s: s["turns"][0].update(prompt_tokens=10**400), "prompt_tokens must be"),
+    (lambda s: s["turns"][0].update(conversation=-(10**400)), "conversation must be"),
+    (lambda s: s["turns"][0].update(total_s=10**400), "total_s must be"),
+    (lambda s: s["environment"].update(conditions="busy"), "environment.conditions must"),
+    (lambda s: s["environment"].update(conditions={"start": [1, 2]}), "environment.conditions must"),
+    (lambda s: s["environment"].update(conditions={"start": {"load_1m": "high", "cores": 2}}),
+     "environment.conditions must"),
+    (lambda s: s["environment"].update(conditions={"start": {"load_1m": 1.0, "cores": 10**401}}),
+     "environment.conditions must"),
+])
+def test_compare_refuses_counts_past_any_run_and_conditions_of_the_wrong_type(runs, tmp_path, change, needle):
+    saved = json.loads((runs["a"][0] / "results.json").read_text())
+    change(saved)
+    (tmp_path / "results.json").write_text(json.dumps(saved))
+    refused = runner.invoke(app, ["bench", "compare", str(runs["a"][0]), str(tmp_path), "--force"])
+    assert refused.exit_code == 2 and needle in refused.stderr and "Traceback" not in refused.stderr, refused.stderr

@@ -53,6 +53,7 @@ def load_run(path: Path) -> Run:
     for key in ("environment", "settings"):
         if not isinstance(data.get(key, {}), dict):
             raise UsageError(f"bench compare: {path}: {key} must be an object")
+    _check_conditions((data.get("environment") or {}).get("conditions"), path)
     turns = [SimpleNamespace(**_checked_turn(t, i, path)) for i, t in enumerate(data["turns"], 1)]
     return Run(path=path, environment=data.get("environment") or {}, settings=data.get("settings") or {}, turns=turns)
 
@@ -63,17 +64,41 @@ TURN_FIELDS: dict[str, tuple[type, ...]] = {  # what compare reads of a turn, an
     "decode_tps": (float, int, type(None)), "total_s": (float, int)}
 
 
-def _checked_turn(turn: Any, number: int, path: Path) -> dict:
-    """A turn of a results.json as compare reads it; anything else is one usage line naming it."""
+MAX_COUNT = 10**12  # a count (tokens, turns, cores) past any run's
+
+
+def _number(value: Any, kinds: tuple[type, ...]) -> bool:
+    """A finite number of one of ``kinds`` within any run's size (a 401-digit count is not one)."""
     import math
 
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        return False
+    return abs(value) <= MAX_COUNT if isinstance(value, int) else math.isfinite(value)
+
+
+def _check_conditions(conditions: Any, path: Path) -> None:
+    """The machine's load at the start and the end, as bench writes it, or one usage line."""
+    if conditions is None:
+        return
+    fine = isinstance(conditions, dict) and all(
+        isinstance(state, dict) and all(state.get(k) is None or _number(state.get(k), (int, float))
+                                        for k in ("load_1m", "cores"))
+        for state in conditions.values())
+    if not fine:
+        raise UsageError(f"bench compare: {path}: environment.conditions must map start and end to "
+                         "{load_1m, cores} numbers")
+
+
+def _checked_turn(turn: Any, number: int, path: Path) -> dict:
+    """A turn of a results.json as compare reads it; anything else is one usage line naming it."""
     if not isinstance(turn, dict):
         raise UsageError(f"bench compare: {path}: turn {number} is not an object")
     for name, kinds in TURN_FIELDS.items():
         value = turn.get(name)
-        number_ok = not isinstance(value, bool) or bool in kinds
-        finite = not isinstance(value, float) or math.isfinite(value)
-        if name not in turn or not isinstance(value, kinds) or not number_ok or not finite:
+        numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+        fine = _number(value, kinds) if numeric else isinstance(value, kinds) and (
+            not isinstance(value, bool) or bool in kinds)
+        if name not in turn or not fine:
             wanted = " or ".join("null" if k is type(None) else k.__name__ for k in kinds)
             raise UsageError(f"bench compare: {path}: turn {number}: {name} must be {wanted} (a finite number where "
                              f"one is asked), not {value!r}"[:300])
