@@ -140,3 +140,26 @@ def test_every_subcommands_help_loads_only_declarations():
             typed = name.removesuffix(" run") if name == "bench run" else name  # (run is bench's default)
             assert "Usage:" in shown and f"localchat {typed} " in shown, name
             assert heavy == set(), name
+
+
+MLX_STACK = ("mlx", "mlx_lm", "transformers", "numpy")
+
+
+def test_the_http_client_starts_without_mlx():
+    """``chat --backend server``, ``smoke`` and the gateway's modules send their first byte without
+    importing MLX, mlx_lm or transformers (scripts/bench_http_start.py times launch to first request):
+    a reply with a think block is still split by mlx_lm's own state machine, read from its source."""
+    from fakeserver import FakeServer, Reply, delta, sse
+
+    server = FakeServer()
+    server.replies["/v1/chat/completions"] = Reply(chunks=sse(delta("<think>hmm</think>"), delta("Hi", "stop")))
+    server.replies["/v1/models"] = Reply(chunks=[b'{"data": [{"id": "m"}]}'], headers={"Content-Type": "application/json"})
+    probe = ("import sys, runpy\nsys.argv = ['localchat', *sys.argv[1:]]\n"
+             "try:\n    runpy.run_module('localchat', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+             "import localchat.gateway.app, localchat.server.smoke\n"
+             f"print('LOADED:', *(m for m in sys.modules if m.split('.')[0] in {MLX_STACK!r}), file=sys.stderr)")
+    done = subprocess.run([sys.executable, "-c", probe, "chat", "--backend", "server", "--base-url", server.base_url,
+                           "-m", "m", "--think", "hi"], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip().endswith("Hi") and "<think>" not in done.stdout + done.stderr, done.stdout
+    assert "think ~1" in done.stderr  # the reasoning was told apart and counted
+    assert done.stderr.strip().splitlines()[-1] == "LOADED:", done.stderr

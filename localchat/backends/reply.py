@@ -1,11 +1,12 @@
 """A model's reply told apart: reasoning, answer and tool calls, with one parser for both backends.
 
-Text goes through mlx_lm's own ``TextStateMachine`` with the transitions of the model's reasoning
-format (``templates.formats``: think markers, or gpt-oss's harmony channels) and of its tool-call
-format (``templates.tool_formats``): markers are stripped, reasoning and answer come out as typed
-chunks, a call's text is never shown and comes out as one ``ToolCall`` once it is whole, and
-harmony's headers and other channels come out nowhere. A prompt that ends inside an open think block
-(templates that write ``<think>`` themselves) starts in the reasoning state, as mlx_lm.server does.
+Text goes through mlx_lm's own ``TextStateMachine`` (read without MLX: ``backends.text_states``)
+with the transitions of the model's reasoning format (``templates.formats``: think markers, or
+gpt-oss's harmony channels) and of its tool-call format (``templates.tool_formats``): markers are
+stripped, reasoning and answer come out as typed chunks, a call's text is never shown and comes out
+as one ``ToolCall`` once it is whole, and harmony's headers and other channels come out nowhere. A
+prompt that ends inside an open think block (templates that write ``<think>`` themselves) starts in
+the reasoning state, as mlx_lm.server does.
 
 In-process, reasoning tokens are counted by token id, exactly: every generated token from the
 format's open marker to its close marker, both included. Over HTTP, a server that does not split
@@ -18,7 +19,7 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
-from mlx_lm.generate import TextStateMachine  # here, not in a turn: importing MLX would count in its TTFT
+from localchat.backends.text_states import text_state_machine
 
 from localchat.backends import ReasoningChunk, TextChunk, ToolCall, ToolCallText
 from localchat.templates.formats import ANSWER, REASONING, ReasoningFormat, sniffed
@@ -57,7 +58,7 @@ class ReplySplitter:
                  tool_format: ToolFormat | None = None, tools: list[dict[str, Any]] | None = None):
         reads_calls = tool_format is not None and (bool(tools) or not tool_format.whole_reply)
         self.fmt, self.tool_format, self.tools = fmt, tool_format if reads_calls else None, list(tools or [])
-        machine = TextStateMachine(merged(fmt, self.tool_format))
+        machine = text_state_machine()(merged(fmt, self.tool_format))
         self._state = machine.make_state(REASONING if opened else (fmt.start if fmt else ANSWER))
         self._counter = _ReasoningCounter(*marker_ids, inside=opened) if marker_ids else None
         self._call_text = self._call_name = self._held = ""
@@ -85,7 +86,7 @@ class ReplySplitter:
         if self._counter and token is not None:
             self._counter.add(token)
         writing = self._writing_a_call()
-        self._state, segments = TextStateMachine.split(self._state, text)
+        self._state, segments = text_state_machine().split(self._state, text)
         chunks = self._chunks(segments)
         if text and (writing or self._writing_a_call()):
             chunks.append(ToolCallText())
@@ -98,10 +99,10 @@ class ReplySplitter:
         """What was held back: dropped at a stop (it was the end token), shown when cut at length;
         then a call still open (Mistral's has no end marker) or a held whole-reply call."""
         if finish_reason == "stop":
-            self._state, state = TextStateMachine.discard(self._state)
+            self._state, state = text_state_machine().discard(self._state)
             chunks = self._chunks([(state, "")])
         else:
-            self._state, held, state = TextStateMachine.flush(self._state)
+            self._state, held, state = text_state_machine().flush(self._state)
             chunks = self._chunks([(state, held)])
         if self._in_call:
             chunks += self._read_call()
