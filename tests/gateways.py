@@ -25,10 +25,22 @@ class TestGateway:
         return self.running.url
 
     def post(self, path: str, **kwargs) -> httpx.Response:
-        return httpx.post(self.url + path, timeout=60.0, **kwargs)
+        return self.request("POST", path, **kwargs)
 
     def get(self, path: str, **kwargs) -> httpx.Response:
-        return httpx.get(self.url + path, timeout=60.0, **kwargs)
+        return self.request("GET", path, **kwargs)
+
+    def options(self, path: str, **kwargs) -> httpx.Response:
+        return self.request("OPTIONS", path, **kwargs)
+
+    def request(self, method: str, path: str, **kwargs) -> httpx.Response:
+        """A request to the gateway; one that finds nothing listening fails the test saying so."""
+        import pytest
+
+        try:
+            return httpx.request(method, self.url + path, timeout=60.0, **kwargs)
+        except httpx.ConnectError as exc:
+            pytest.fail(f"the gateway is not running: nothing listens at {self.url} ({exc}); its log: {self.logs}")
 
 
 @contextmanager

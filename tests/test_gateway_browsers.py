@@ -40,9 +40,8 @@ def test_a_cross_site_page_and_a_rebound_host_are_refused_before_anything_reache
 def test_this_machine_s_pages_and_allowed_origins_get_cors_and_a_preflight(fake):
     with gateway_for(fake.base_url, ready=False) as gw:
         local = gw.post("/v1/messages", json=BODY, headers={"origin": "http://localhost:3000"})
-        preflight = gw.running and __import__("httpx").options(
-            gw.url + "/v1/messages", headers={"origin": "http://127.0.0.1:5173",
-                                              "access-control-request-method": "POST"})
+        preflight = gw.options("/v1/messages", headers={"origin": "http://127.0.0.1:5173",
+                                                        "access-control-request-method": "POST"})
         plain = gw.post("/v1/messages", json=BODY)  # an SDK: no Origin at all
     assert local.status_code == 200 and local.headers["access-control-allow-origin"] == "http://localhost:3000"
     assert preflight.status_code == 204 and "x-api-key" in preflight.headers["access-control-allow-headers"]
@@ -56,6 +55,13 @@ def test_allow_origin_lets_a_named_page_in():
     assert policy.host_allowed("localhost:8081") and policy.host_allowed("[::1]:8081")
     assert not policy.host_allowed("127.0.0.1.evil.example:8081") and policy.host_allowed("")
     assert browsers.BrowserPolicy(host="0.0.0.0", port=1).host_allowed("my-mac.local:1")  # (its key guards it)
+
+
+def test_a_gateway_that_is_not_running_fails_a_test_with_a_clear_message(fake):
+    with gateway_for(fake.base_url, ready=False) as gw:
+        gw.running.stop()
+        with pytest.raises(pytest.fail.Exception, match="the gateway is not running: nothing listens at"):
+            gw.post("/v1/messages", json=BODY)
 
 
 def test_a_connection_whose_headers_never_finish_is_closed(fake, monkeypatch):

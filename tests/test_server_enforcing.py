@@ -97,7 +97,12 @@ def test_a_request_without_a_format_is_plain_mlx_lm_servers_greedy_answer(smol, 
         plain.stop()
 
 
-def test_four_concurrent_requests_with_four_formats_are_all_valid(smol):
+def test_four_concurrent_requests_with_four_formats_are_batched_and_all_valid(smol):
+    """Four formats at once: every reply valid, and the engine decoded them together (each streamed
+    reply's tokens kept arriving while the others' did: one at a time, each would start after the
+    one before it ended)."""
+    import time
+
     def word(text):
         assert text.isalpha() and text[0].isupper() and 3 <= len(text) <= 9, text
 
@@ -110,9 +115,20 @@ def test_four_concurrent_requests_with_four_formats_are_all_valid(smol):
                ({"extra_body": {"guided_regex": "[A-Z][a-z]{2,8}"}}, word),
                ({"extra_body": {"guided_choice": ["red", "green", "blue"]}}, colour)]
     results: dict[int, str] = {}
+    spans: dict[int, tuple[float, float]] = {}
+    start = threading.Barrier(4)
 
     def one(i):
-        results[i] = ask(smol, PROMPTS[i % len(PROMPTS)], max_tokens=120, **formats[i][0])[1].message.content
+        start.wait()
+        stream = smol.chat.completions.create(model="default_model", temperature=0, max_tokens=120, stream=True,
+                                              messages=[{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}],
+                                              **formats[i][0])
+        text, times = "", []
+        for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                text += chunk.choices[0].delta.content
+                times.append(time.monotonic())
+        results[i], spans[i] = text, (times[0], times[-1])
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
     for t in threads:
@@ -122,6 +138,9 @@ def test_four_concurrent_requests_with_four_formats_are_all_valid(smol):
     assert sorted(results) == [0, 1, 2, 3]
     for i, (_, valid) in enumerate(formats):
         valid(results[i])
+    longest = max(spans, key=lambda i: spans[i][1] - spans[i][0])
+    overlapping = [i for i in spans if i != longest and spans[i][0] < spans[longest][1] and spans[longest][0] < spans[i][1]]
+    assert overlapping, spans  # another reply's tokens came while the longest one's were coming
 
 
 @pytest.mark.parametrize("choice, said", [("required", "tool_choice=required"),
