@@ -286,14 +286,20 @@ def quantization_bits(model_dir: Path) -> int | None:
 CONTEXT_KEYS = ("max_position_embeddings", "max_seq_len", "n_positions", "seq_length", "n_ctx")
 
 
+def positive(part: dict[str, Any], *names: str) -> int | None:
+    """The first of ``names`` whose value in a config is a positive int (a JSON bool is not one)."""
+    for name in names:
+        value = part.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
 def context_length(config: dict[str, Any]) -> int | None:
     """The context window a model config declares (its text part, for multimodal configs)."""
     for part in (config, config.get("text_config")):
-        if isinstance(part, dict):
-            for key in CONTEXT_KEYS:
-                value = part.get(key)
-                if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                    return value
+        if isinstance(part, dict) and (found := positive(part, *CONTEXT_KEYS)) is not None:
+            return found
     return None
 
 

@@ -22,9 +22,9 @@ from typing import Any
 
 from localchat import bounded_json
 from localchat.errors import LocalchatError
+from localchat.registry import MODEL_FILE_SUFFIXES
 
 FORMAT = "localchat-kv-1"
-MODEL_FILES = (".json", ".safetensors", ".model", ".jinja", ".txt", ".tiktoken")
 SAMPLE_BYTES = 64 * 1024  # of each file's head and tail: catches a re-quantized or replaced file
 REASONS = {
     "format": "it was written by another localchat version",
@@ -55,7 +55,7 @@ def model_fingerprint(*directories: Path | None) -> str:
     hash of many GB would cost more than the prefill it saves)."""
     digest = hashlib.sha256()
     for directory in filter(None, directories):
-        for file in sorted(p for p in Path(directory).iterdir() if p.suffix in MODEL_FILES and p.is_file()):
+        for file in sorted(p for p in Path(directory).iterdir() if p.suffix in MODEL_FILE_SUFFIXES and p.is_file()):
             size = file.stat().st_size
             digest.update(f"{file.name}\0{size}\0".encode())
             with open(file, "rb") as f:

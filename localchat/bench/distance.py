@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from localchat.bench.script import BenchScript, ScriptTurn
+from localchat.bench.uncertainty import clusters
 from localchat.errors import UsageError
 from localchat.intervals import cluster_mean
 
@@ -50,10 +51,7 @@ def distance_summary(turns: list[Any]) -> dict[str, list[dict]] | None:
         rows = []
         for script in sorted({r.script for r in asked if r.arm == arm}, key=lambda s: int(s[len(PREFIX):])):
             mine = [r for r in asked if r.arm == arm and r.script == script]
-            clusters: dict = {}
-            for r in mine:
-                clusters.setdefault((r.repeat, r.conversation), []).append(float(bool(r.correct)))
-            interval = cluster_mean(list(clusters.values()), share=True)
+            interval = cluster_mean(list(clusters(mine, lambda r: float(bool(r.correct))).values()), share=True)
             rows.append({"distance": int(script[len(PREFIX):]), "correct": sum(bool(r.correct) for r in mine),
                          "asked": len(mine), "accuracy": interval.as_dict()})
         out[arm] = rows

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from localchat.errors import LocalchatError
+from localchat.registry import context_length, positive
 
 DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "U32": 4, "I16": 2, "U16": 2,
                "I8": 1, "U8": 1, "BOOL": 1}
@@ -74,22 +75,14 @@ def _check_limits(config: dict[str, Any]) -> None:
                                      f"past any model's ({limit:,}); not a model's config")
 
 
-def _positive(part: dict[str, Any], *names: str) -> int | None:
-    for name in names:
-        value = part.get(name)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return None
-
-
 def _sliding(part: dict[str, Any], layers: int) -> tuple[int, int | None, bool]:
     """(layers over the whole context, the window of the others, whether the last is global), as
     mlx_lm builds their caches: Gemma 3 makes every ``sliding_window_pattern``-th layer global."""
-    window = _positive(part, "sliding_window")
+    window = positive(part, "sliding_window")
     model_type = str(part.get("model_type", ""))
     if window is None or not model_type.startswith("gemma3"):
         return layers, None, True
-    pattern = _positive(part, "sliding_window_pattern") or 6
+    pattern = positive(part, "sliding_window_pattern") or 6
     return layers // pattern, window, layers % pattern == 0
 
 
@@ -104,20 +97,18 @@ def shape_from(config: dict[str, Any], tensors: dict[str, tuple[str, int]]) -> M
     """``tensors`` maps each tensor's name to (safetensors dtype, bytes)."""
     _check_limits(config)
     part = _as_mlx_lm_reads(config)
-    layers = _positive(part, "num_hidden_layers", "n_layer", "num_layers")
-    hidden = _positive(part, "hidden_size", "n_embd", "d_model")
-    heads = _positive(part, "num_attention_heads", "n_head")
-    vocab = _positive(part, "vocab_size")
+    layers = positive(part, "num_hidden_layers", "n_layer", "num_layers")
+    hidden = positive(part, "hidden_size", "n_embd", "d_model")
+    heads = positive(part, "num_attention_heads", "n_head")
+    vocab = positive(part, "vocab_size")
     if None in (layers, hidden, heads, vocab) or not tensors:
         raise LocalchatError("cannot estimate its memory: config.json lacks the layer, hidden size, head or "
                              "vocabulary numbers, or it has no safetensors weights")
-    kv_heads = _positive(part, "num_key_value_heads", "n_head_kv") or heads
+    kv_heads = positive(part, "num_key_value_heads", "n_head_kv") or heads
     global_layers, window, last_global = _sliding(part, layers)
-    from localchat.registry import context_length
-
     return ModelShape(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads,
-                      head_dim=_positive(part, "head_dim") or hidden // heads,
-                      intermediate=_positive(part, "intermediate_size", "n_inner") or 4 * hidden,
+                      head_dim=positive(part, "head_dim") or hidden // heads,
+                      intermediate=positive(part, "intermediate_size", "n_inner") or 4 * hidden,
                       vocab=vocab, weights_bytes=sum(size for _, size in tensors.values()),
                       activation_bytes=_activation_bytes(tensors), global_layers=global_layers,
                       sliding_window=window, context_window=context_length(part), last_layer_global=last_global)

@@ -18,9 +18,6 @@ from typing import Any
 from localchat.errors import LocalchatError, UsageError
 from localchat.fit.verdict import FitReport
 
-# the files mlx_lm's own download takes (mlx_lm.utils._download's allow_patterns)
-MODEL_FILES = ("*.json", "model*.safetensors", "*.py", "tokenizer.model", "*.tiktoken", "tiktoken.model",
-               "*.txt", "*.jsonl", "*.jinja")
 MAX_FILES = 2000  # a model is a few dozen files; a listing of more is not one
 MAX_FILE_BYTES = 10**15  # a petabyte: past any file a Hub holds
 
@@ -79,7 +76,10 @@ def _free_disk(path: Path) -> int:
 
 
 def _wanted(name: str) -> bool:
-    return any(fnmatch.fnmatch(name, pattern) for pattern in MODEL_FILES)
+    """A file mlx_lm's own download takes (its ``DEFAULT_ALLOW_PATTERNS``)."""
+    from mlx_lm.utils import DEFAULT_ALLOW_PATTERNS
+
+    return any(fnmatch.fnmatch(name, pattern) for pattern in DEFAULT_ALLOW_PATTERNS)
 
 
 def _inside_repo(name: object) -> bool:
