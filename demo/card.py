@@ -69,8 +69,8 @@ def model_card(report: dict, argv: list[str]) -> str:
 
 {status}
 
-A **toy**: a {report['parameters']:,}-parameter llama-architecture chat model ({report['layers']} layers,
-hidden {report['hidden']}, {report['heads']} heads) with a byte-level BPE tokenizer ({report['vocab']} tokens, ChatML template), trained from
+A **toy**: a {report["parameters"]:,}-parameter llama-architecture chat model ({report["layers"]} layers,
+hidden {report["hidden"]}, {report["heads"]} heads) with a byte-level BPE tokenizer ({report["vocab"]} tokens, ChatML template), trained from
 scratch by `demo/train.py` on synthetic conversations and quantized with mlx_lm's own
 `convert` (group size 32, fp32 scales): MLPs at 4 bits, attention projections and the tied
 embedding at 8 bits. It exists to make
@@ -108,31 +108,31 @@ words with `crc32(word) % 8 == 0` never occur in training and are the only ones 
 
 ## Figures (held-out words, temperature 0, after 4-bit quantization)
 
-{report['conversations_per_behaviour']} fresh conversations per behaviour, replayed turn by turn with the
+{report["conversations_per_behaviour"]} fresh conversations per behaviour, replayed turn by turn with the
 model's own earlier replies in the history:
 
 | behaviour | exact |
 |---|---|
-| recall with history, English | {_rate(report, 'recall_en')} |
-| recall with history, Chinese | {_rate(report, 'recall_zh')} |
-| corrected fact, English (both answers) | {_rate(report, 'correction_en')} |
-| corrected fact, Chinese (both answers) | {_rate(report, 'correction_zh')} |
-| refusal without history, English | {_rate(report, 'refusal_en')} |
-| refusal without history, Chinese | {_rate(report, 'refusal_zh')} |
-| JSON recall (valid and exact) | {_rate(report, 'json')} |
-| JSON replies that parse as `{{"answer": string}}` | {json_valid['valid']}/{json_valid['total']} |
-| replies that are valid UTF-8 and end with `<|im_end|>` within 32 tokens | {clean['clean']}/{clean['total']} |
+| recall with history, English | {_rate(report, "recall_en")} |
+| recall with history, Chinese | {_rate(report, "recall_zh")} |
+| corrected fact, English (both answers) | {_rate(report, "correction_en")} |
+| corrected fact, Chinese (both answers) | {_rate(report, "correction_zh")} |
+| refusal without history, English | {_rate(report, "refusal_en")} |
+| refusal without history, Chinese | {_rate(report, "refusal_zh")} |
+| JSON recall (valid and exact) | {_rate(report, "json")} |
+| JSON replies that parse as `{{"answer": string}}` | {json_valid["valid"]}/{json_valid["total"]} |
+| replies that are valid UTF-8 and end with `<|im_end|>` within 32 tokens | {clean["clean"]}/{clean["total"]} |
 
 {_stress_section(report)}
 
 ## How it was trained
 
-`uv run python -m demo.train {' '.join(argv)}` — seed {report['seed']},
-{report['steps']} steps of {report['batch']} conversations ({report['train_tokens']:,} tokens), AdamW, lr
-{report['lr']}, loss on assistant tokens only, {report['workers']} data-parallel worker(s). Curriculum
+`uv run python -m demo.train {" ".join(argv)}` — seed {report["seed"]},
+{report["steps"]} steps of {report["batch"]} conversations ({report["train_tokens"]:,} tokens), AdamW, lr
+{report["lr"]}, loss on assistant tokens only, {report["workers"]} data-parallel worker(s). Curriculum
 (steps per stage): {_stages(report)} — first mostly copy drills, last half corrected-fact exercises.
-Training took {report['training_minutes']} min and the whole run {report['total_minutes']} min (then the
-stress test {report['stress_test_minutes']} min) on
+Training took {report["training_minutes"]} min and the whole run {report["total_minutes"]} min (then the
+stress test {report["stress_test_minutes"]} min) on
 {env.hardware_label} (mlx {env.mlx_version}, mlx-lm {env.mlx_lm_version}).
-Size on disk: {report['size_bytes'] / 1e6:.2f} MB.
+Size on disk: {report["size_bytes"] / 1e6:.2f} MB.
 """

@@ -14,8 +14,7 @@ import string
 from dataclasses import dataclass, field
 from typing import Callable, Literal
 
-from localchat.conversation.history import system_first
-from localchat.demo import (
+from localchat.codes import (
     NUMBER_MAX,
     REAL_WORDS,
     RECALL,
@@ -27,7 +26,8 @@ from localchat.demo import (
     random_code,
     random_string,
 )
-from localchat.grammar.formats import DEFAULT_INSTRUCTION as JSON_SYSTEM
+from localchat.conversation.history import system_first
+from localchat.grammar.answer_formats import DEFAULT_INSTRUCTION as JSON_SYSTEM
 
 REFUSAL = {"en": "I don't know.", "zh": "不知道。"}
 ECHO = {

@@ -115,7 +115,7 @@ def model_card(report: dict, argv: list[str]) -> str:
     command = " ".join(["uv run python -m demo.thinking", *argv])
     return f"""# demo-think: localchat's thinking toy
 
-The bundled demo model fine-tuned for {report['training_minutes']} minutes ({report['steps']} steps) to
+The bundled demo model fine-tuned for {report["training_minutes"]} minutes ({report["steps"]} steps) to
 reason before it answers, Qwen3-style: `<think>I should reply: harbor 17</think>harbor 17`. With the
 template's `enable_thinking=false` (`localchat chat --no-think`) the turn opens with `<think></think>`
 already written and it answers directly. Its tokenizer adds `<think>` and `</think>` to the demo's
@@ -123,16 +123,16 @@ already written and it answers directly. Its tokenizer adds `<think>` and `</thi
 reasoning plumbing (two TTFTs, reasoning kept out of history, KV trimming), not to reason: its
 "reasoning" is a fixed phrase and the reply. It copies less reliably than the demo model.
 
-Held-out conversations (temperature 0, {report['on']['conversations_per_behaviour']} a behaviour,
-measured on {report['hardware']}):
+Held-out conversations (temperature 0, {report["on"]["conversations_per_behaviour"]} a behaviour,
+measured on {report["hardware"]}):
 
 | behaviour | thinking on | thinking off |
 |---|---|---|
 {rows}
-| replies that reasoned first | {on['reasoned']['reasoned']}/{on['reasoned']['total']} | {off['reasoned']['reasoned']}/{off['reasoned']['total']} |
-| clean endings | {on['clean_endings']['clean']}/{on['clean_endings']['total']} | {off['clean_endings']['clean']}/{off['clean_endings']['total']} |
+| replies that reasoned first | {on["reasoned"]["reasoned"]}/{on["reasoned"]["total"]} | {off["reasoned"]["reasoned"]}/{off["reasoned"]["total"]} |
+| clean endings | {on["clean_endings"]["clean"]}/{on["clean_endings"]["total"]} | {off["clean_endings"]["clean"]}/{off["clean_endings"]["total"]} |
 
-Remake it (deterministic; {report['total_minutes']} minutes in all here):
+Remake it (deterministic; {report["total_minutes"]} minutes in all here):
 
     {command}
 """

@@ -32,11 +32,12 @@ from demo.corpus import PLAIN_SYSTEMS, training_dialogue
 from demo.sibling import card_table_rows, fine_tune, write_report
 from demo.tokenizer import load_init_tokenizer
 from demo.train import fine_tune_args, join_workers, log
-from localchat.demo import MODEL_DIR
+from localchat.codes import MODEL_DIR
 
 TEMPLATE = (
     "{% if tools %}<|im_start|>system\n{% if messages[0].role == 'system' %}{{ messages[0].content }}\n\n{% endif %}"
-    "Tools: {% for tool in tools %}{{ tool.function.name }}({{ tool.function.parameters.properties | list | join(', ') }})"
+    "Tools: {% for tool in tools %}{{ tool.function.name }}({{ tool.function.parameters.properties | list | join(', "
+    "') }})"
     "{% if not loop.last %}, {% endif %}{% endfor %}<|im_end|>\n"
     "{% elif messages[0].role == 'system' %}<|im_start|>system\n{{ messages[0].content }}<|im_end|>\n{% endif %}"
     "{% for message in messages %}"
@@ -45,7 +46,8 @@ TEMPLATE = (
     "{% for tool_call in message.tool_calls %}{% set tool_call = tool_call.function %}<tool_call>"
     '{"name": "{{ tool_call.name }}", "arguments": {{ tool_call.arguments | tojson }}}</tool_call>'
     "{% endfor %}<|im_end|>\n"
-    "{% elif message.role == 'tool' %}<|im_start|>user\n<tool_response>{{ message.content }}</tool_response><|im_end|>\n"
+    "{% elif message.role == 'tool' %}<|im_start|>user\n<tool_response>{{ message.content "
+    "}}</tool_response><|im_end|>\n"
     "{% else %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n{% endif %}"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
@@ -261,10 +263,10 @@ Its template names the offered tools in the system message and writes calls as Q
 (`<tool_call>{{"name": …, "arguments": …}}</tool_call>`), so mlx_lm reads them with its own parser.
 It knows this one tool and this one kind of question; everything else is the demo model's (its card:
 `localchat/demo_model/README.md`). It ships beside the demo, not in it; the card's figures that moved
-by more than one point: {moved}; replies that end cleanly: {clean['clean']:,}/{clean['total']:,}
-(the demo's: {card['clean_endings']['clean']:,}/{card['clean_endings']['total']:,}).
+by more than one point: {moved}; replies that end cleanly: {clean["clean"]:,}/{clean["total"]:,}
+(the demo's: {card["clean_endings"]["clean"]:,}/{card["clean_endings"]["total"]:,}).
 
-Held-out conversations, temperature 0 (the sums through localchat's own tool loop), on {report['hardware']}:
+Held-out conversations, temperature 0 (the sums through localchat's own tool loop), on {report["hardware"]}:
 
 | behaviour | demo | demo-tools |
 |---|---|---|
@@ -277,7 +279,7 @@ the tool is offered under a held-out prefixed name (`xq_add`, as an MCP server's
 is), sometimes beside other tools, its calls decoded under the call grammar (their arguments under
 `add`'s schema) as localchat runs them in-process; `named_raw_*`: the same without that grammar, as
 through mlx_lm.server (a held-out prefix is rarely copied whole; the eight common server names of its
-training, `math` among them, were written right in 64 of 64 calls through mlx_lm.server, by hand). Remake it (about {report['total_minutes']:.0f} minutes a stage
+training, `math` among them, were written right in 64 of 64 calls through mlx_lm.server, by hand). Remake it (about {report["total_minutes"]:.0f} minutes a stage
 here). Each stage is deterministic for its seed, but the shipped weights' first stage taught an earlier wording of the
 answer and stages 1-4 taught sums with no earlier sum in the conversation (a second sum went
 uncalled: 0/20), so a remake is a model of the same kind, not the same bytes:

@@ -41,7 +41,7 @@ from demo.tokenizer import (
     load_init_tokenizer,
     save_tokenizer,
 )
-from localchat.demo import MODEL_DIR
+from localchat.codes import MODEL_DIR
 from localchat.environment import collect
 
 
@@ -274,9 +274,12 @@ def parse_args(argv=None):
     p.add_argument("--recovery", type=float, default=0.04,
                    help="share of derailed recalls that teach a looping copy to end (see recovery_dialogue); "
                         "0 trains the previous model's recipe")
-    p.add_argument("--fast-loss", action="store_true",
-                   help="last MLP and output layer only where trained: 1.2-1.6x faster per step, but not the same model "
-                        "bit for bit as without it (see loss_on_trained_positions)")
+    p.add_argument(
+        "--fast-loss",
+        action="store_true",
+        help="last MLP and output layer only where trained: 1.2-1.6x faster per step, but not the same model "
+        "bit for bit as without it (see loss_on_trained_positions)",
+    )
     p.add_argument("--workers", type=int, default=2,
                    help="data-parallel processes (MLX ring backend on loopback); 1 = this process only")
     return p.parse_args(argv)

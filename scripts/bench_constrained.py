@@ -25,7 +25,7 @@ from localchat.backends import GenerationParams
 from localchat.conversation.history import Conversation
 from localchat.conversation.turn import ChatSession
 from localchat.environment import collect
-from localchat.grammar.formats import AnswerFormat, with_instruction
+from localchat.grammar.answer_formats import AnswerFormat, with_instruction
 
 TIMED_S, MAX_ROUNDS = 1.0, 40  # decoding timed for each arm of a pair, at least (see equal_length_speeds)
 
@@ -155,7 +155,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1)
     args = parser.parse_args()
     targets = {"smollm2": 0.97, "demo": 0.90}
-    print("| model | schema | prompt | valid without | valid with | tokens | tok/s without | tok/s with | mask µs/token |")
+    print("| model | schema | prompt | valid without | valid with | tokens | tok/s without | tok/s with | mask "
+          "µs/token |")
     print("|---|---|---|---|---|---|---|---|---|")
     totals = {}
     for model in args.models.split(","):
@@ -173,7 +174,8 @@ def main() -> None:
         target = targets.get(model)
         met = "" if target is None or s["ratio"] is None else (" met" if s["ratio"] >= target else " NOT met")
         print(f"| {model} | {s['valid_without']}/{s['n']} | {s['valid_with']}/{s['n']} | {s['tps_without']:.1f} | "
-              f"{s['tps_with']:.1f} | ×{s['ratio']:.3f} | ≥ {target}{met} | {s['mask_us']:.0f} | {s['check_ms']:.1f} ms |")
+              f"{s['tps_with']:.1f} | ×{s['ratio']:.3f} | ≥ {target}{met} | {s['mask_us']:.0f} | {s['check_ms']:.1f} "
+              "ms |")
     print(f"\nmeasured on {collect().hardware_label}, in one run, the two arms alternating; decode speeds on "
           "replies of the same length")
 

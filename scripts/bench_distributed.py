@@ -2,14 +2,14 @@
 
     uv run python scripts/bench_distributed.py [--turns 3] [--max-tokens 48]
 
-For each setting (the demo on 1, 2 and 3 ranks; SmolLM2 on 1 and 3), ``localchat serve``'s own
-launcher starts the server (mlx.launch for ranks > 1, ring over loopback), the same greedy
-conversation is played through localchat's HTTP backend, and the one clock gives TTFT and decode
-tok/s; each process's peak resident memory (``VmHWM``) is read before it stops. The demo has 4
-heads and is a llama, which mlx_lm 0.32 splits by heads only: 3 ranks are refused (the row says
-why) and 4 are measured instead; SmolLM2 has 9 heads and 3 KV heads, so 3 ranks split heads. On one 2-core machine more ranks are slower: they share two cores, and
-mlx.launch's own I/O loop keeps one of them busy. What a Thunderbolt pair of Macs would change is
-an estimate, printed as one.
+For each setting (the demo on 1, 2 and 3 ranks; SmolLM2 on 1 and 3), ``localchat serve``'s own launcher starts
+the server (mlx.launch for ranks > 1, ring over loopback), the same greedy conversation is played through
+localchat's HTTP backend, and the one clock gives TTFT and decode tok/s; each process's peak resident memory
+(``VmHWM``) is read before it stops. The demo has 4 heads and is a llama, which mlx_lm 0.32 splits by heads
+only: 3 ranks are refused (the row says why) and 4 are measured instead; SmolLM2 has 9 heads and 3 KV heads,
+so 3 ranks split heads. On one 2-core machine more ranks are slower: they share two cores, and mlx.launch's
+own I/O loop keeps one of them busy. What a Thunderbolt pair of Macs would change is an estimate, printed as
+one.
 """
 
 from __future__ import annotations
@@ -116,7 +116,8 @@ def main() -> None:
             print(f"| {r['model']} | {r['ranks']} | refused before launch: {r['refused']} |" + " |" * 7)
             continue
         peaks = [p for p in r["peaks_mb"] if p is not None]
-        print(f"| {r['model']} | {r['ranks']} | {r['split']} | {r['ttft_s']:.3f}s | {r['ttft_s'] / one['ttft_s']:.2f} | "
+        print(f"| {r['model']} | {r['ranks']} | {r['split']} | {r['ttft_s']:.3f}s | {r['ttft_s'] / one['ttft_s']:.2f} "
+              "| "
               f"{r['decode_tps']:.1f} | {r['decode_tps'] / one['decode_tps']:.2f} | "
               f"{', '.join(f'{p:.0f}' for p in peaks)} | {(max(peaks) - base) / (max(one['peaks_mb']) - base):.2f} | "
               f"{'same' if r['answers'] == one['answers'] else 'DIFFERENT'} |")

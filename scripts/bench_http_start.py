@@ -92,7 +92,8 @@ def main() -> None:
         print(f"  {name:<24} {statistics.median(values):.3f} s")
     chat = statistics.median(figures["chat --backend server"])
     print(f"chat's first request at {chat:.3f} s: {'met' if chat <= TARGET_S else 'NOT met'} (target ≤ {TARGET_S} s); "
-          f"{statistics.median(figures['import mlx_lm.generate']) / chat:.1f}× less than importing mlx_lm.generate alone")
+          f"{statistics.median(figures['import mlx_lm.generate']) / chat:.1f}× less than importing mlx_lm.generate "
+          "alone")
 
 
 if __name__ == "__main__":

@@ -26,9 +26,8 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from routed import Serve  # noqa: E402 - the tests' own helper: serve in a subprocess, stopped whole
-
 from localchat.environment import collect  # noqa: E402
+from routed import Serve  # noqa: E402 - the tests' own helper: serve in a subprocess, stopped whole
 
 WORDS = "the a sea boat wind harbor code red blue green small large river stone".split()
 WROTE = re.compile(r"wrote ([\d,]+) tokens \(([\d.]+) MB, ([\d,]+) bytes a token\) in ([\d.]+)s")
@@ -108,7 +107,9 @@ def plot(rows: list[dict], path: Path, hardware: str) -> None:
     fig, ax = plt.subplots(figsize=(8, 4))
     labels = [f"{r['model']}\n{r['prompt_tokens']:,} tokens" for r in rows]
     width = 0.27
-    for i, (key, name) in enumerate((("cold_s", "cold"), ("warm_s", "warm (memory)"), ("restart_s", "after restart (disk)"))):
+    for i, (key, name) in enumerate(
+        (("cold_s", "cold"), ("warm_s", "warm (memory)"), ("restart_s", "after restart (disk)"))
+    ):
         ax.bar([x + (i - 1) * width for x in range(len(rows))], [r[key] for r in rows], width, label=name)
     ax.set_xticks(range(len(rows)), labels)
     ax.set_yscale("log")

@@ -4,11 +4,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import owned
 import pytest
-from machine_cache import machine_cache
 
-from localchat.demo import MODEL_DIR
+import owned
+from fake_hub import FakeHub, RunningHub, repo_from_dir
+from localchat.codes import MODEL_DIR
+from machine_cache import machine_cache
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO_DIR = MODEL_DIR
@@ -93,3 +94,25 @@ def smollm2():
             shutil.rmtree(cache, ignore_errors=True)
             import_gguf(source, cache)
     return cache
+
+
+# --- pull's Hub of our own (test_pull, test_pull_hostile) ---------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def hub():
+    fake = FakeHub()
+    running = RunningHub(fake)
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def env(hub, tmp_path):
+    """A fresh Hugging Face cache and localchat home; the hub serves a fresh copy of the demo."""
+    hub.hub.repos.clear()
+    hub.hub.repos["localchat-test/demo"] = repo_from_dir(MODEL_DIR)
+    out = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
+    out |= {"HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path / "hf"), "LOCALCHAT_HOME": str(tmp_path / "home"),
+            "HF_HUB_DISABLE_TELEMETRY": "1"}
+    return out

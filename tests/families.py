@@ -145,8 +145,11 @@ ADD_ARGUMENTS = {"a": 2, "b": 3}
 def after_a_result(result: str, call_id: str) -> list[dict]:
     """A conversation whose last message is the result of a call to add."""
     call = {"id": call_id, "type": "function", "function": {"name": "add", "arguments": ADD_ARGUMENTS}}
-    return [{"role": "user", "content": "What is 2 plus 3?"}, {"role": "assistant", "content": "", "tool_calls": [call]},
-            {"role": "tool", "tool_call_id": call_id, "name": "add", "content": result}]
+    return [
+        {"role": "user", "content": "What is 2 plus 3?"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": call_id, "name": "add", "content": result},
+    ]
 
 
 def call_text(family: Family, tail: str) -> str:

@@ -60,7 +60,9 @@ def gateway_for(base_url: str, model: str | None = None, *, api_key: str | None 
         from localchat.gateway.app import Gateway
 
         upstream = Upstream(base_url=base_url, model_field="default_model", model_id="fake", **upstream_fields)
-        running = start_gateway(Gateway(FixedRoute(upstream), api_key=api_key, log=logs.append), "127.0.0.1", free_port())
+        running = start_gateway(
+            Gateway(FixedRoute(upstream), api_key=api_key, log=logs.append), "127.0.0.1", free_port()
+        )
     try:
         yield TestGateway(running, upstream, logs)
     finally:

@@ -11,7 +11,7 @@ from localchat.backends import GenerationParams
 from localchat.cli.app import app
 from localchat.conversation.history import Conversation
 from localchat.conversation.turn import ChatSession
-from localchat.grammar.formats import (
+from localchat.grammar.answer_formats import (
     AnswerFormat,
     default_schema,
     load_schema,
@@ -82,10 +82,12 @@ def test_a_model_that_would_write_the_wrong_json_writes_valid_json_under_the_mas
     """The demo was trained to answer {"answer": ...}; asked for {"n": integer} with that instruction,
     its unconstrained reply is invalid (see ``--backend server`` below), and under the mask it validates."""
     schema_file = tmp_path / "n.json"
-    schema_file.write_text('{"type": "object", "required": ["n"], "properties": {"n": {"type": "integer", "maximum": 99, '
+    schema_file.write_text('{"type": "object", "required": ["n"], "properties": {"n": {"type": "integer", "maximum": '
+                           '99, '
                            '"minimum": 0}}, "additionalProperties": false}')  # bounded: the answer ends in time
-    result = runner.invoke(app, ["chat", "--json-schema", str(schema_file), "--system", 'Answer in JSON: {"answer": "..."}',
-                                 REMEMBER])
+    result = runner.invoke(
+        app, ["chat", "--json-schema", str(schema_file), "--system", 'Answer in JSON: {"answer": "..."}', REMEMBER]
+    )
     assert result.exit_code == 0, result.stderr
     assert json.loads(result.stdout) == {"n": 17}  # the demo's copy circuit, inside the grammar
 

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pexpect
 import pytest
-from fakeserver import FakeServer, Reply, delta, sse
-from pty_chat import PROMPT, send, spawn
 from typer.testing import CliRunner
 
+from fakeserver import FakeServer, Reply, delta, sse
 from localchat.cli.app import app
 from localchat.store.kv_files import DIR_NAME
+from pty_chat import PROMPT, send, spawn
 
 runner = CliRunner()
 REMEMBER = "Remember the code harbor 17. Reply only OK."
@@ -59,7 +59,11 @@ def test_a_repl_killed_between_turns_comes_back_whole_with_continue_and_log_find
     assert "resumed" in back.stderr and "2 turn(s)" in back.stderr and "history: 5 messages" in back.stderr
     assert "harbor 17" in back.stdout  # it remembers: the conversation came back whole
     found = runner.invoke(app, ["log", "-q", "harbor"])
-    assert found.exit_code == 0 and "**harbor**" in found.stdout and REMEMBER.replace("harbor", "**harbor**") in found.stdout
+    assert (
+        found.exit_code == 0
+        and "**harbor**" in found.stdout
+        and REMEMBER.replace("harbor", "**harbor**") in found.stdout
+    )
 
 
 def test_a_reply_cut_by_kill_9_is_never_kept(home):

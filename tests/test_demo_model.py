@@ -4,8 +4,8 @@
 import json
 
 import pytest
-from conftest import DEMO_DIR
 
+from conftest import DEMO_DIR
 from demo.evaluate import evaluate
 
 

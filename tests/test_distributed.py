@@ -12,10 +12,10 @@ import sys
 import time
 from pathlib import Path
 
-import owned
 import pytest
 from typer.testing import CliRunner
 
+import owned
 from localchat.cli.app import app
 from localchat.server.distributed import failed_rank
 from localchat.server.launch import free_port, server_env

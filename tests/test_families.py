@@ -12,13 +12,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from families import FAMILIES, built
-from servers import serving
 from typer.testing import CliRunner
 
+from families import FAMILIES, built
 from localchat.backends import GenerationParams
 from localchat.conversation.history import Conversation
 from localchat.conversation.turn import ChatSession, TurnResult, TurnStatus
+from servers import serving
 
 SYSTEM = "Be brief."
 QUESTIONS = ("hello", "how are you", "bye")
@@ -245,7 +245,10 @@ def test_template_errors_are_one_line_everywhere(family_dirs, tmp_path):
     session = ChatSession(backend, Conversation("sys"), GenerationParams(max_tokens=8),
                           trim=TrimPolicy(max_context_tokens=100))
     result = session.ask("hello")
-    assert result.status is TurnStatus.ERROR and result.error == "broken's chat template: it refused these messages: no thanks"
+    assert (
+        result.status is TurnStatus.ERROR
+        and result.error == "broken's chat template: it refused these messages: no thanks"
+    )
     assert session.conversation.turns == []
     assert json.dumps(result.messages) == "[]"
 
@@ -351,4 +354,7 @@ def test_preview_reports_a_template_error_in_one_line(family_dirs):
     err = io.StringIO()
     repl = Repl(chat(InProcessBackend(model, tokenizer, "odd")), ChatUI(out=io.StringIO(), err=Console(file=err)))
     assert repl.handle("/preview hello") is True
-    assert err.getvalue().strip() == "error: odd's chat template: it failed: TypeError: can only concatenate str (not \"int\") to str"
+    assert (
+        err.getvalue().strip()
+        == 'error: odd\'s chat template: it failed: TypeError: can only concatenate str (not "int") to str'
+    )

@@ -12,9 +12,9 @@ import json
 import sqlite3
 
 import pytest
-from fakeserver import GOOD, USAGE, FakeServer, Reply, delta, sse
 from typer.testing import CliRunner
 
+from fakeserver import GOOD, USAGE, FakeServer, Reply, delta, sse
 from localchat.cli.app import app
 from localchat.conversation.history import Turn
 from localchat.conversation.stats import TurnStats

@@ -14,12 +14,12 @@ import time
 
 import matplotlib
 import pexpect
-from fakeserver import GOOD, USAGE, FakeServer, Reply, delta, sse
-from pty_chat import PROMPT, quit, spawn
 from typer.testing import CliRunner
 
+from fakeserver import GOOD, USAGE, FakeServer, Reply, delta, sse
 from localchat.cli.app import app
 from localchat.plots import finish_figure
+from pty_chat import PROMPT, quit, spawn
 
 matplotlib.use("Agg")
 runner = CliRunner()

@@ -7,14 +7,14 @@ from __future__ import annotations
 import io
 import json
 
-from fakeserver import FakeServer, Reply, delta, sse
 from typer.testing import CliRunner
 
+from fakeserver import FakeServer, Reply, delta, sse
 from localchat.cli.app import app
 from localchat.cli.render import ChatUI
 from localchat.conversation.result import TurnResult, TurnStatus
 from localchat.conversation.stats import TurnStats
-from localchat.grammar.formats import AnswerFormat, pretty
+from localchat.grammar.answer_formats import AnswerFormat, pretty
 
 runner = CliRunner()
 HOSTILE = "\x1b]0;owned\x07\x1b[2Jhi\x1b[5m"

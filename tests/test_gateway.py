@@ -17,6 +17,7 @@ import anthropic
 import httpx
 import openai
 import pytest
+
 from fakeserver import FakeServer, Reply, delta, sse
 from gateways import gateway_for
 from servers import serving

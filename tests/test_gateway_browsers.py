@@ -8,9 +8,9 @@ import socket
 import time
 
 import pytest
+
 from fakeserver import GOOD, FakeServer, Reply
 from gateways import gateway_for
-
 from localchat.gateway import browsers
 
 BODY = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "Hi"}]}

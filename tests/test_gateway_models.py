@@ -19,10 +19,10 @@ import anthropic
 import httpx
 import openai
 import pytest
-from gateways import gateway_for
-from servers import serving
 
+from gateways import gateway_for
 from localchat.server.launch import free_port
+from servers import serving
 
 QUESTION = "What is 12 plus 30?"
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}
@@ -75,7 +75,9 @@ def test_demo_tools_calls_add_through_the_responses_api(tools_gateway):
         {"type": "function_call", "call_id": call.call_id, "name": "add", "arguments": call.arguments},
         {"type": "function_call_output", "call_id": call.call_id, "output": "42"}]))
     assert events[-1].type == "response.completed" and events[-1].response.output_text == stateful.output_text
-    streamed_call = list(sdk.responses.create(model="m", stream=True, store=False, tools=[ADD_FUNCTION], input=QUESTION))
+    streamed_call = list(
+        sdk.responses.create(model="m", stream=True, store=False, tools=[ADD_FUNCTION], input=QUESTION)
+    )
     done = [e for e in streamed_call if e.type == "response.function_call_arguments.done"]
     assert len(done) == 1 and json.loads(done[0].arguments) == {"a": 12, "b": 30}
 
@@ -177,7 +179,9 @@ def test_gateway_and_serve_refuse_bad_flags_in_one_line(tmp_path):
     runner = CliRunner(env={"LOCALCHAT_HOME": str(tmp_path)})
     bogus = runner.invoke(app, ["serve", "--api", "anthropic,grpc"])
     assert bogus.exit_code == 2 and "--api takes anthropic or responses" in bogus.stderr
-    nobody = runner.invoke(app, ["gateway", "--upstream", f"http://127.0.0.1:{free_port()}/v1", "--port", str(free_port())])
+    nobody = runner.invoke(
+        app, ["gateway", "--upstream", f"http://127.0.0.1:{free_port()}/v1", "--port", str(free_port())]
+    )
     assert nobody.exit_code == 1 and "cannot reach the server" in nobody.stderr and "Traceback" not in nobody.stderr
     with __import__("socket").socket() as taken:
         taken.bind(("127.0.0.1", 0))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import anthropic
 import openai
 import pytest
+
 from fakeserver import FakeServer, Reply
 from gateways import gateway_for
 from servers import serving

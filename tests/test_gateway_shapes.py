@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from fakeserver import FakeServer, Reply, delta, sse
 from gateways import gateway_for
 

@@ -8,6 +8,7 @@ import time
 
 import httpx
 import pytest
+
 from fakeserver import FakeServer, Reply, delta, sse
 from gateways import gateway_for
 

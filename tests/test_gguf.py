@@ -9,6 +9,8 @@ import gguf
 import mlx.core as mx
 import numpy as np
 import pytest
+from typer.testing import CliRunner
+
 from gguf_reference import (
     T,
     encode,
@@ -19,8 +21,6 @@ from gguf_reference import (
     train_sentencepiece,
     write_tiny_gguf,
 )
-from typer.testing import CliRunner
-
 from localchat.cli.app import app
 from localchat.gguf.convert import GgufImportError, hf_name, import_gguf
 from localchat.gguf.reader import GgufFile
@@ -36,7 +36,9 @@ def test_exact_types_dequantize_to_gguf_pys_values_bit_for_bit(kind):
     raw, qtype = encode(rng.standard_normal((6, 512)).astype(np.float32), kind, rng)
     expected = gguf.quants.dequantize(raw, qtype).reshape(6, 512)
     q = to_mlx(kind, raw, (6, 512))
-    got = mx.dequantize(mx.array(q.weight), mx.array(q.scales), mx.array(q.biases), group_size=q.group_size, bits=q.bits)
+    got = mx.dequantize(
+        mx.array(q.weight), mx.array(q.scales), mx.array(q.biases), group_size=q.group_size, bits=q.bits
+    )
     assert q.max_error == 0.0 and q.scales.dtype == np.float32
     np.testing.assert_array_equal(np.array(got), expected.astype(np.float32))
 
@@ -56,7 +58,9 @@ def test_codes_are_packed_as_mlx_packs_them(bits):
     codes = np.random.default_rng(bits).integers(0, 2**bits, size=(3, 64))
     packed = pack(codes, bits)
     ones, zeros = mx.ones((3, 2)), mx.zeros((3, 2))
-    np.testing.assert_array_equal(np.array(mx.dequantize(mx.array(packed), ones, zeros, group_size=32, bits=bits)), codes)
+    np.testing.assert_array_equal(
+        np.array(mx.dequantize(mx.array(packed), ones, zeros, group_size=32, bits=bits)), codes
+    )
 
 
 def test_an_unsupported_type_is_refused_by_name():
@@ -220,5 +224,11 @@ def test_the_rebuilt_tokenizer_gives_llama_cpps_ids_and_round_trips(smollm2):
     tokenizer = load_tokenizer(smollm2)
     for case in json.loads(REFERENCE_IDS.read_text())["strings"]:
         assert tokenizer.encode(case["text"], add_special_tokens=False) == case["ids"], case["text"]
-    for text in ("The quick brown fox.", "请记住代号「港口 17」", "def f(x):\n\treturn x ** 2", "🎉👍🏽 ok", "  spaces  "):
+    for text in (
+        "The quick brown fox.",
+        "请记住代号「港口 17」",
+        "def f(x):\n\treturn x ** 2",
+        "🎉👍🏽 ok",
+        "  spaces  ",
+    ):
         assert tokenizer.decode(tokenizer.encode(text, add_special_tokens=False)) == text

@@ -14,8 +14,8 @@ import pytest
 from typer.testing import CliRunner
 
 from localchat.cli.app import app
+from localchat.grammar.answer_formats import AnswerFormat, choice_format, regex_format
 from localchat.grammar.compile import CallMarkers, grammars, llg_tokenizer
-from localchat.grammar.formats import AnswerFormat, choice_format, regex_format
 from localchat.grammar.mask import MaskedDecoding
 
 runner = CliRunner()
@@ -192,8 +192,11 @@ def test_a_format_and_tools_together_admit_the_answer_or_calls(demo_tokens):
     tokenizer, llg = demo_tokens
     made = grammars(AnswerFormat("", {"type": "object", "properties": {"answer": {"type": "string"}},
                                       "required": ["answer"]}), [ADD], CallMarkers("<tool_call>", "</tool_call>"), llg)
-    for text, ok in (('{"answer": "5"}', True), ('<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>',
-                                                  True), ("The answer is 5.", False)):
+    for text, ok in (
+        ('{"answer": "5"}', True),
+        ('<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>', True),
+        ("The answer is 5.", False),
+    ):
         matcher = LLMatcher(llg, made.answer)
         taken = matcher.consume_tokens(tokenizer.encode(text, add_special_tokens=False)) and not matcher.is_error()
         assert taken == ok, text

@@ -20,14 +20,14 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
-from fakeserver import USAGE, FakeServer, Reply, delta, sse
-from gguf_reference import write_tiny_gguf
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+from fakeserver import USAGE, FakeServer, Reply, delta, sse
+from gguf_reference import write_tiny_gguf
 from localchat.cli.app import app
-from localchat.demo import MODEL_DIR
+from localchat.codes import MODEL_DIR
 
 runner = CliRunner()
 CANARY = "sk-CANARY-7f3a9c1e5b"
@@ -104,16 +104,23 @@ METADATA = {
     "nested arrays": (kv("general.tags", [[["deep"]]], V.ARRAY), "nests arrays too deep"),
     "head_count 0": (kv("llama.attention.head_count", 0, V.UINT32), "'llama.attention.head_count' is 0"),
     "head_count text": (kv("llama.attention.head_count", "4", V.STRING), "'llama.attention.head_count' is '4'"),
-    "heads do not divide": (lambda w: [kv("llama.attention.head_count", 5, V.UINT32)(w),
-                                       kv("llama.attention.head_count_kv", 5, V.UINT32)(w)],
-                            "5 attention heads do not divide the width 64"),
+    "heads do not divide": (
+        lambda w: [
+            kv("llama.attention.head_count", 5, V.UINT32)(w),
+            kv("llama.attention.head_count_kv", 5, V.UINT32)(w),
+        ],
+        "5 attention heads do not divide the width 64",
+    ),
     "kv heads do not divide": (kv("llama.attention.head_count_kv", 3, V.UINT32), "cannot share 3 key/value heads"),
     "tokens of numbers": (kv("tokenizer.ggml.tokens", [1, 2, 3], V.ARRAY), "'tokenizer.ggml.tokens' must be a list"),
     "merges of numbers": (kv("tokenizer.ggml.merges", [7, 8], V.ARRAY), "'tokenizer.ggml.merges' must be a list"),
     "merges of unknown tokens": (kv("tokenizer.ggml.merges", ["zz qq"], V.ARRAY), "the merge 'zz qq' names tokens"),
     "token types too few": (kv("tokenizer.ggml.token_type", [1, 1], V.ARRAY), "has 2 entries for"),
     "bos out of range": (kv("tokenizer.ggml.bos_token_id", 99999, V.UINT32), "bos_token_id' is 99999"),
-    "epsilon as text": (kv("llama.attention.layer_norm_rms_epsilon", "1e-5", V.STRING), "layer_norm_rms_epsilon' is '1e-5'"),
+    "epsilon as text": (
+        kv("llama.attention.layer_norm_rms_epsilon", "1e-5", V.STRING),
+        "layer_norm_rms_epsilon' is '1e-5'",
+    ),
     "epsilon 0": (kv("llama.attention.layer_norm_rms_epsilon", 0.0, V.FLOAT32), "layer_norm_rms_epsilon' is 0.0"),
     "block_count 1e9": (kv("llama.block_count", 10**9, V.UINT32), "'llama.block_count' is 1000000000"),
     "block_count 0": (kv("llama.block_count", 0, V.UINT32), "'llama.block_count' is 0"),
@@ -125,14 +132,21 @@ METADATA = {
     "no tokens": (drop("tokenizer.ggml.tokens"), "the file has no 'tokenizer.ggml.tokens'"),
     "template not text": (kv("tokenizer.chat_template", 5, V.UINT32), "'tokenizer.chat_template' is 5"),
     "no tensors": (tensors(lambda infos: {}), "has no tensor 'token_embd.weight'"),
-    "a missing block tensor": (tensors(lambda infos: {k: v for k, v in infos.items() if k != "blk.1.ffn_up.weight"}),
-                               "has no tensor 'blk.1.ffn_up.weight'"),
+    "a missing block tensor": (
+        tensors(lambda infos: {k: v for k, v in infos.items() if k != "blk.1.ffn_up.weight"}),
+        "has no tensor 'blk.1.ffn_up.weight'",
+    ),
     "one block too few": (kv("llama.block_count", 3, V.UINT32), "has no tensor 'blk.2."),
     "one block too many": (kv("llama.block_count", 1, V.UINT32), "'blk.1.attn_norm.weight' has no place"),
-    "embedding of the wrong size": (tensors(retyped("token_embd.weight", 7)), "'token_embd.weight' has the shape (7, 64)"),
+    "embedding of the wrong size": (
+        tensors(retyped("token_embd.weight", 7)),
+        "'token_embd.weight' has the shape (7, 64)",
+    ),
     "a scalar embedding": (tensors(retyped("token_embd.weight", 0)), "'token_embd.weight' has the shape (1,)"),
-    "an unknown tensor": (tensors(lambda infos: infos | {"blk.0.attn_zz.weight": replace(infos["blk.0.attn_norm.weight"])}),
-                          "'blk.0.attn_zz.weight' has no place"),
+    "an unknown tensor": (
+        tensors(lambda infos: infos | {"blk.0.attn_zz.weight": replace(infos["blk.0.attn_norm.weight"])}),
+        "'blk.0.attn_zz.weight' has no place",
+    ),
 }
 
 
@@ -500,7 +514,9 @@ def valid_gguf(tmp_path_factory) -> tuple[bytes, list[int]]:
     reader = gguf.GGUFReader(str(path))
     base = reader.data.ctypes.data
     fields = [*reader.fields.values(), *(t.field for t in reader.tensors)]
-    numbers = [part.ctypes.data - base for f in fields for part in f.parts if part.dtype == np.uint64 and part.size == 1]
+    numbers = [
+        part.ctypes.data - base for f in fields for part in f.parts if part.dtype == np.uint64 and part.size == 1
+    ]
     return path.read_bytes(), sorted({8, 16, *numbers})
 
 
@@ -569,7 +585,8 @@ def test_a_runaway_template_is_stopped_in_a_worker_thread_too(quick_limit):
     worker = threading.Thread(target=render)
     worker.start()
     worker.join(30)
-    assert not worker.is_alive() and caught == ["looping's chat template: it rendered for over 0.5s (a runaway template?)"]
+    assert not worker.is_alive() and caught == ["looping's chat template: it rendered for over 0.5s (a runaway "
+                                                "template?)"]
 
 
 @pytest.fixture

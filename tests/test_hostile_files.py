@@ -51,7 +51,7 @@ def test_a_fifo_a_device_and_a_directory_are_refused_without_blocking(fifo, tmp_
     for path, why in [(fifo, "a pipe or a device"), (Path("/dev/zero"), "a pipe or a device"),
                       (tmp_path, "a directory")]:
         with pytest.raises(OSError) as caught:
-            within(5, lambda: read_regular(path))
+            within(5, lambda path=path: read_regular(path))
         assert caught.value.strerror.startswith(why)
 
 

@@ -18,10 +18,9 @@ from pathlib import Path
 
 import pexpect
 import pytest
-from fakeserver import FakeServer, Reply, delta, sse
-from pty_chat import PROMPT, quit, send, spawn
 from typer.testing import CliRunner
 
+from fakeserver import FakeServer, Reply, delta, sse
 from localchat.backends import GenerationParams
 from localchat.backends.inproc import InProcessBackend
 from localchat.backends.openai_http import backend_for
@@ -35,6 +34,7 @@ from localchat.conversation.compaction import compact
 from localchat.conversation.history import Conversation
 from localchat.conversation.turn import ChatSession
 from localchat.store.kv_files import read_metadata
+from pty_chat import PROMPT, quit, send, spawn
 
 runner = CliRunner()
 SYSTEM = "You are a helpful assistant."
@@ -281,7 +281,8 @@ def test_the_input_history_is_made_private_never_through_a_link_and_never_holds_
 
     for kind, needle in [("link", "symbolic link"), ("directory", "directory"), ("fifo", "FIFO")]:
         path = tmp_path / kind
-        {"link": lambda: path.symlink_to(target), "directory": path.mkdir, "fifo": lambda: os.mkfifo(path)}[kind]()
+        {"link": lambda p=path: p.symlink_to(target), "directory": path.mkdir,
+         "fifo": lambda p=path: os.mkfifo(p)}[kind]()
         with pytest.raises(OSError) as refused:
             private_history(path, [], notices.append)
         assert needle in (refused.value.strerror or "")

@@ -153,7 +153,9 @@ def test_the_http_client_starts_without_mlx():
 
     server = FakeServer()
     server.replies["/v1/chat/completions"] = Reply(chunks=sse(delta("<think>hmm</think>"), delta("Hi", "stop")))
-    server.replies["/v1/models"] = Reply(chunks=[b'{"data": [{"id": "m"}]}'], headers={"Content-Type": "application/json"})
+    server.replies["/v1/models"] = Reply(
+        chunks=[b'{"data": [{"id": "m"}]}'], headers={"Content-Type": "application/json"}
+    )
     probe = ("import sys, runpy\nsys.argv = ['localchat', *sys.argv[1:]]\n"
              "try:\n    runpy.run_module('localchat', run_name='__main__')\nexcept SystemExit:\n    pass\n"
              "import localchat.gateway.app, localchat.server.smoke\n"

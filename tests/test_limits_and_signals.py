@@ -10,9 +10,9 @@ import time
 from pathlib import Path
 
 import pytest
-from fakeserver import FakeServer, Reply, sse
 from typer.testing import CliRunner
 
+from fakeserver import FakeServer, Reply, sse
 from localchat.backends import GenerationParams
 from localchat.cli.app import app
 from localchat.conversation.history import Conversation, Turn
@@ -88,7 +88,7 @@ def test_sigterm_mid_reply_discards_the_turn_records_it_and_exits_143(rambling_m
 
 
 def test_serve_with_a_model_that_cannot_load_fails_within_seconds(tmp_path):
-    from localchat.demo import MODEL_DIR
+    from localchat.codes import MODEL_DIR
 
     broken = tmp_path / "broken"
     broken.mkdir()

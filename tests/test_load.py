@@ -8,9 +8,9 @@ import sys
 import time
 
 import pytest
-from fakeserver import GOOD, FakeServer, Reply, delta, sse
 from typer.testing import CliRunner
 
+from fakeserver import GOOD, FakeServer, Reply, delta, sse
 from localchat.cli.app import app
 
 runner = CliRunner()

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from localchat.grammar.answer_formats import AnswerFormat
 from localchat.grammar.compile import grammars, llg_tokenizer
-from localchat.grammar.formats import AnswerFormat
 from localchat.grammar.mask import MaskedDecoding
 
 SCHEMA = {"type": "object", "properties": {"answer": {"enum": ["yes", "no", "unsure"]},
@@ -117,7 +117,7 @@ def test_a_tool_schema_with_defs_is_enforced_and_one_the_grammar_cannot_take_is_
 
     from localchat.backends import GenerationParams, ToolCall
     from localchat.backends.inproc import InProcessBackend
-    from localchat.demo import MODEL_DIR
+    from localchat.codes import MODEL_DIR
 
     def tool(name: str, parameters: dict) -> dict:
         return {"type": "function", "function": {"name": name, "description": f"{name}.", "parameters": parameters}}

@@ -15,11 +15,11 @@ import time
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
-import owned
 import pytest
-from fakeserver import FakeServer, Reply, delta, sse
 from typer.testing import CliRunner
 
+import owned
+from fakeserver import FakeServer, Reply, delta, sse
 from localchat.cli.app import app
 from localchat.server.launch import free_port
 
@@ -85,23 +85,33 @@ def tool_results(server: FakeServer) -> list[str]:
 
 # --- configuration ------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("servers, extra, needle", [
-    ({"a": {"command": "x", "colour": "red"}}, [], "server 'a': colour is not a key of a stdio server"),
-    ({"a": {"command": ""}}, [], "server 'a': command must be a program to run"),
-    ({"a": {"command": "x", "args": "y"}}, [], "server 'a': args must be a list of strings"),
-    ({"a": {"command": "x", "env": {"K": 1}}}, [], "server 'a': env must be an object of strings"),
-    ({"a": {"url": "ftp://host/mcp"}}, [], "server 'a': url must be an http:// or https:// URL, not ftp://"),
-    ({"a": {"url": "http://u:p@host/mcp"}}, [], "server 'a': url holds credentials"),
-    ({"a": {"url": "http://h/mcp", "headers": {"Authorization": "Bearer ${NO_SUCH_TOKEN_HERE}"}}}, [],
-     "server 'a': headers.Authorization uses ${NO_SUCH_TOKEN_HERE}, which is not set"),
-    ({"a": {"command": "x", "cwd": "/no/such/dir"}}, [], "server 'a': cwd is not a directory"),
-    ({"a": {"command": "x", "type": "ftp"}}, [], "server 'a': type must be stdio, http or sse"),
-    ({"a": {"command": "x", "type": "sse"}}, [], "server 'a': command is not a key of an http server"),
-    ({"a": "x"}, [], "server 'a': its entry must be an object"),
-    ({}, [], "mcpServers is empty"),
-    ({"a": {"command": "x"}}, ["--mcp-only", "b"], "--mcp-only b: no such server in the --mcp files (they configure: a)"),
-    ({"a": {"command": "x"}}, ["--mcp-only", ","], "--mcp-only"),
-])
+@pytest.mark.parametrize(
+    "servers, extra, needle",
+    [
+        ({"a": {"command": "x", "colour": "red"}}, [], "server 'a': colour is not a key of a stdio server"),
+        ({"a": {"command": ""}}, [], "server 'a': command must be a program to run"),
+        ({"a": {"command": "x", "args": "y"}}, [], "server 'a': args must be a list of strings"),
+        ({"a": {"command": "x", "env": {"K": 1}}}, [], "server 'a': env must be an object of strings"),
+        ({"a": {"url": "ftp://host/mcp"}}, [], "server 'a': url must be an http:// or https:// URL, not ftp://"),
+        ({"a": {"url": "http://u:p@host/mcp"}}, [], "server 'a': url holds credentials"),
+        (
+            {"a": {"url": "http://h/mcp", "headers": {"Authorization": "Bearer ${NO_SUCH_TOKEN_HERE}"}}},
+            [],
+            "server 'a': headers.Authorization uses ${NO_SUCH_TOKEN_HERE}, which is not set",
+        ),
+        ({"a": {"command": "x", "cwd": "/no/such/dir"}}, [], "server 'a': cwd is not a directory"),
+        ({"a": {"command": "x", "type": "ftp"}}, [], "server 'a': type must be stdio, http or sse"),
+        ({"a": {"command": "x", "type": "sse"}}, [], "server 'a': command is not a key of an http server"),
+        ({"a": "x"}, [], "server 'a': its entry must be an object"),
+        ({}, [], "mcpServers is empty"),
+        (
+            {"a": {"command": "x"}},
+            ["--mcp-only", "b"],
+            "--mcp-only b: no such server in the --mcp files (they configure: a)",
+        ),
+        ({"a": {"command": "x"}}, ["--mcp-only", ","], "--mcp-only"),
+    ],
+)
 def test_a_bad_configuration_is_one_line_naming_the_server_and_key_exit_2(home, tmp_path, servers, extra, needle):
     done = runner.invoke(app, ["chat", "--mcp", str(config(tmp_path, servers)), *extra, "Hi"])
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
@@ -123,7 +133,10 @@ def test_a_file_that_is_not_a_configuration_is_one_line(home, tmp_path, text, ne
 
 
 def test_the_same_server_in_two_files_and_mcp_only_without_mcp_are_refused(home, tmp_path):
-    first, second = config(tmp_path, {"a": {"command": "x"}}, "1.json"), config(tmp_path, {"a": {"command": "y"}}, "2.json")
+    first, second = (
+        config(tmp_path, {"a": {"command": "x"}}, "1.json"),
+        config(tmp_path, {"a": {"command": "y"}}, "2.json"),
+    )
     twice = runner.invoke(app, ["chat", "--mcp", str(first), "--mcp", str(second), "Hi"])
     assert twice.exit_code == 2 and "server 'a' is already configured in another --mcp file" in twice.stderr
     alone = runner.invoke(app, ["chat", "--mcp-only", "a", "Hi"])

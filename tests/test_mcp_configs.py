@@ -9,11 +9,11 @@ import json
 import sys
 from pathlib import Path
 
-import owned
 import pytest
-from fakeserver import FakeServer, Reply, delta, sse
 from typer.testing import CliRunner
 
+import owned
+from fakeserver import FakeServer, Reply, delta, sse
 from localchat.cli.app import app
 from localchat.errors import UsageError
 from localchat.mcp.config import read_configs

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from routed import Serve
 
 WORDS = "the a sea boat wind harbor code red blue green small large river stone".split()

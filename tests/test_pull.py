@@ -10,32 +10,13 @@ import sys
 import time
 from pathlib import Path
 
-import owned
 import pytest
-from fake_hub import FakeHub, RunningHub, repo_from_dir
 
-from localchat.demo import MODEL_DIR
+import owned
+from fake_hub import repo_from_dir
+from localchat.codes import MODEL_DIR
 
 DEMO = "localchat-test/demo"
-
-
-@pytest.fixture(scope="module")
-def hub():
-    fake = FakeHub()
-    running = RunningHub(fake)
-    yield running
-    running.stop()
-
-
-@pytest.fixture
-def env(hub, tmp_path):
-    """A fresh Hugging Face cache and localchat home; the hub serves a fresh copy of the demo."""
-    hub.hub.repos.clear()
-    hub.hub.repos[DEMO] = repo_from_dir(MODEL_DIR)
-    out = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
-    out |= {"HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path / "hf"), "LOCALCHAT_HOME": str(tmp_path / "home"),
-            "HF_HUB_DISABLE_TELEMETRY": "1"}
-    return out
 
 
 def localchat(env, *args, timeout=120):

@@ -11,10 +11,10 @@ import time
 from pathlib import Path
 
 import pytest
-from fake_hub import repo_from_dir
-from test_pull import DEMO, blobs, env, error_line, filler_weights, hub, localchat, wait_for_weights  # noqa: F401
 
-from localchat.demo import MODEL_DIR
+from fake_hub import repo_from_dir
+from localchat.codes import MODEL_DIR
+from test_pull import DEMO, error_line, filler_weights, localchat, wait_for_weights
 
 
 def hf_files(env) -> list[Path]:
@@ -100,7 +100,9 @@ def test_a_refused_dry_run_of_a_sharded_repo_writes_nothing_and_draws_no_bar_of_
     repo = repo_from_dir(MODEL_DIR)
     repo.files["model-00001-of-00002.safetensors"] = repo.files.pop("model.safetensors")
     repo.files["model-00002-of-00002.safetensors"] = filler_weights(4096)
-    repo.files["model.safetensors.index.json"] = json.dumps({"weight_map": {"filler": "model-00002-of-00002.safetensors"}}).encode()
+    repo.files["model.safetensors.index.json"] = json.dumps(
+        {"weight_map": {"filler": "model-00002-of-00002.safetensors"}}
+    ).encode()
     hub.hub.repos[DEMO] = repo
     for extra in ([], ["--memory-limit", "1MB"]):
         result = localchat(env, "pull", DEMO, "--dry-run", *extra)

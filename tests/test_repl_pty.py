@@ -10,8 +10,9 @@ import time
 from pathlib import Path
 
 import pexpect
-import pty_chat
 import pytest
+
+import pty_chat
 from fakeserver import FakeServer, Reply, delta, sse
 from pty_chat import PROMPT, quit, send
 
@@ -198,7 +199,8 @@ def test_load_puts_a_file_into_the_next_message_and_refuses_what_it_must(tmp_pat
     send(child, "Hello")
     turn_done(child)
     send(child, "/history")
-    child.expect_exact(f"user: {tmp_path}/notes.md:\r\n     ```\r\n     The code is harbor 17.\r\n     ```\r\n\r\n     Hello")
+    child.expect_exact(f"user: {tmp_path}/notes.md:\r\n     ```\r\n     The code is harbor 17.\r\n     ```\r\n\r\n    "
+                       " Hello")
     quit(child)
 
 

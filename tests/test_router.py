@@ -18,11 +18,11 @@ from pathlib import Path
 import anthropic
 import httpx
 import openai
-import owned
 import pytest
-from routed import HELLO, Serve, ended, wait_ended
 
+import owned
 from localchat.server.launch import free_port
+from routed import HELLO, Serve, ended, wait_ended
 
 
 @pytest.fixture

@@ -8,9 +8,9 @@ import time
 
 import httpx
 import pytest
-from routed import Serve
 
 from localchat.registry import resolve
+from routed import Serve
 
 TOOL = {"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {
     "a": {"type": "integer"}}, "required": ["a"]}}}
@@ -131,7 +131,7 @@ def test_a_picture_named_by_url_or_path_is_refused_not_fetched(serve, messages):
 
 def test_allowed_url_prefixes_and_data_urls_pass_the_check():
     from localchat.gateway.passthrough import check_media
-    from localchat.gateway.shapes import ApiError
+    from localchat.gateway.request import ApiError
 
     body = json.dumps({"messages": picture("https://example.com/img/a.png")}).encode()
     check_media(body, ("https://example.com/img/",))

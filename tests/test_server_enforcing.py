@@ -8,9 +8,9 @@ import threading
 import jsonschema
 import openai
 import pytest
-from servers import openai_client, serving
 
 from localchat.server.enforcing import ENFORCED_HEADER, SEAM, TESTED_MLX_LM, check_seam
+from servers import openai_client, serving
 
 TOOLS = [{"type": "function", "function": {"name": "add", "description": "Add two integers.", "parameters": {
     "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}]
@@ -139,7 +139,9 @@ def test_four_concurrent_requests_with_four_formats_are_batched_and_all_valid(sm
     for i, (_, valid) in enumerate(formats):
         valid(results[i])
     longest = max(spans, key=lambda i: spans[i][1] - spans[i][0])
-    overlapping = [i for i in spans if i != longest and spans[i][0] < spans[longest][1] and spans[longest][0] < spans[i][1]]
+    overlapping = [
+        i for i in spans if i != longest and spans[i][0] < spans[longest][1] and spans[longest][0] < spans[i][1]
+    ]
     assert overlapping, spans  # another reply's tokens came while the longest one's were coming
 
 

@@ -7,11 +7,10 @@ import subprocess
 import sys
 import time
 
-import owned
 import pytest
-from servers import serving
 from typer.testing import CliRunner
 
+import owned
 from localchat.backends import GenerationParams
 from localchat.backends.http import make_client
 from localchat.backends.openai_http import ServerBackend
@@ -20,6 +19,7 @@ from localchat.conversation.history import Conversation
 from localchat.conversation.turn import ChatSession
 from localchat.registry import resolve
 from localchat.server.launch import free_port
+from servers import serving
 
 runner = CliRunner()
 REMEMBER = "Remember the code harbor 17. Reply only OK."
@@ -81,11 +81,10 @@ def test_samplers_draft_model_and_adapter_go_per_request_to_the_server(live_serv
     """mlx_lm.server reads top_k, min_p, repetition_penalty, draft_model and adapters per request:
     greedy answers stay the model's (speculation never changes them) and an adapter changes it as
     it does in-process."""
-    from test_mlx_options import lora_adapter
-
     from localchat.backends.inproc import load_inproc
     from localchat.backends.mlx_options import RuntimeOptions, server_fields
     from localchat.registry import local_dir
+    from test_mlx_options import lora_adapter
 
     ref = resolve("demo")
     location = str(local_dir(ref))

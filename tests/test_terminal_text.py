@@ -12,12 +12,11 @@ import subprocess
 import sys
 
 import pytest
-from fakeserver import FakeServer, Reply, delta, sse
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pty_chat import PROMPT, quit, send, spawn
 from typer.testing import CliRunner
 
+from fakeserver import FakeServer, Reply, delta, sse
 from localchat.cli.app import app
 from localchat.cli.markdown import MarkdownStream
 from localchat.cli.render import ChatUI
@@ -25,6 +24,7 @@ from localchat.cli.terminal import TerminalConsole
 from localchat.conversation.result import TurnResult, TurnStatus
 from localchat.conversation.stats import TurnStats
 from localchat.safe_text import visible
+from pty_chat import PROMPT, quit, send, spawn
 
 runner = CliRunner()
 # A title, a cleared and recoloured screen, Rich markup, a cursor-position request (C1 CSI), the

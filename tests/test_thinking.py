@@ -19,10 +19,10 @@ from localchat.cli.render import ChatUI
 from localchat.cli.repl import Repl
 from localchat.conversation.history import Conversation, Turn
 from localchat.conversation.turn import ChatSession, TurnStatus
-from localchat.grammar.formats import default_schema
+from localchat.grammar.answer_formats import default_schema
 from localchat.registry import PACKAGE_DIR
 from localchat.store import keeper, saved_sessions, schema, session_export
-from localchat.templates.formats import think_markers
+from localchat.templates.reasoning_formats import think_markers
 
 THINK_DIR = PACKAGE_DIR / "demo_think_model"
 SYSTEM = "You are a helpful assistant."
@@ -223,8 +223,14 @@ def test_json_mode_validates_the_answer_only():
     assert result.status is TurnStatus.COMMITTED and result.answer == {"answer": "harbor 17"}
 
 
-@pytest.mark.parametrize("pieces", [["<think>Let me see.</think>harbor 17"], ["<th", "ink>Let me ", "see.</thi", "nk>harbor", " 17"],
-                                    ["\n<think>Let me see.</think>", "harbor 17"]])
+@pytest.mark.parametrize(
+    "pieces",
+    [
+        ["<think>Let me see.</think>harbor 17"],
+        ["<th", "ink>Let me ", "see.</thi", "nk>harbor", " 17"],
+        ["\n<think>Let me see.</think>", "harbor 17"],
+    ],
+)
 def test_reasoning_inside_content_is_split_when_the_stream_opens_with_a_marker(pieces):
     """llama-server without a reasoning format, vLLM without a parser: <think> arrives in content."""
     body = sse(*[chunk("content", p) for p in pieces[:-1]], chunk("content", pieces[-1], "stop"))

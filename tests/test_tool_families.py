@@ -7,14 +7,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from families import ADD_ARGUMENTS, FAMILIES, HERE, built
-from servers import serving
 
+from families import ADD_ARGUMENTS, FAMILIES, HERE, built
 from localchat.backends import GenerationParams
 from localchat.conversation.history import Conversation
 from localchat.conversation.turn import ChatSession, TurnStatus
 from localchat.tools.host import ToolHost
 from localchat.tools.runner import ToolRunner, approve_all
+from servers import serving
 
 TOOL_FAMILIES = [f for f in FAMILIES if f.calls]
 EXAMPLE = HERE.parent / "examples" / "tools" / "add.py"
@@ -64,7 +64,7 @@ def over_http(server, path: Path):
 
 def check_the_loop(chat: ChatSession) -> None:
     """Two questions: each calls add once, hears 5, answers; both turns kept whole in the history."""
-    for turn in range(2):
+    for _ in range(2):
         result = chat.ask("What is 2 plus 3?")
         assert result.status is TurnStatus.COMMITTED, (result.status, result.error, result.text)
         assert result.text.startswith("ok") and not any(m in result.text for m in MARKERS), result.text

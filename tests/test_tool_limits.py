@@ -14,11 +14,11 @@ import time
 import uuid
 from pathlib import Path
 
-import owned
 import pytest
-from fakeserver import FakeServer, Reply, delta, sse
 from typer.testing import CliRunner
 
+import owned
+from fakeserver import FakeServer, Reply, delta, sse
 from localchat.cli.app import app
 from localchat.tools.host import ToolHost
 from localchat.tools.runner import ToolRunner, approve_all
@@ -103,7 +103,10 @@ def test_results_that_cannot_fit_even_cut_end_the_turn_in_one_line(home, tmp_pat
                                "--max-context-tokens", "60", "--record", str(tmp_path / "r"), "What is 12 plus 30?"])
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert done.exit_code == 1 and len(errors) == 1, done.stderr
-    assert "the tool results do not fit: even cut to nothing" in errors[0] and "over --max-context-tokens (60)" in errors[0]
+    assert (
+        "the tool results do not fit: even cut to nothing" in errors[0]
+        and "over --max-context-tokens (60)" in errors[0]
+    )
     assert done.stdout == ""
     assert len(list((tmp_path / "r").glob("*-request.json"))) == 1  # the next round was never sent
 
@@ -198,10 +201,26 @@ def test_ctrl_c_sigterm_or_a_killed_chat_leave_no_process_a_tool_started(home, t
     server = FakeServer()
     server.chat(Reply(chunks=sse(call_chunk("add", '{"a": 2, "b": 3}'))))
     try:
-        chat = subprocess.Popen([sys.executable, "-m", "localchat", "chat", "--backend", "server", "--base-url",
-                                 server.base_url, "--tools", str(sleeper(tmp_path, marker, "time.sleep(60)")),
-                                 "--approve-tools", "What is 2 plus 3?"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, env={**os.environ, "LOCALCHAT_HOME": str(home)})
+        chat = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "localchat",
+                "chat",
+                "--backend",
+                "server",
+                "--base-url",
+                server.base_url,
+                "--tools",
+                str(sleeper(tmp_path, marker, "time.sleep(60)")),
+                "--approve-tools",
+                "What is 2 plus 3?",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "LOCALCHAT_HOME": str(home)},
+        )
         try:
             assert wait_for(lambda: sleeping(marker)), "the tool never started its process"
             chat.send_signal(getattr(signal, how))
@@ -229,8 +248,13 @@ def add(a: int, b: int, note: str = "") -> str:
 def test_a_canary_key_in_every_field_a_server_sends_appears_nowhere(home, tmp_path):
     echo = f"key={KEY}"
     server = FakeServer()
-    first = Reply(chunks=sse({"choices": [{"index": 0, "delta": {"reasoning": f"thinking {echo}"}}]},
-                             delta(f"let me see {echo} "), call_chunk("add", json.dumps({"a": 2, "b": 3, "note": echo}))))
+    first = Reply(
+        chunks=sse(
+            {"choices": [{"index": 0, "delta": {"reasoning": f"thinking {echo}"}}]},
+            delta(f"let me see {echo} "),
+            call_chunk("add", json.dumps({"a": 2, "b": 3, "note": echo})),
+        )
+    )
     second = Reply(chunks=sse(call_chunk(f"add{KEY}", '{"a": 1, "b": 1}')))
     third = Reply(chunks=sse(delta(f"The answer is 5, {echo}.", "stop")))
     fourth = Reply(400, [json.dumps({"error": {"message": f"bad request {echo}"}}).encode()],
@@ -250,7 +274,7 @@ def test_a_canary_key_in_every_field_a_server_sends_appears_nowhere(home, tmp_pa
     assert KEY not in shown and "[api key]" in shown
     for record in (tmp_path / "r").glob("*.json"):
         assert KEY not in record.read_text(), record.name
-    for path, headers, body in server.requests:
+    for _path, _headers, body in server.requests:
         assert KEY not in body.decode()  # only in the Authorization header
     results = [m["content"] for b in bodies(server) for m in b["messages"] if m["role"] == "tool"]
     environment = json.loads(results[0])
@@ -363,8 +387,11 @@ def test_calls_from_a_server_that_was_offered_no_tools_are_never_an_answer(home)
 
 def test_a_lone_surrogate_in_arguments_is_bad_arguments_the_model_hears(home):
     server = FakeServer()
-    raw = b'data: {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "x", "function": ' \
-          b'{"name": "add", "arguments": "{\\"a\\": \\"\\\\ud800\\", \\"b\\": 3}"}}]}, "finish_reason": "tool_calls"}]}\n\n'
+    raw = (
+        b'data: {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "x", "function": '
+        b'{"name": "add", "arguments": "{\\"a\\": \\"\\\\ud800\\", \\"b\\": 3}"}}]}, "finish_reason": '
+        b'"tool_calls"}]}\n\n'
+    )
     server.chat([Reply(chunks=[raw, b"data: [DONE]\n\n"]), Reply(chunks=sse(delta("Sorry.", "stop")))])
     try:
         done = runner.invoke(app, ["chat", "--backend", "server", "--base-url", server.base_url, "--tools",
@@ -379,8 +406,12 @@ def test_a_lone_surrogate_in_arguments_is_bad_arguments_the_model_hears(home):
 def test_a_name_split_across_chunks_is_joined_and_a_huge_name_is_capped(home):
     pieces = [{"index": 0, "id": "x", "function": {"name": "ad", "arguments": '{"a": 2, '}},
               {"index": 0, "function": {"name": "d", "arguments": '"b": 3}'}}]
-    split = Reply(chunks=sse(*[{"choices": [{"index": 0, "delta": {"tool_calls": [p]}, "finish_reason": None}]}
-                               for p in pieces], {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}))
+    split = Reply(
+        chunks=sse(
+            *[{"choices": [{"index": 0, "delta": {"tool_calls": [p]}, "finish_reason": None}]} for p in pieces],
+            {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
+        )
+    )
     huge = Reply(chunks=sse(call_chunk("x" * 200_000, "{}")))
     server = FakeServer()
     server.chat([split, huge, Reply(chunks=sse(delta("5.", "stop")))])
@@ -402,7 +433,10 @@ def test_a_filtered_reply_is_said_to_be_filtered_not_cut_at_max_tokens(home):
         done = runner.invoke(app, ["chat", "--backend", "server", "--base-url", server.base_url, "Hi"])
     finally:
         server.close()
-    assert "the server filtered the reply (finish_reason content_filter)" in done.stderr and "max-tokens" not in done.stderr
+    assert (
+        "the server filtered the reply (finish_reason content_filter)" in done.stderr
+        and "max-tokens" not in done.stderr
+    )
 
 
 # --- 4. resuming a session saved with tools -------------------------------------------------------------------
@@ -458,7 +492,8 @@ def test_dash_reads_stdin_without_its_final_line_break(home):
 
 
 def test_a_result_with_a_lone_surrogate_goes_back_to_the_model_readable(home, tmp_path):
-    tools = tool_file(tmp_path, 'def add(a: int, b: int) -> str:\n    """Add."""\n    return "sum \\ud800 " + str(a + b)\n')
+    tools = tool_file(tmp_path, 'def add(a: int, b: int) -> str:\n    """Add."""\n    return "sum \\ud800 " + str(a + '
+                                'b)\n')
     done, server = chat_calling_add(tools, "Five.")
     assert done.exit_code == 0 and done.stdout == "Five.\n", done.stderr
     assert [m["content"] for m in bodies(server)[-1]["messages"] if m["role"] == "tool"] == ["sum \ufffd 5"]

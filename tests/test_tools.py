@@ -14,11 +14,11 @@ from typing import Literal, Optional
 import httpx
 import jsonschema
 import pytest
-from fakeserver import FakeServer, Reply, delta, sse
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+from fakeserver import FakeServer, Reply, delta, sse
 from localchat.backends import GenerationParams, TextChunk, ToolCall, ToolCallText
 from localchat.backends.http import make_client
 from localchat.backends.openai_http import ServerBackend
@@ -146,13 +146,18 @@ class Markers:
 
 ADD = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
 FORMATS = {
-    "markers": (lambda: __import__("localchat.templates.tool_formats", fromlist=["markers"]).markers(Markers()),
-                'Sure. <tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
-                '<tool_call>{"name": "add", "arguments": {"a": 5, "b": 1}}</tool_call>',
-                [("TextChunk", "Sure. "), ("ToolCall", ("add", {"a": 2, "b": 3})), ("ToolCall", ("add", {"a": 5, "b": 1}))]),
+    "markers": (
+        lambda: __import__("localchat.templates.tool_formats", fromlist=["markers"]).markers(Markers()),
+        'Sure. <tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
+        '<tool_call>{"name": "add", "arguments": {"a": 5, "b": 1}}</tool_call>',
+        [("TextChunk", "Sure. "), ("ToolCall", ("add", {"a": 2, "b": 3})), ("ToolCall", ("add", {"a": 5, "b": 1}))],
+    ),
     "json": (json_reply, '{"name": "add", "parameters": {"a": 2, "b": 3}}', [("ToolCall", ("add", {"a": 2, "b": 3}))]),
-    "harmony": (harmony_calls, "<|channel|>commentary to=functions.add <|constrain|>json<|message|>"
-                               '{"a": 2, "b": 3}<|call|>', [("ToolCall", ("add", {"a": 2, "b": 3}))]),
+    "harmony": (
+        harmony_calls,
+        '<|channel|>commentary to=functions.add <|constrain|>json<|message|>{"a": 2, "b": 3}<|call|>',
+        [("ToolCall", ("add", {"a": 2, "b": 3}))],
+    ),
 }
 
 
@@ -160,7 +165,11 @@ FORMATS = {
 def test_a_call_is_read_whole_wherever_the_text_is_cut(name):
     make, text, expected = FORMATS[name]
     fmt = make()
-    reasoning = __import__("localchat.templates.formats", fromlist=["harmony"]).harmony() if name == "harmony" else None
+    reasoning = (
+        __import__("localchat.templates.reasoning_formats", fromlist=["harmony"]).harmony()
+        if name == "harmony"
+        else None
+    )
 
     def splitter():
         return ReplySplitter(reasoning, tool_format=fmt, tools=ADD)
@@ -183,7 +192,11 @@ def test_every_piece_of_a_call_arrives_on_the_clock_though_none_is_shown(name):
     """A call round's TTFT is its first token: once a call has begun, each piece the model writes is
     an event (``ToolCallText``) before the call comes out whole."""
     make, text, _ = FORMATS[name]
-    reasoning = __import__("localchat.templates.formats", fromlist=["harmony"]).harmony() if name == "harmony" else None
+    reasoning = (
+        __import__("localchat.templates.reasoning_formats", fromlist=["harmony"]).harmony()
+        if name == "harmony"
+        else None
+    )
     splitter = ReplySplitter(reasoning, tool_format=make(), tools=ADD)
     fed = [splitter.feed(piece) for piece in text] + [splitter.finish("stop")]
     writing = [k for k, events in enumerate(fed) if any(isinstance(e, ToolCallText) for e in events)]
@@ -195,10 +208,13 @@ def test_every_piece_of_a_call_arrives_on_the_clock_though_none_is_shown(name):
 
 def streamed_calls() -> bytes:
     """Two calls in one message, their ids, names and arguments split across chunks and interleaved."""
-    pieces = [{"index": 0, "id": "call_a", "type": "function", "function": {"name": "add", "arguments": ""}},
-              {"index": 1, "id": "call_b", "type": "function", "function": {"name": "add", "arguments": '{"a": 5'}},
-              {"index": 0, "function": {"arguments": '{"a": 2, '}}, {"index": 1, "function": {"arguments": ', "b": 1}'}},
-              {"index": 0, "function": {"arguments": '"b": 3}'}}]
+    pieces = [
+        {"index": 0, "id": "call_a", "type": "function", "function": {"name": "add", "arguments": ""}},
+        {"index": 1, "id": "call_b", "type": "function", "function": {"name": "add", "arguments": '{"a": 5'}},
+        {"index": 0, "function": {"arguments": '{"a": 2, '}},
+        {"index": 1, "function": {"arguments": ', "b": 1}'}},
+        {"index": 0, "function": {"arguments": '"b": 3}'}},
+    ]
     chunks = [{"choices": [{"index": 0, "delta": {"tool_calls": [p]}, "finish_reason": None}]} for p in pieces]
     chunks.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})
     return b"".join(sse(*chunks))
@@ -207,7 +223,7 @@ def streamed_calls() -> bytes:
 def test_streamed_tool_calls_are_assembled_by_index_at_every_byte_boundary():
     body = streamed_calls()
     for cut in range(len(body) + 1):
-        def handler(request: httpx.Request) -> httpx.Response:
+        def handler(request: httpx.Request, cut: int = cut) -> httpx.Response:
             return httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=_TwoPieces(body, cut))
 
         backend = ServerBackend(make_client("http://test/v1", transport=httpx.MockTransport(handler)), "m")
@@ -319,8 +335,11 @@ def test_a_tools_file_that_cannot_be_offered_is_one_line(tmp_path, source, needl
 
 def step(i: int, calls: int) -> ToolStep:
     ids = [f"c{i:02d}x{k:04d}" for k in range(calls)]
-    return ToolStep(text="", calls=tuple({"id": c, "name": "add", "arguments": {"a": k, "b": 1}} for k, c in enumerate(ids)),
-                    results=tuple(str(k + 1) for k in range(calls)))
+    return ToolStep(
+        text="",
+        calls=tuple({"id": c, "name": "add", "arguments": {"a": k, "b": 1}} for k, c in enumerate(ids)),
+        results=tuple(str(k + 1) for k in range(calls)),
+    )
 
 
 def whole(messages: list[dict]) -> bool:
@@ -436,14 +455,23 @@ def test_a_call_round_is_timed_from_its_first_piece_and_a_call_sent_whole_has_no
 
     usage = {"prompt_tokens": 30, "completion_tokens": 12}
     server = FakeServer()
-    server.chat([Reply(chunks=sse(*[piece(k, a) for k, a in enumerate(pieces)],
-                                  {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}], "usage": usage}),
-                       pause_s=0.3),
-                 Reply(chunks=sse(delta("5", "stop")))])
+    server.chat(
+        [
+            Reply(
+                chunks=sse(
+                    *[piece(k, a) for k, a in enumerate(pieces)],
+                    {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}], "usage": usage},
+                ),
+                pause_s=0.3,
+            ),
+            Reply(chunks=sse(delta("5", "stop"))),
+        ]
+    )
     backend = backend_for(server.base_url, None)
     try:
-        result = ChatSession(backend, Conversation(None), GenerationParams(), tools=ToolRunner([host], approve_all)).ask(
-            "What is 2 plus 3?")
+        result = ChatSession(
+            backend, Conversation(None), GenerationParams(), tools=ToolRunner([host], approve_all)
+        ).ask("What is 2 plus 3?")
     finally:
         backend.close()
         server.close()
@@ -521,9 +549,11 @@ def test_slash_tools_lists_them_and_stats_counts_rounds_and_tool_time(home):
     server = FakeServer()
     server.chat(asks_for_add())
     try:
-        done = runner.invoke(app, ["chat", "--backend", "server", "--base-url", server.base_url, "--tools",
-                                   str(EXAMPLE), "--approve-tools"], input="/tools\nWhat is 2 plus 3?\n/history\n"
-                                                                           "/stats\n/save sums\n/quit\n")
+        done = runner.invoke(
+            app,
+            ["chat", "--backend", "server", "--base-url", server.base_url, "--tools", str(EXAMPLE), "--approve-tools"],
+            input="/tools\nWhat is 2 plus 3?\n/history\n/stats\n/save sums\n/quit\n",
+        )
     finally:
         server.close()
     assert done.exit_code == 0, done.stderr
@@ -569,7 +599,9 @@ def test_bench_and_load_run_the_tools_and_count_rounds_tool_time_and_tokens(home
     server = FakeServer()
     usage = {"choices": [], "usage": {"prompt_tokens": 40, "completion_tokens": 5}}
     first = asks_for_add()[0]
-    answer = Reply(chunks=sse(delta("5.", "stop"), {"choices": [], "usage": {"prompt_tokens": 61, "completion_tokens": 2}}))
+    answer = Reply(
+        chunks=sse(delta("5.", "stop"), {"choices": [], "usage": {"prompt_tokens": 61, "completion_tokens": 2}})
+    )
     call = Reply(chunks=first.chunks[:-1] + sse(usage))  # demo-tools lends the template
     server.chat(lambda body: answer if body["messages"][-1]["role"] == "tool" else call)  # 2 users at once
     try:
@@ -586,7 +618,10 @@ def test_bench_and_load_run_the_tools_and_count_rounds_tool_time_and_tokens(home
         server.close()
     assert refused.exit_code == 2 and "needs --approve-tools" in refused.stderr
     assert bench.exit_code == 0, bench.stderr
-    assert "server history-on: tools: 2 calls in 2 rounds" in bench.stdout and "add 21 prompt tokens a turn" in bench.stdout
+    assert (
+        "server history-on: tools: 2 calls in 2 rounds" in bench.stdout
+        and "add 21 prompt tokens a turn" in bench.stdout
+    )
     turns = json.loads((tmp_path / "bench" / "results.json").read_text())["turns"]
     assert [(t["tool_rounds"], t["tool_calls"], t["tool_prompt_tokens"]) for t in turns] == [(1, 1, 21)] * 2
     assert load.exit_code == 0, load.stdout + load.stderr

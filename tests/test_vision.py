@@ -348,8 +348,8 @@ def test_the_toy_answers_through_mlx_vlm_server_as_in_process(vision_server, tmp
 
 def test_the_gateway_maps_anthropic_image_blocks_and_responses_input_images(vision_server):
     import anthropic
-    from gateways import gateway_for
 
+    from gateways import gateway_for
     from localchat.registry import resolve
 
     data = base64.b64encode(RED_CIRCLE.read_bytes()).decode()

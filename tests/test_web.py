@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from routed import Serve
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -87,7 +88,10 @@ def say(page, text: str, *, enter: bool = True) -> str:
 
 
 def answers(page) -> list[str]:
-    return [m.locator(".body").inner_text().strip() for m in page.locator("[data-testid=message][data-role=assistant]").all()]
+    return [
+        m.locator(".body").inner_text().strip()
+        for m in page.locator("[data-testid=message][data-role=assistant]").all()
+    ]
 
 
 def localchat(home: Path, *args: str) -> subprocess.CompletedProcess:
@@ -182,7 +186,8 @@ def test_markup_from_users_and_stored_answers_is_shown_as_text(page, served):
     from localchat.conversation.history import Turn
     from localchat.store.saved_sessions import SavedSession, SessionStore
 
-    hostile = '<img src=x onerror="document.title=\'pwned\'"> <script>document.title="pwned"</script> [x](javascript:alert(1))'
+    hostile = ('<img src=x onerror="document.title=\'pwned\'"> <script>document.title="pwned"</script> '
+               '[x](javascript:alert(1))')
     stored = hostile + "\n\n```python\nprint('<b>hi</b>')\n```\n\n**bold** and [a link](https://example.org)"
     store = SessionStore(served.home / "sessions.sqlite3")
     store.save(SavedSession(name=None, uid="20990101-000000-beef", model="demo", backend="server", system=None,

@@ -7,8 +7,8 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT
 
+from conftest import ROOT
 from localchat.server.launch import free_port
 
 pytestmark = pytest.mark.wheel
@@ -44,7 +44,9 @@ def test_the_wheel_holds_the_package_and_not_the_trainer(installed):
                            capture_output=True, text=True, check=True).stdout
     assert "localchat/models.yaml" in names and "localchat/demo_model/model.safetensors" in names
     assert "localchat/bench/scripts/recall-en.yaml" in names and "localchat/demo_notes_model/model.safetensors" in names
-    assert "localchat/demo_tools_model/model.safetensors" in names and "localchat/bench/scripts/tools/sums.yaml" in names
+    assert (
+        "localchat/demo_tools_model/model.safetensors" in names and "localchat/bench/scripts/tools/sums.yaml" in names
+    )
     assert "demo/train.py" not in names and "scripts/" not in names.replace("bench/scripts/", "")
 
 

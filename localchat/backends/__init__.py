@@ -1,7 +1,7 @@
 """Backends translate the history builder's messages into a stream of events.
 
 A backend yields ``ReasoningChunk`` items (a thinking model's reasoning), ``TextChunk`` items (the
-answer), ``ToolCall`` items (a function the model asks to call, whole), ``Progress`` while a long
+answer), ``ToolCall`` items (a function the model asks to call, whole), ``PrefillProgress`` while a long
 prompt is prefilled, and ends with one ``Finished``; it never times, prints, runs a tool or touches
 history. The in-process backend runs mlx_lm; the server backend speaks
 HTTP to an OpenAI-compatible server such as ``mlx_lm.server``.
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, Union
 
 if TYPE_CHECKING:
-    from localchat.grammar.formats import AnswerFormat
+    from localchat.grammar.answer_formats import AnswerFormat
     from localchat.templates.render import ChatTemplate
 
 Message = dict[str, Any]  # role and content; an assistant's tool_calls, a tool result's tool_call_id and name
@@ -67,7 +67,7 @@ class ToolCallText:
 
 
 @dataclass(frozen=True)
-class Progress:
+class PrefillProgress:
     """Prompt tokens processed so far, of ``total`` (mlx_lm.server's keepalive comments)."""
 
     processed: int
@@ -94,7 +94,7 @@ class Finished:
     masked_tokens: int = 0  # decoding steps the grammar masked
 
 
-Event = Union[ReasoningChunk, TextChunk, ToolCall, ToolCallText, Progress, Finished]
+Event = Union[ReasoningChunk, TextChunk, ToolCall, ToolCallText, PrefillProgress, Finished]
 
 
 class Backend(Protocol):

@@ -40,8 +40,9 @@ class AnthropicBackend(ServerBackend):
         super().__init__(*args, **kwargs)
         import anthropic
 
-        self.sdk = anthropic.Anthropic(base_url=self.url.removesuffix("/v1"), api_key=self.secret or "none", max_retries=0,
-                                       timeout=self.timeout_s)
+        self.sdk = anthropic.Anthropic(
+            base_url=self.url.removesuffix("/v1"), api_key=self.secret or "none", max_retries=0, timeout=self.timeout_s
+        )
 
     def stream(self, messages: list[Message], params: GenerationParams) -> Iterator[Event]:
         import anthropic
@@ -62,7 +63,9 @@ class AnthropicBackend(ServerBackend):
                 yield from self._events(events)
                 final = events.get_final_message()
         except anthropic.APIStatusError as exc:
-            raise ServerError(self.redact(f"HTTP {exc.status_code} from {self.url}/messages: {_message(exc)}")) from None
+            raise ServerError(
+                self.redact(f"HTTP {exc.status_code} from {self.url}/messages: {_message(exc)}")
+            ) from None
         except anthropic.APIError as exc:
             raise ServerError(self.redact(f"{self.url}/messages: {type(exc).__name__}: {exc}")) from None
         usage = final.usage

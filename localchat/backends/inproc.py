@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from localchat.backends import Event, Finished, GenerationParams, Message, Progress
+from localchat.backends import Event, Finished, GenerationParams, Message, PrefillProgress
 from localchat.backends.masking import GrammarSetup
 from localchat.backends.mlx_options import (
     RuntimeOptions,
@@ -33,7 +33,7 @@ from localchat.backends.mlx_options import (
 from localchat.backends.reply import ReplySplitter
 from localchat.backends.saved_cache import model_fingerprint
 from localchat.errors import LocalchatError
-from localchat.grammar.formats import AnswerFormat
+from localchat.grammar.answer_formats import AnswerFormat
 from localchat.registry import ModelRef, context_length, local_dir, resolve
 from localchat.templates.render import ChatTemplate, check_tool_support
 
@@ -222,13 +222,14 @@ class InProcessBackend:
         if not self.cache_reuse:
             self._cache = self._new_cache()
         cached, missed = self._cache.reuse(prompt_ids)
-        yield Progress(cached, len(prompt_ids))  # what is left to prefill, for a spinner to say
+        yield PrefillProgress(cached, len(prompt_ids))  # what is left to prefill, for a spinner to say
         if params.seed is not None:
             mx.random.seed(params.seed)
         mx.reset_peak_memory()
         traits = self.template.traits
-        splitter = ReplySplitter.for_prompt(traits.reasoning, self.tokenizer, prompt_ids, tool_format=traits.tool_format,
-                                            tools=self.template.tools)
+        splitter = ReplySplitter.for_prompt(
+            traits.reasoning, self.tokenizer, prompt_ids, tool_format=traits.tool_format, tools=self.template.tools
+        )
         masking = self.grammar.for_reply(params.answer, self.template.tools, traits, prompt_ids,
                                          offset=1 if self.draft_model is not None else len(prompt_ids) - cached,
                                          drafting=self.draft_model is not None)

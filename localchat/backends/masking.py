@@ -12,8 +12,8 @@ from functools import cached_property
 from typing import Any
 
 from localchat.backends.reply import opens_reasoning
+from localchat.grammar.answer_formats import AnswerFormat
 from localchat.grammar.compile import CallMarkers, check, grammars, llg_tokenizer, required_calls
-from localchat.grammar.formats import AnswerFormat
 from localchat.grammar.mask import MaskedDecoding, Reasoning
 from localchat.templates.traits import TemplateTraits
 

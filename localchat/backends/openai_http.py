@@ -26,7 +26,7 @@ from localchat.backends import (
     Finished,
     GenerationParams,
     Message,
-    Progress,
+    PrefillProgress,
 )
 from localchat.backends.http import (
     CONNECT_TIMEOUT_S,
@@ -41,9 +41,9 @@ from localchat.backends.http import (
 )
 from localchat.backends.sse import KeepAlive, StreamError, iter_stream
 from localchat.backends.stream_reply import StreamedReply
-from localchat.grammar.formats import AnswerFormat
+from localchat.grammar.answer_formats import AnswerFormat
 from localchat.registry import ModelRef, context_length_of, local_tokenizer_loader
-from localchat.templates.formats import ReasoningFormat
+from localchat.templates.reasoning_formats import ReasoningFormat
 from localchat.templates.render import ChatTemplate, TemplateError, check_tool_support, template_of
 from localchat.templates.tool_formats import ToolFormat
 
@@ -205,7 +205,7 @@ class ServerBackend:
                 for item in iter_stream(iter_lines_watched(response, watch.check)):
                     if isinstance(item, KeepAlive):
                         if watch.keepalive(item):
-                            yield Progress(item.processed, item.total)
+                            yield PrefillProgress(item.processed, item.total)
                         continue
                     watch.chunk(item)
                     yield from reply.add(item)
@@ -237,7 +237,9 @@ class ServerBackend:
     def _check_response(self, response: httpx.Response, url: str) -> None:
         if response.status_code >= 400:
             message = self.redact(error_body(response))
-            raise ServerError(refusal_hint(message, self.model_id) or f"HTTP {response.status_code} from {url}: {message}")
+            raise ServerError(
+                refusal_hint(message, self.model_id) or f"HTTP {response.status_code} from {url}: {message}"
+            )
         kind = response.headers.get("content-type", "")
         if kind.startswith("application/json"):
             raise StreamError(f"{url} answered with one JSON body, not a stream: it does not support "

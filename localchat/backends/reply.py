@@ -19,10 +19,9 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
-from localchat.backends.text_states import text_state_machine
-
 from localchat.backends import ReasoningChunk, TextChunk, ToolCall, ToolCallText
-from localchat.templates.formats import ANSWER, REASONING, ReasoningFormat, sniffed
+from localchat.backends.text_states import text_state_machine
+from localchat.templates.reasoning_formats import ANSWER, REASONING, ReasoningFormat, sniffed
 from localchat.templates.tool_formats import (
     TOOL,
     TOOL_NAME,
@@ -72,7 +71,9 @@ class ReplySplitter:
         """In-process: the initial state from the prompt's ids, reasoning counted by token id."""
         if fmt is None:
             return cls(None, tool_format=tool_format, tools=tools)
-        markers = tuple(tuple(tokenizer.encode(m, add_special_tokens=False)) for m in (fmt.open_marker, fmt.close_marker))
+        markers = tuple(
+            tuple(tokenizer.encode(m, add_special_tokens=False)) for m in (fmt.open_marker, fmt.close_marker)
+        )
         return cls(fmt, opened=opens_reasoning(tokenizer, prompt_ids, fmt), marker_ids=markers,
                    tool_format=tool_format, tools=tools)
 

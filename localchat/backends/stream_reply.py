@@ -11,7 +11,7 @@ from localchat.backends import Event, ReasoningChunk, TextChunk, ToolCall, ToolC
 from localchat.backends.http import REDACTED, Redactor
 from localchat.backends.reply import InlineReply, new_call_id
 from localchat.backends.sse import ChatChunk, ToolCallDelta, Usage
-from localchat.templates.formats import ReasoningFormat
+from localchat.templates.reasoning_formats import ReasoningFormat
 from localchat.templates.tool_formats import ToolFormat
 
 
@@ -58,7 +58,9 @@ class StreamedReply:
         yield from self._kept(self.inline.feed(self.redact_content.flush()))
         yield from self._kept(self.inline.finish(self.finish))
         for _, call in sorted(self.calls.items()):
-            yield ToolCall(new_call_id(), self.redact(call.name), self.redact(call.arguments), problem=call_problem(call))
+            yield ToolCall(
+                new_call_id(), self.redact(call.name), self.redact(call.arguments), problem=call_problem(call)
+            )
 
     def redact(self, text: str) -> str:
         """A whole string from the server (a call's name or arguments) with the API key cut out."""

@@ -1,9 +1,9 @@
 """``localchat bench`` core: run scripted conversations through arms and return data, never print.
 
-An arm is (backend, history on/off, KV reuse on/off, thinking on/off or the model's default). Every arm plays the same conversations with
-the same variable draws, through the same ChatSession as ``localchat chat``, so the figures are the
-ones a user sees. With history on, total input over N turns grows as N·S + T·N(N+1)/2; the summary
-fits S and T to the measured prompt tokens.
+An arm is (backend, history on/off, KV reuse on/off, thinking on/off or the model's default). Every arm plays
+the same conversations with the same variable draws, through the same ChatSession as ``localchat chat``, so
+the figures are the ones a user sees. With history on, total input over N turns grows as N·S + T·N(N+1)/2; the
+summary fits S and T to the measured prompt tokens.
 """
 
 from __future__ import annotations
@@ -101,11 +101,11 @@ class BenchPlan:
     tools: Any = None  # tools.runner.ToolRunner: the functions every conversation offers
 
 
-Progress = Callable[[str, int, str, int], None]  # (arm label, repeat, script, turn)
+OnTurn = Callable[[str, int, str, int], None]  # (arm label, repeat, script, turn)
 
 
 def play_conversation(backend: Backend, arm: Arm, script: BenchScript, conversation: int, repeat: int,
-                      bench: BenchPlan, on_turn: Progress) -> list[TurnRecord]:
+                      bench: BenchPlan, on_turn: OnTurn) -> list[TurnRecord]:
     history = Conversation.for_backend(backend, script.system)
     session = ChatSession(backend, history, replace(bench.params, think=arm.think), use_history=arm.history,
                           trim=arm.policy.trim(TrimPolicy()) if arm.policy else TrimPolicy(),
@@ -140,7 +140,7 @@ def play_conversation(backend: Backend, arm: Arm, script: BenchScript, conversat
     return records
 
 
-def run_arm(backend: Backend, arm: Arm, bench: BenchPlan, on_turn: Progress = lambda *_: None) -> list[TurnRecord]:
+def run_arm(backend: Backend, arm: Arm, bench: BenchPlan, on_turn: OnTurn = lambda *_: None) -> list[TurnRecord]:
     """Warm-up repeats (discarded, with their own draws), then the measured repeats."""
     records: list[TurnRecord] = []
     for repeat in range(-bench.warmup, bench.repeat):

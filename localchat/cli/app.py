@@ -98,10 +98,18 @@ app.command()(ps)
 
 @app.command()
 def gateway(
-    upstream: Annotated[str, typer.Option(callback=check_base_url, metavar="URL",
-                                          help="The OpenAI-compatible server to put the gateway in front of, e.g. http://127.0.0.1:8080/v1.")],
+    upstream: Annotated[
+        str,
+        typer.Option(
+            callback=check_base_url,
+            metavar="URL",
+            help="The OpenAI-compatible server to put the gateway in front of, e.g. http://127.0.0.1:8080/v1.",
+        ),
+    ],
     model: ServedModelOpt = None,
-    host: Annotated[str, typer.Option(metavar="HOST", help="Interface to bind (loopback unless you mean it).")] = "127.0.0.1",
+    host: Annotated[
+        str, typer.Option(metavar="HOST", help="Interface to bind (loopback unless you mean it).")
+    ] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=1, max=65535, metavar="PORT", help="Port to listen on.")] = 8081,
     api: GatewayApiOpt = "anthropic,responses",
     api_key: GatewayKeyOpt = None,
@@ -139,7 +147,9 @@ def parity(
     ranks: RanksOpt = None,
     hostfile: HostfileOpt = None,
     distributed_backend: DistributedBackendOpt = DistributedBackend.ring,
-    pipeline: Annotated[bool, typer.Option("--pipeline", help="The server splits layers, not heads, across ranks.")] = False,
+    pipeline: Annotated[
+        bool, typer.Option("--pipeline", help="The server splits layers, not heads, across ranks.")
+    ] = False,
 ) -> None:
     """The same 3-turn greedy conversation in-process and through a launched server (on several
     ranks with --ranks N): identical?"""
@@ -186,8 +196,18 @@ app.add_typer(log_app, name="log")
 
 @log_app.command("list")
 def log_list(
-    query: Annotated[Optional[str], typer.Option("--query", "-q", metavar="TEXT", help="Search questions, answers and tool results (FTS5: words, \"a phrase\", pre*, a OR b, NEAR(a b)).")] = None,
-    model: Annotated[Optional[str], typer.Option("--model", "-m", metavar="MODEL", help="Only this model's conversations.")] = None,
+    query: Annotated[
+        Optional[str],
+        typer.Option(
+            "--query",
+            "-q",
+            metavar="TEXT",
+            help='Search questions, answers and tool results (FTS5: words, "a phrase", pre*, a OR b, NEAR(a b)).',
+        ),
+    ] = None,
+    model: Annotated[
+        Optional[str], typer.Option("--model", "-m", metavar="MODEL", help="Only this model's conversations.")
+    ] = None,
     since: Annotated[Optional[str], typer.Option(metavar="AGE", help="Only the last 30m, 12h, 2d, 3w.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print a machine-readable result.")] = False,
     limit: Annotated[int, typer.Option(min=1, max=1000, help="At most this many lines.")] = 20,
@@ -198,18 +218,27 @@ def log_list(
 
 
 @log_app.command("show")
-def log_show(conversation: Annotated[str, typer.Argument(metavar="ID", help="An id (or its start) from `localchat log`, or a name.")]) -> None:
+def log_show(
+    conversation: Annotated[
+        str, typer.Argument(metavar="ID", help="An id (or its start) from `localchat log`, or a name.")
+    ],
+) -> None:
     """Every turn of one conversation, in order, with its figures."""
     run("localchat.cli.log:show_entry", console=out_console(), key=conversation)
 
 
 @log_app.command("rm")
 def log_rm(
-    conversation: Annotated[Optional[str], typer.Argument(metavar="[ID]", help="An id (or its start), or a name.")] = None,
-    older_than: Annotated[Optional[str], typer.Option(metavar="AGE", help="Every conversation last kept before 30d, 12h… ago.")] = None,
+    conversation: Annotated[
+        Optional[str], typer.Argument(metavar="[ID]", help="An id (or its start), or a name.")
+    ] = None,
+    older_than: Annotated[
+        Optional[str], typer.Option(metavar="AGE", help="Every conversation last kept before 30d, 12h… ago.")
+    ] = None,
     everything: Annotated[bool, typer.Option("--all", help="Every conversation.")] = False,
-    yes: Annotated[bool, typer.Option("--yes", "-y",
-                                      help="Do not ask before removing many (--all, --older-than).")] = False,
+    yes: Annotated[
+        bool, typer.Option("--yes", "-y", help="Do not ask before removing many (--all, --older-than).")
+    ] = False,
 ) -> None:
     """Remove conversations from the log, with what resuming them needs and their KV caches."""
     run("localchat.cli.log:remove_entries", console=err_console(), key=conversation, older_than=older_than,
@@ -218,10 +247,13 @@ def log_rm(
 
 @app.command("import")
 def import_cmd(
-    file: Annotated[Optional[Path], typer.Argument(help="A GGUF file (llama.cpp, LM Studio, a download).",
-                                                   show_default=False)] = None,
+    file: Annotated[
+        Optional[Path], typer.Argument(help="A GGUF file (llama.cpp, LM Studio, a download).", show_default=False)
+    ] = None,
     name: Annotated[Optional[str], typer.Option(help="The name for -m [default: from the file name].")] = None,
-    from_ollama: Annotated[Optional[str], typer.Option(help="Import ollama's MODEL[:TAG] from ~/.ollama (read-only).")] = None,
+    from_ollama: Annotated[
+        Optional[str], typer.Option(help="Import ollama's MODEL[:TAG] from ~/.ollama (read-only).")
+    ] = None,
 ) -> None:
     """Turn a GGUF file into an MLX model without loss; then -m NAME works everywhere."""
     run("localchat.cli.importing:run_import", file=file, name=name, from_ollama=from_ollama, console=out_console(),
@@ -248,7 +280,9 @@ def pull(
 
 @app.command("rm")
 def remove_model(
-    model: Annotated[str, typer.Argument(metavar="MODEL", help="A models.yaml id, an imported model or a Hugging Face repo id.")],
+    model: Annotated[
+        str, typer.Argument(metavar="MODEL", help="A models.yaml id, an imported model or a Hugging Face repo id.")
+    ],
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask first.")] = False,
 ) -> None:
     """Remove a model pull fetched or import made, freeing its disk (asks first)."""

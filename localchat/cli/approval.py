@@ -30,7 +30,9 @@ class AskBeforeRunning:
             self.ui.info(f"its arguments in full: {shortened(whole, 4000)}")
         while True:
             try:
-                answer = ANSWERS.get(self.read_line(f"run {name}? [y]es / [n]o / [a]lways for {name}: ").strip().lower())
+                answer = ANSWERS.get(
+                    self.read_line(f"run {name}? [y]es / [n]o / [a]lways for {name}: ").strip().lower()
+                )
             except EOFError:
                 return REFUSED_BY_USER
             if answer == "always":

@@ -27,7 +27,7 @@ from localchat.conversation.history import Conversation, Summary, validate_input
 from localchat.conversation.records import TurnRecorder, new_session_id
 from localchat.conversation.turn import ChatSession, TurnStatus
 from localchat.errors import UsageError, raise_on_sigterm
-from localchat.grammar.formats import (
+from localchat.grammar.answer_formats import (
     AnswerFormat,
     choice_format,
     default_schema,
@@ -186,7 +186,7 @@ def open_inproc(ref: ModelRef, opts: ChatOptions, ui: ChatUI) -> Backend:
     if not opts.model.allow_download:
         os.environ["HF_HUB_OFFLINE"] = "1"  # read by huggingface_hub when mlx_lm first imports it
     from localchat.cli.pull import chat_fit, ready_model_dir
-    from localchat.vision.loading import load_inproc_or_vision
+    from localchat.loading import load_inproc_or_vision
 
     started = time.perf_counter()
     options = runtime_options(ref, opts).check()
@@ -222,8 +222,8 @@ def tool_runner(options: ToolSettings, ui: ChatUI, hidden: list[str]) -> ToolRun
     asked on a terminal, else refused (the refusal is what the model hears)."""
     if not options.offered:
         return None
-    from localchat.toolbox import open_tools
     from localchat.tools.runner import approve_all, refuse_unasked
+    from localchat.tools.toolbox import open_tools
 
     if options.approve:
         approve = approve_all
@@ -297,7 +297,7 @@ def chat_with_ui(*, opts: ChatOptions, prompt: str | None, ui: ChatUI) -> TurnSt
     try:
         ref, backend = open_backend(opts, ui, pictures)
         if tools:
-            from localchat.toolbox import offer_tools
+            from localchat.tools.toolbox import offer_tools
 
             offer_tools(backend, tools, ui.notice)
     except BaseException:

@@ -47,10 +47,15 @@ def show_model_list(console: Console) -> None:
     for info in map(describe, entries):
         e = info.entry
         aliases = f" ({', '.join(e.aliases)})" if e.aliases else ""
-        figures = " · ".join([*([f"{e.family} family"] if e.family else []), "present" if info.present else "not on this machine",
-                              *([shown_size(info.size_bytes)] if info.present else []),
-                              *([f"{info.bits}-bit"] if info.bits else []),
-                              *([fit_text(e.id, budget)] if info.present else [how_to_get(e)])])
+        figures = " · ".join(
+            [
+                *([f"{e.family} family"] if e.family else []),
+                "present" if info.present else "not on this machine",
+                *([shown_size(info.size_bytes)] if info.present else []),
+                *([f"{info.bits}-bit"] if info.bits else []),
+                *([fit_text(e.id, budget)] if info.present else [how_to_get(e)]),
+            ]
+        )
         console.print(f"[bold]{escape(e.id)}[/bold]{escape(aliases)} · {figures}")
         console.print(f"  {e.source}" + (f" (variants: {', '.join(e.variants)})" if e.variants else ""),
                       style="dim", markup=False)
@@ -145,7 +150,9 @@ def run_doctor(console: Console, base_url: str) -> None:
     table.add_row("localchat", env.localchat_version + (f" ({env.git_commit})" if env.git_commit else ""))
     table.add_row("HF cache", str(constants.HF_HUB_CACHE))
     table.add_row("memory budget", budget_text())
-    table.add_row("HF offline", os.environ.get("HF_HUB_OFFLINE", "unset") + " (localchat sets 1 unless --allow-download)")
+    table.add_row(
+        "HF offline", os.environ.get("HF_HUB_OFFLINE", "unset") + " (localchat sets 1 unless --allow-download)"
+    )
     table.add_row("server", server_answers(base_url))
     table.add_row("prompt caches", prompt_cache_text())
     console.print(table)

@@ -47,27 +47,70 @@ def bench(
     model: BenchModelOpt = None,
     backend: Annotated[BenchBackend, typer.Option(help="Which backend(s) to run.")] = BenchBackend.inproc,
     history: Annotated[OnOffBoth, typer.Option(help="History on, off, or both (side by side).")] = OnOffBoth.both,
-    script: Annotated[Optional[list[Path]], typer.Option("--script", help="A bench script (YAML), or a built-in one's name (name-recall); repeatable [default: the built-in scripts].")] = None,
+    script: Annotated[
+        Optional[list[Path]],
+        typer.Option(
+            "--script",
+            help="A bench script (YAML), or a built-in one's name (name-recall); repeatable [default: the built-in "
+                 "scripts].",
+        ),
+    ] = None,
     repeat: Annotated[int, typer.Option(min=1, help="Measured repeats (each draws new codes).")] = 1,
     warmup: Annotated[int, typer.Option(min=0, help="Unmeasured repeats first.")] = 0,
-    temperature: Annotated[float, typer.Option(callback=check_temperature, help="Fixed for the whole run, and recorded.")] = 0.0,
+    temperature: Annotated[
+        float, typer.Option(callback=check_temperature, help="Fixed for the whole run, and recorded.")
+    ] = 0.0,
     seed: Annotated[int, typer.Option(callback=check_seed, help="Seeds the scripts' draws and sampling.")] = 0,
     max_tokens: Annotated[int, typer.Option(min=1, help="Longest reply, in tokens.")] = 64,
-    no_cache_reuse: Annotated[bool, typer.Option("--no-cache-reuse", help="Add an in-process history-on arm without KV reuse.")] = False,
-    base_url: Annotated[Optional[str], typer.Option(envvar="LOCALCHAT_BASE_URL", callback=check_base_url, help="Use this server for the server arm [default: launch one].")] = None,
+    no_cache_reuse: Annotated[
+        bool, typer.Option("--no-cache-reuse", help="Add an in-process history-on arm without KV reuse.")
+    ] = False,
+    base_url: Annotated[
+        Optional[str],
+        typer.Option(
+            envvar="LOCALCHAT_BASE_URL",
+            callback=check_base_url,
+            help="Use this server for the server arm [default: launch one].",
+        ),
+    ] = None,
     out: Annotated[Optional[Path], typer.Option(help="Write results.json, turns.csv and summary.md here.")] = None,
     format: Annotated[OutputFormat, typer.Option("--format", help="What to print.")] = OutputFormat.table,
-    plot: Annotated[Optional[Path], typer.Option(help="Write a PNG of TTFT and prompt tokens per turn (needs --extra plot).")] = None,
-    replay: Annotated[Optional[list[str]], typer.Option("--replay", help="Replay a saved session's user turns as a script; repeatable.")] = None,
-    think: Annotated[Optional[OnOffBoth], typer.Option(help="Thinking on, off, or both (side by side: what reasoning costs) [default: the model's own].")] = None,
-    policy: Annotated[Optional[str], typer.Option(help="History policies side by side on long scripts: full,window:N,budget:N,compact:N,pin:N.")] = None,
+    plot: Annotated[
+        Optional[Path], typer.Option(help="Write a PNG of TTFT and prompt tokens per turn (needs --extra plot).")
+    ] = None,
+    replay: Annotated[
+        Optional[list[str]],
+        typer.Option("--replay", help="Replay a saved session's user turns as a script; repeatable."),
+    ] = None,
+    think: Annotated[
+        Optional[OnOffBoth],
+        typer.Option(help="Thinking on, off, or both (side by side: what reasoning costs) [default: the model's own]."),
+    ] = None,
+    policy: Annotated[
+        Optional[str],
+        typer.Option(help="History policies side by side on long scripts: full,window:N,budget:N,compact:N,pin:N."),
+    ] = None,
     tools: ToolsOpt = None,
     mcp: McpOpt = None,
     mcp_only: McpOnlyOpt = None,
     approve_tools: UnattendedApproveOpt = False,
     tool_timeout: ToolTimeoutOpt = None,
-    distance: Annotated[Optional[str], typer.Option(metavar="K,K,…", help="Recall by distance: a code told, K small-talk turns, the code asked for, for each K (0,2,4,8), through every arm (--policy arms too).")] = None,
-    depth: Annotated[Optional[str], typer.Option(metavar="D,D,…", help="Instead of the scripts: a turn's TTFT, prefill and decode speed with D tokens of conversation already in the context, uncached and cached (0,256,512,768).")] = None,
+    distance: Annotated[
+        Optional[str],
+        typer.Option(
+            metavar="K,K,…",
+            help="Recall by distance: a code told, K small-talk turns, the code asked for, for each K (0,2,4,8), "
+                 "through every arm (--policy arms too).",
+        ),
+    ] = None,
+    depth: Annotated[
+        Optional[str],
+        typer.Option(
+            metavar="D,D,…",
+            help="Instead of the scripts: a turn's TTFT, prefill and decode speed with D tokens of conversation "
+                 "already in the context, uncached and cached (0,256,512,768).",
+        ),
+    ] = None,
     memory_limit: MemoryLimitOpt = None,
     force: ForceOpt = False,
 ) -> None:
@@ -89,24 +132,59 @@ def load(
     api_key: ApiKeyOpt = None,
     users: Annotated[int, typer.Option(min=1, max=256, help="Concurrent simulated users.")] = 1,
     sweep: Annotated[Optional[str], typer.Option(help="Several runs, e.g. 1,2,4,8 users (instead of --users).")] = None,
-    script: Annotated[Optional[Path], typer.Option(help="A bench script the users play, or a built-in one's name [default: recall-en].")] = None,
-    turns: Annotated[Optional[int], typer.Option(min=1, help="Turns a conversation (cut short, or padded before the last, scored turn).")] = None,
+    script: Annotated[
+        Optional[Path],
+        typer.Option(help="A bench script the users play, or a built-in one's name [default: recall-en]."),
+    ] = None,
+    turns: Annotated[
+        Optional[int],
+        typer.Option(min=1, help="Turns a conversation (cut short, or padded before the last, scored turn)."),
+    ] = None,
     think_time: Annotated[float, typer.Option(callback=check_wait, help="Seconds a user waits between turns.")] = 0.0,
     history: Annotated[OnOffBoth, typer.Option(help="History on, off, or both (a run each).")] = OnOffBoth.both,
-    duration: Annotated[Optional[float], typer.Option(callback=check_seconds, help="No request starts after this many seconds of a run.")] = None,
+    duration: Annotated[
+        Optional[float],
+        typer.Option(callback=check_seconds, help="No request starts after this many seconds of a run."),
+    ] = None,
     conversations: Annotated[int, typer.Option(min=1, help="Conversations each user plays in a run.")] = 2,
-    warmup: Annotated[int, typer.Option(min=0, help="Unmeasured conversations first (a fresh server's first requests are slow).")] = 1,
-    repeat: Annotated[int, typer.Option(min=1, max=50, help="Run the whole sweep this many times (new draws each time): each figure then has a 95 % interval.")] = 1,
+    warmup: Annotated[
+        int, typer.Option(min=0, help="Unmeasured conversations first (a fresh server's first requests are slow).")
+    ] = 1,
+    repeat: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            max=50,
+            help="Run the whole sweep this many times (new draws each time): each figure then has a 95 % interval.",
+        ),
+    ] = 1,
     temperature: Annotated[float, typer.Option(callback=check_temperature, help="Fixed for the whole run.")] = 0.0,
     max_tokens: Annotated[int, typer.Option(min=1, help="Longest reply, in tokens.")] = 64,
-    seed: Annotated[Optional[int], typer.Option(callback=check_seed, help="Send this seed (mlx_lm.server then serves requests one at a time) [default: none sent].")] = None,
-    slo_ttft: Annotated[Optional[float], typer.Option(callback=check_seconds, help="TTFT objective in seconds (goodput, knee).")] = None,
-    slo_tpot: Annotated[Optional[float], typer.Option(callback=check_seconds, help="Time-per-output-token objective in seconds (goodput).")] = None,
+    seed: Annotated[
+        Optional[int],
+        typer.Option(
+            callback=check_seed,
+            help="Send this seed (mlx_lm.server then serves requests one at a time) [default: none sent].",
+        ),
+    ] = None,
+    slo_ttft: Annotated[
+        Optional[float], typer.Option(callback=check_seconds, help="TTFT objective in seconds (goodput, knee).")
+    ] = None,
+    slo_tpot: Annotated[
+        Optional[float],
+        typer.Option(callback=check_seconds, help="Time-per-output-token objective in seconds (goodput)."),
+    ] = None,
     out: Annotated[Optional[Path], typer.Option(help="Write results.json, requests.csv and summary.md here.")] = None,
-    plot: Annotated[Optional[Path], typer.Option(help="Write a PNG of throughput and TTFT against users (needs --extra plot).")] = None,
-    launch: Annotated[bool, typer.Option("--launch", help="Start mlx_lm.server here (server args after --), stop it at the end.")] = False,
+    plot: Annotated[
+        Optional[Path], typer.Option(help="Write a PNG of throughput and TTFT against users (needs --extra plot).")
+    ] = None,
+    launch: Annotated[
+        bool, typer.Option("--launch", help="Start mlx_lm.server here (server args after --), stop it at the end.")
+    ] = False,
     timeout: TimeoutOpt = DEFAULT_TIMEOUT_S,
-    max_context_tokens: Annotated[Optional[int], typer.Option(min=1, help="Each user's history budget, in tokens.")] = None,
+    max_context_tokens: Annotated[
+        Optional[int], typer.Option(min=1, help="Each user's history budget, in tokens.")
+    ] = None,
     trim_to: TrimToOpt = DEFAULT_TRIM_TO,
     compact: CompactOpt = Compact.off,
     tools: ToolsOpt = None,

@@ -52,7 +52,8 @@ def run_ps(*, base_url: str, api_key: str | None, as_json: bool, console: Consol
         show_rows(console, rows, held)
     disk = held.get("prompt_cache")
     if isinstance(disk, dict) and isinstance(disk.get("bytes"), int) and isinstance(disk.get("max_bytes"), int):
-        console.print(f"prompt caches on disk: {shown_size(disk['bytes'])} of {shown_size(disk['max_bytes'])}, {disk.get('hits')} "
+        console.print(f"prompt caches on disk: {shown_size(disk['bytes'])} of {shown_size(disk['max_bytes'])}, "
+                      f"{disk.get('hits')} "
                       f"served from disk ({disk.get('dir')})", style="dim", markup=False)
     return 0
 
@@ -67,7 +68,8 @@ def show_rows(console: Console, rows: list[dict[str, Any]], held: dict[str, Any]
     console.print(table)
     if isinstance(held.get("budget_bytes"), int):
         total = sum(r.get("memory_bytes") or 0 for r in rows)
-        console.print(f"{shown_size(total)} estimated of {shown_size(held['budget_bytes'])} ({held.get('budget_source')})",
+        console.print(f"{shown_size(total)} estimated of {shown_size(held['budget_bytes'])} "
+                      f"({held.get('budget_source')})",
                       style="dim", markup=False)
 
 

@@ -7,7 +7,6 @@ that cannot fit or a download larger than the free disk is refused there (``--fo
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 from rich.console import Console
@@ -68,7 +67,8 @@ def refuse(plan: PullPlan, name: str, force: bool) -> None:
     if force:
         return
     if plan.to_fetch > plan.free_disk:
-        raise LocalchatError(f"{plan.repo} needs {shown_size(plan.to_fetch)} of disk and {shown_size(plan.free_disk)} is free at "
+        raise LocalchatError(f"{plan.repo} needs {shown_size(plan.to_fetch)} of disk and {shown_size(plan.free_disk)} "
+                             "is free at "
                              f"{plan.cache_dir} (--force to try anyway)")
     if plan.fit is not None and plan.fit.verdict == "does not fit":
         raise LocalchatError(summary(name, plan.fit) + " (--force to download anyway)")

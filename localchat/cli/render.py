@@ -16,12 +16,12 @@ from rich.console import Console
 from rich.markup import escape
 from rich.status import Status
 
-from localchat.backends import Message, Progress, ToolCall
+from localchat.backends import Message, PrefillProgress, ToolCall
 from localchat.cli.markdown import MarkdownStream
 from localchat.cli.terminal import console, for_stream
 from localchat.conversation.result import Compaction, Listeners, TurnResult, TurnStatus
 from localchat.conversation.stats import TurnStats, stats_line
-from localchat.grammar.formats import pretty
+from localchat.grammar.answer_formats import pretty
 from localchat.vision.image import shown_text
 from localchat.wording import count
 
@@ -173,7 +173,7 @@ class ChatUI:
             self.err.file.flush()
         self._thinking = 0
 
-    def progress(self, progress: Progress) -> None:
+    def progress(self, progress: PrefillProgress) -> None:
         """What the spinner says while a long prompt is prefilled (a terminal only)."""
         if self._waiting is not None and progress.total:
             left = max(0, progress.total - progress.processed)
@@ -229,7 +229,9 @@ class ChatUI:
                    ("/set max_tokens N)" if self.in_repl else "--max-tokens)")
         if reason in ("length", None):
             if self.in_repl:
-                return f"reply cut at max_tokens {max_tokens}{where}: not added to history (/set max_tokens N raises it)"
+                return (
+                    f"reply cut at max_tokens {max_tokens}{where}: not added to history (/set max_tokens N raises it)"
+                )
             return f"reply cut at --max-tokens {max_tokens}{where}: not added to history (raise --max-tokens)"
         if reason == "content_filter":
             return f"the server filtered the reply{where} (finish_reason content_filter): not added to history"

@@ -34,34 +34,63 @@ from localchat.cli.tool_options import ApproveToolsOpt, McpOpt, ToolsOpt, tool_s
 def serve(
     ctx: typer.Context,
     model: ServeModelsOpt = None,
-    every: Annotated[bool, typer.Option("--all", help="Serve every model `localchat models` shows as present.")] = False,
-    host: Annotated[str, typer.Option(metavar="HOST", help="Interface to bind (loopback unless you mean it).")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(min=1, max=65535, envvar="LOCALCHAT_PORT", metavar="PORT",
-                                      help="Port to listen on.")] = 8080,
-    log: Annotated[Optional[Path], typer.Option(help="The first model's engine log [default: logs/server-PORT.log in the localchat data directory; the others beside it].")] = None,
-    smoke: Annotated[bool, typer.Option("--smoke", help="Start, run the smoke test, stop; exit with its result.")] = False,
+    every: Annotated[
+        bool, typer.Option("--all", help="Serve every model `localchat models` shows as present.")
+    ] = False,
+    host: Annotated[
+        str, typer.Option(metavar="HOST", help="Interface to bind (loopback unless you mean it).")
+    ] = "127.0.0.1",
+    port: Annotated[
+        int, typer.Option(min=1, max=65535, envvar="LOCALCHAT_PORT", metavar="PORT", help="Port to listen on.")
+    ] = 8080,
+    log: Annotated[
+        Optional[Path],
+        typer.Option(
+            help="The first model's engine log [default: logs/server-PORT.log in "
+            "the localchat data directory; the others beside it]."
+        ),
+    ] = None,
+    smoke: Annotated[
+        bool, typer.Option("--smoke", help="Start, run the smoke test, stop; exit with its result.")
+    ] = False,
     keep_alive: KeepAliveOpt = "5m",
     pin: PinOpt = None,
     upstream: UpstreamOpt = None,
     ranks: RanksOpt = None,
     hostfile: HostfileOpt = None,
     distributed_backend: DistributedBackendOpt = DistributedBackend.ring,
-    pipeline: Annotated[bool, typer.Option("--pipeline", help="Split the layers across the ranks instead of the heads.")] = False,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the command that would run, and start nothing.")] = False,
+    pipeline: Annotated[
+        bool, typer.Option("--pipeline", help="Split the layers across the ranks instead of the heads.")
+    ] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Show the command that would run, and start nothing.")
+    ] = False,
     api: ApiOpt = None,
     api_key: GatewayKeyOpt = None,
     allow_origin: AllowOriginOpt = None,
     memory_limit: MemoryLimitOpt = None,
     force: ForceOpt = False,
     allow_download: AllowDownloadOpt = False,
-    plain: Annotated[bool, typer.Option("--plain", help="Run mlx_lm.server as it is: response_format and "
-                                        "tool_choice are then not enforced (for comparison).")] = False,
+    plain: Annotated[
+        bool,
+        typer.Option(
+            "--plain",
+            help="Run mlx_lm.server as it is: response_format and tool_choice are then not enforced (for comparison).",
+        ),
+    ] = False,
     prompt_cache_disk: PromptCacheDiskOpt = "10GB",
     prompt_cache_dir: PromptCacheDirOpt = None,
     open_page: Annotated[bool, typer.Option("--open", help="Open the chat page in the default browser.")] = False,
-    results: Annotated[Optional[Path], typer.Option(metavar="DIR", show_default=False, exists=True, file_okay=False,
-                                                    help="A bench or load --out "
-                                                    "directory whose plots the page shows.")] = None,
+    results: Annotated[
+        Optional[Path],
+        typer.Option(
+            metavar="DIR",
+            show_default=False,
+            exists=True,
+            file_okay=False,
+            help="A bench or load --out directory whose plots the page shows.",
+        ),
+    ] = None,
     tools: ToolsOpt = None,
     mcp: McpOpt = None,
     approve_tools: ApproveToolsOpt = False,
@@ -88,11 +117,21 @@ def serve(
 
 def ps(
     base_url: BaseUrlOpt = DEFAULT_BASE_URL,
-    port: Annotated[Optional[int], typer.Option(min=1, max=65535, metavar="PORT", show_default=False,
-                                                help="The port of a serve on this machine (instead of --base-url).")] = None,
+    port: Annotated[
+        Optional[int],
+        typer.Option(
+            min=1,
+            max=65535,
+            metavar="PORT",
+            show_default=False,
+            help="The port of a serve on this machine (instead of --base-url).",
+        ),
+    ] = None,
     api_key: ApiKeyOpt = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print a list of objects (model, memory_bytes, "
-                                                         "expires_in_s, in_flight, pid, …).")] = False,
+    as_json: Annotated[
+        bool,
+        typer.Option("--json", help="Print a list of objects (model, memory_bytes, expires_in_s, in_flight, pid, …)."),
+    ] = False,
 ) -> None:
     """The models a running `localchat serve` holds: memory (estimated and resident), since when,
     expires in, requests in flight, the engine's pid."""

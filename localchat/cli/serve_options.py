@@ -42,9 +42,16 @@ class MessagesApi(str, Enum):
 LoadApiOpt = Annotated[Optional[MessagesApi], typer.Option("--api", callback=one_api, show_default=False,
                                                            help="Drive a gateway's Anthropic Messages API (with "
                                                                 "--launch, one is started in front of the server).")]
-GatewayKeyOpt = Annotated[Optional[str], typer.Option(envvar="LOCALCHAT_GATEWAY_KEY", show_default=False,
-                                                      callback=check_api_key, metavar="KEY",
-                                                      help="The key clients must send (x-api-key or Bearer) [default: none: loopback use].")]
+GatewayKeyOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        envvar="LOCALCHAT_GATEWAY_KEY",
+        show_default=False,
+        callback=check_api_key,
+        metavar="KEY",
+        help="The key clients must send (x-api-key or Bearer) [default: none: loopback use].",
+    ),
+]
 
 
 def check_origins(value: str | None) -> tuple[str, ...]:
@@ -126,11 +133,21 @@ def check_keep_alive(value: str) -> str:
 KeepAliveOpt = Annotated[str, typer.Option(callback=check_keep_alive, metavar="DURATION",
                                            help="How long an idle model stays loaded: 5m, 30s, 0 (unload after each "
                                                 "reply) or never; a request's keep_alive overrides it.")]
-PinOpt = Annotated[Optional[list[str]], typer.Option(metavar="MODEL", show_default=False,
-                                                     help="Keep this served model loaded, never unloaded (repeatable).")]
-UpstreamOpt = Annotated[Optional[list[str]], typer.Option(metavar="NAME=URL", show_default=False,
-                                                          help="Also route NAME to a server elsewhere (another serve, "
-                                                               "mlx_lm.server, llama-server, ollama), never loaded here.")]
+PinOpt = Annotated[
+    Optional[list[str]],
+    typer.Option(
+        metavar="MODEL", show_default=False, help="Keep this served model loaded, never unloaded (repeatable)."
+    ),
+]
+UpstreamOpt = Annotated[
+    Optional[list[str]],
+    typer.Option(
+        metavar="NAME=URL",
+        show_default=False,
+        help="Also route NAME to a server elsewhere (another serve, "
+        "mlx_lm.server, llama-server, ollama), never loaded here.",
+    ),
+]
 
 
 def check_disk_size(value: str) -> int:
@@ -143,8 +160,15 @@ def check_disk_size(value: str) -> int:
         raise typer.BadParameter(str(exc)) from None
 
 
-PromptCacheDiskOpt = Annotated[str, typer.Option(metavar="SIZE", callback=check_disk_size, help="The disk the prompt caches of every served model "
-                                                 "may take together (e.g. 10GB; 0: none are kept on disk).")]
+PromptCacheDiskOpt = Annotated[
+    str,
+    typer.Option(
+        metavar="SIZE",
+        callback=check_disk_size,
+        help="The disk the prompt caches of every served model "
+        "may take together (e.g. 10GB; 0: none are kept on disk).",
+    ),
+]
 PromptCacheDirOpt = Annotated[Optional[Path], typer.Option(metavar="DIR", show_default=False, help="Where the prompt "
                                                            "caches go [default: prompt-cache/ in the localchat data "
                                                            "directory].")]

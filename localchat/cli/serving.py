@@ -167,7 +167,7 @@ def chat_page(pool: Any, models: list, asked: ServeRequest) -> Any:
         f"[{asked.host}]" if ":" in asked.host else asked.host
     tools = None
     if asked.tools is not None and asked.tools.offered:
-        from localchat.toolbox import open_tools
+        from localchat.tools.toolbox import open_tools
 
         settings = asked.tools
 

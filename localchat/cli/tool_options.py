@@ -19,10 +19,19 @@ from localchat.tools.settings import (
 ToolsOpt = Annotated[Optional[list[Path]], typer.Option(
     "--tools", metavar="FILE.py", help="Offer every public function of this Python file (type hints and a docstring; "
                                        "_name keeps a helper out) as a tool the model may call; repeatable.")]
-ApproveToolsOpt = Annotated[bool, typer.Option("--approve-tools", help="Run every tool call without asking (else a "
-                                                                       "terminal asks; without one, calls are refused).")]
-UnattendedApproveOpt = Annotated[bool, typer.Option("--approve-tools", help="Run every tool call without asking "
-                                                                            "(required with --tools: nobody is asked here).")]
+ApproveToolsOpt = Annotated[
+    bool,
+    typer.Option(
+        "--approve-tools",
+        help="Run every tool call without asking (else a terminal asks; without one, calls are refused).",
+    ),
+]
+UnattendedApproveOpt = Annotated[
+    bool,
+    typer.Option(
+        "--approve-tools", help="Run every tool call without asking (required with --tools: nobody is asked here)."
+    ),
+]
 McpOpt = Annotated[Optional[list[Path]], typer.Option(
     "--mcp", metavar="FILE", help="Offer the tools of the MCP servers this file configures ({\"mcpServers\": …}, as "
                                   "LM Studio, Claude Desktop and Cursor read it); repeatable.")]

@@ -12,7 +12,16 @@ from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from typing import Any
 
-from localchat.backends import Event, Finished, Message, Progress, ReasoningChunk, TextChunk, ToolCall, ToolCallText
+from localchat.backends import (
+    Event,
+    Finished,
+    Message,
+    PrefillProgress,
+    ReasoningChunk,
+    TextChunk,
+    ToolCall,
+    ToolCallText,
+)
 from localchat.conversation.history import ToolStep
 from localchat.conversation.stats import TurnClock, TurnStats, stats_to_dict
 from localchat.errors import LocalchatError, OutputError, TerminationRequested
@@ -88,7 +97,7 @@ class Listeners:
 
     on_text: Callable[[str], None] = lambda _: None
     on_reasoning: Callable[[str], None] = lambda _: None
-    on_progress: Callable[[Progress], None] = lambda _: None
+    on_progress: Callable[[PrefillProgress], None] = lambda _: None
     on_tool_call: Callable[[ToolCall], None] = lambda _: None
     on_tool_result: Callable[[Any], None] = lambda _: None  # a ``tools.runner.ToolResult``, after the call ran
     on_round: Callable[[TurnResult], None] = lambda _: None  # a round that ended in calls, before they run
@@ -125,7 +134,7 @@ def consume(events: Iterator[Event], clock: TurnClock, listeners: Listeners, out
             elif isinstance(event, ToolCall):  # its text arrived on the clock as ToolCallText
                 outcome.tool_calls.append(event)
                 listeners.on_tool_call(event)
-            elif isinstance(event, Progress):
+            elif isinstance(event, PrefillProgress):
                 listeners.on_progress(event)
             elif isinstance(event, Finished):
                 outcome.done = event

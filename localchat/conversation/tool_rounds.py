@@ -14,15 +14,15 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from localchat.backends import Message
-from localchat.conversation.fitting import ContextOverflow
 from localchat.conversation.history import ToolStep
 from localchat.conversation.result import Listeners, TurnResult, TurnStatus
+from localchat.conversation.result_cuts import ContextOverflow
 from localchat.conversation.stats import Ledger, TurnClock
 from localchat.errors import TerminationRequested
 from localchat.tools.runner import ToolRunner
 
 Call = Callable[[list[Message], TurnClock], TurnResult]  # one model round: the messages sent, its clock
-Fit = Callable[[list[Message], ToolStep], tuple[ToolStep, list[str]]]  # the context guard (``fitting``)
+Fit = Callable[[list[Message], ToolStep], tuple[ToolStep, list[str]]]  # the context guard (``result_cuts``)
 
 
 def answer_with_tools(call: Call, runner: ToolRunner, messages: list[Message], listeners: Listeners, *,

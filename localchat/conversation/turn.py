@@ -19,7 +19,6 @@ from typing import Any
 
 from localchat.backends import Backend, GenerationParams, Message
 from localchat.conversation.compaction import CompactionPolicy
-from localchat.conversation.fitting import fit_results
 from localchat.conversation.history import NEXT_QUESTION, Conversation, ToolStep, Turn, validate_input
 from localchat.conversation.records import TurnRecorder
 from localchat.conversation.result import (
@@ -32,11 +31,12 @@ from localchat.conversation.result import (
     finished,
     response_record,
 )
+from localchat.conversation.result_cuts import fit_results
 from localchat.conversation.settings import TrimPolicy
 from localchat.conversation.stats import Ledger, TurnClock
 from localchat.conversation.tool_rounds import answer_with_tools
 from localchat.errors import OutputError, TerminationRequested, UsageError
-from localchat.grammar.formats import AnswerFormat
+from localchat.grammar.answer_formats import AnswerFormat
 from localchat.templates.render import TemplateError
 from localchat.templates.tool_formats import reads_as_call
 from localchat.tools.runner import ToolRunner
@@ -126,7 +126,7 @@ class ChatSession:
                                  reasoning_field=self.conversation.reasoning_field, fit=self._fit_step)
 
     def _fit_step(self, sent: list[Message], step: ToolStep) -> tuple[ToolStep, list[str]]:
-        """A round's results as the next request can hold them (see ``fitting``); as they are when
+        """A round's results as the next request can hold them (see ``result_cuts``); as they are when
         the budget or the counting is unknown here (a server then refuses in its own words)."""
         budget = self.known_budget()
         if budget is None:

@@ -71,7 +71,8 @@ def _helps(shape: ModelShape, context: int, kv: KVSettings, budget: MemoryBudget
 
 
 def judge(shape: ModelShape, budget: MemoryBudget | None, *, context: int | None = None,
-          kv: KVSettings = KVSettings(), metal: bool = False, smaller: tuple[str, ...] = ()) -> FitReport:
+          kv: KVSettings | None = None, metal: bool = False, smaller: tuple[str, ...] = ()) -> FitReport:
+    kv = kv or KVSettings()
     at = fit_context(shape, context)
     guess = estimate(shape, at, kv, metal)
     verdict = _verdict(guess.total, budget)

@@ -19,8 +19,8 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
-from localchat.backends import Event, GenerationParams, Message, Progress, ReasoningChunk, TextChunk, ToolCall
-from localchat.gateway.shapes import (
+from localchat.backends import Event, GenerationParams, Message, PrefillProgress, ReasoningChunk, TextChunk, ToolCall
+from localchat.gateway.request import (
     ApiError,
     Ended,
     GatewayRequest,
@@ -259,7 +259,7 @@ class MessagesReply:
         return {"id": self.id, "type": "message", "role": "assistant", "model": self.model}
 
     def events(self, event: Event) -> list[dict[str, Any]]:
-        if isinstance(event, Progress):
+        if isinstance(event, PrefillProgress):
             return [{"type": "ping"}]
         if isinstance(event, ReasoningChunk):
             return self._delta("thinking", {"type": "thinking_delta", "thinking": event.text},

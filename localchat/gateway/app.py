@@ -31,8 +31,8 @@ from localchat.conversation.stats import TurnClock, stats_line
 from localchat.gateway import anthropic_api, passthrough, responses_api
 from localchat.gateway.bodies import json_body, raw_body, sse
 from localchat.gateway.names import APIS
+from localchat.gateway.request import MISSING, ApiError, Ended, GatewayRequest, Idle, check_key
 from localchat.gateway.routes import Lease, Routes
-from localchat.gateway.shapes import MISSING, ApiError, Ended, GatewayRequest, Idle, check_key
 from localchat.gateway.stored import ResponseStore
 from localchat.gateway.upstream import Upstream
 

@@ -9,7 +9,7 @@ from typing import Any
 from starlette.requests import Request
 
 from localchat import bounded_json
-from localchat.gateway.shapes import MAX_BODY_BYTES, ApiError, invalid
+from localchat.gateway.request import MAX_BODY_BYTES, ApiError, invalid
 
 
 def sse(event: dict[str, Any]) -> str:
@@ -27,7 +27,8 @@ async def raw_body(request: Request) -> bytes:
     async for chunk in request.stream():
         size += len(chunk)
         if size > MAX_BODY_BYTES:
-            raise ApiError(413, "request_too_large", f"the request is over the gateway's limit of {MAX_BODY_BYTES:,} bytes")
+            raise ApiError(413, "request_too_large", f"the request is over the gateway's limit of {MAX_BODY_BYTES:,} "
+                                                     "bytes")
         chunks.append(chunk)
     return b"".join(chunks)
 

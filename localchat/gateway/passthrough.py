@@ -23,7 +23,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from localchat import bounded_json
 from localchat.backends.http import Redactor, shared_ssl_context
-from localchat.gateway.shapes import MISSING, ApiError
+from localchat.gateway.request import MISSING, ApiError
 from localchat.gateway.upstream import Upstream
 
 if TYPE_CHECKING:
@@ -95,9 +95,14 @@ def check_media(body: bytes, allowed: tuple[str, ...]) -> None:
                                                    any(reference.startswith(prefix) for prefix in allowed)):
                     continue
                 shown = str(reference)[:60]
-                raise ApiError(400, "invalid_request_error", f"messages[{number}]: a {part['type']} part must hold "
-                               f"its data (a data: URL), not {shown!r}: this server fetches no URL and opens no file "
-                               "(serve --allow-image-urls PREFIX allows URLs that start with it)", f"messages[{number}]")
+                raise ApiError(
+                    400,
+                    "invalid_request_error",
+                    f"messages[{number}]: a {part['type']} part must hold "
+                    f"its data (a data: URL), not {shown!r}: this server fetches no URL and opens no file "
+                    "(serve --allow-image-urls PREFIX allows URLs that start with it)",
+                    f"messages[{number}]",
+                )
 
 
 def renamed(body: bytes, upstream: Upstream) -> bytes:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from localchat.backends import Message
-from localchat.gateway.shapes import ApiError, invalid
+from localchat.gateway.request import ApiError, invalid
 
 MAX_STORED = 256
 MAX_STORED_CHARS = 64 * 1024 * 1024

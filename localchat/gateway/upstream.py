@@ -27,7 +27,7 @@ from localchat.conversation.history import system_first
 from localchat.conversation.result import Listeners, StreamOutcome, consume
 from localchat.conversation.stats import TurnClock
 from localchat.errors import LocalchatError
-from localchat.gateway.shapes import ApiError, Ended, GatewayRequest, Idle, invalid
+from localchat.gateway.request import ApiError, Ended, GatewayRequest, Idle, invalid
 from localchat.gateway.stops import StopWatch
 from localchat.registry import ModelRef, context_length_of, local_tokenizer_loader
 from localchat.templates.render import ChatTemplate, TemplateError, template_of
@@ -54,7 +54,7 @@ class Upstream:
     def __post_init__(self) -> None:
         self.template = template_of(self.tokenizer, self.model_id, self.chat_template_kwargs)
         if self.template is not None:
-            self.template.traits  # probed once, here: every request's copy shares what it found
+            _ = self.template.traits  # probed once, here: every request's copy shares what it found
 
     def model_for(self, requested: str) -> str:
         """What the server is asked for: the client's model when the server lists it, else the
@@ -158,8 +158,14 @@ class Upstream:
             messages = self.shaped(request)
             events = _until_stopped(backend.stream(messages, request.params), watch, backend, messages, request)
             consume(_unless(events, cancelled), clock, listeners, outcome)
-            put(Ended(stats=clock.finish(outcome.done), finish_reason=outcome.done.finish_reason if outcome.done else None,
-                      stop_sequence=watch.matched, error=None if outcome.done else outcome.error))
+            put(
+                Ended(
+                    stats=clock.finish(outcome.done),
+                    finish_reason=outcome.done.finish_reason if outcome.done else None,
+                    stop_sequence=watch.matched,
+                    error=None if outcome.done else outcome.error,
+                )
+            )
 
         worker = threading.Thread(target=work, name="gateway-upstream", daemon=True)
         worker.start()
@@ -216,7 +222,9 @@ def _until_stopped(events: Iterator[Event], watch: StopWatch, backend: ServerBac
 def _estimated(backend: ServerBackend, messages: list[Message], think: bool | None, text: str) -> Finished:
     prompt = backend.count_tokens(messages, think) or 0
     tokenizer = backend.tokenizer
-    completion = len(tokenizer.encode(text, add_special_tokens=False)) if tokenizer is not None else max(1, len(text) // 4)
+    completion = (
+        len(tokenizer.encode(text, add_special_tokens=False)) if tokenizer is not None else max(1, len(text) // 4)
+    )
     return Finished(finish_reason="stop", prompt_tokens=prompt, completion_tokens=completion, estimated=True)
 
 

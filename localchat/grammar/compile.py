@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from localchat.errors import UsageError
-from localchat.grammar.formats import AnswerFormat
+from localchat.grammar.answer_formats import AnswerFormat
 
 LEADING_SPACE = r"/[ \t\n]{0,4}/"  # a thinking model writes a line break or two after its reasoning
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}

@@ -82,7 +82,9 @@ def request_record(result: TurnResult, *, users: int, history: bool, user: int, 
     if status in (TurnStatus.ERROR.value, TurnStatus.INTERRUPTED.value) and stopped:
         status = "interrupted"
     failed = status not in OK_STATUSES
-    tpot = (s.total_s - s.ttft_s) / (s.completion_tokens - 1) if s.ttft_s is not None and s.completion_tokens > 1 else None
+    tpot = (
+        (s.total_s - s.ttft_s) / (s.completion_tokens - 1) if s.ttft_s is not None and s.completion_tokens > 1 else None
+    )
     gaps = sorted(result.token_gaps_s)
     return RequestRecord(
         users=users, history=history, user=user, conversation=conversation, turn=turn, started_s=started_s,

@@ -64,7 +64,8 @@ def sweep_lines(result: LoadResult) -> list[str]:
         lines.append(f"history {history}: {gains}; {knee}")
     for s in result.summaries():
         if s["tools"]["rounds"]:
-            lines.append(f"{count(s['users'], 'user')}, history {s['history']}: tools: {s['tools']['rounds']} rounds of "
+            lines.append(f"{count(s['users'], 'user')}, history {s['history']}: tools: {s['tools']['rounds']} rounds "
+                         "of "
                          f"calls, {s['tools']['seconds']:.2f}s inside the tools (apart from model time); calls and "
                          f"results add {_f(s['tools']['prompt_tokens_per_request'], '.0f')} prompt tokens a request")
         if s["history"] == "on":

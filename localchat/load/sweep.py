@@ -21,8 +21,8 @@ from localchat.fit.check import FitSettings
 from localchat.load.metrics import Slo, summarize
 from localchat.load.run import LoadPlan, Run, RunResult
 from localchat.registry import DEFAULT_MODEL, ModelRef, local_tokenizer_loader, resolve
-from localchat.toolbox import check_tools, unattended_tools
 from localchat.tools.settings import ToolSettings
+from localchat.tools.toolbox import check_tools, unattended_tools
 
 SCHEMA = "localchat.load/2"  # 2: runs carry their repeat; "repeated" holds the intervals
 DEFAULT_SCRIPT = SCRIPTS_DIR / "recall-en.yaml"

@@ -194,12 +194,21 @@ class McpHub:
             self._say_once(f"MCP server '{link.name}' is down: {link.problem}")
 
     def servers(self) -> list[ServerInfo]:
-        return [ServerInfo(name=link.name, state=link.state, tools=sum(1 for l, _ in self._names.values() if l is link),
-                           where=f"pid {link.pid}" if isinstance(link.config, StdioServer) and link.pid
-                           else link.config.where if not isinstance(link.config, StdioServer) else "-",
-                           log=link.log_path if isinstance(link.config, StdioServer) else None,
-                           problem=link.problem)
-                for link in self.links]
+        return [
+            ServerInfo(
+                name=link.name,
+                state=link.state,
+                tools=sum(1 for owner, _ in self._names.values() if owner is link),
+                where=f"pid {link.pid}"
+                if isinstance(link.config, StdioServer) and link.pid
+                else link.config.where
+                if not isinstance(link.config, StdioServer)
+                else "-",
+                log=link.log_path if isinstance(link.config, StdioServer) else None,
+                problem=link.problem,
+            )
+            for link in self.links
+        ]
 
     def close(self) -> None:
         """Every server stopped (the SDK's shutdown, bounded), then whatever is left of their

@@ -85,7 +85,13 @@ def _wanted(name: str) -> bool:
 def _inside_repo(name: object) -> bool:
     """A name the cache can hold under the repo's snapshot and a terminal can show: relative, no
     ``..``, no control characters."""
-    if not isinstance(name, str) or not name or "\\" in name or len(name) > 1024 or re.search(r"[\x00-\x1f\x7f-\x9f]", name):
+    if (
+        not isinstance(name, str)
+        or not name
+        or "\\" in name
+        or len(name) > 1024
+        or re.search(r"[\x00-\x1f\x7f-\x9f]", name)
+    ):
         return False
     path = PurePosixPath(name)
     return not path.is_absolute() and all(part not in ("", ".", "..") for part in name.split("/"))

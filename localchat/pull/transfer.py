@@ -26,7 +26,7 @@ class Transfer:
     stopped_by: KeyboardInterrupt | None = None  # Ctrl+C or SIGTERM (its exit code is its own)
 
 
-class Progress:
+class DownloadTally:
     """Bytes so far across the files; the shown bar or lines are the caller's ``show``."""
 
     def __init__(self, plan: PullPlan, show: Callable[[int, str], None]) -> None:
@@ -69,7 +69,7 @@ def download(plan: PullPlan, show: Callable[[int, str], None]) -> Transfer:
 
     missing = [f for f in plan.files if not f.cached]
     before = _partials(plan)
-    progress = Progress(plan, show)
+    progress = DownloadTally(plan, show)
     process = subprocess.Popen([sys.executable, "-m", "localchat.pull.fetch"], stdout=subprocess.PIPE,
                                stdin=subprocess.PIPE, start_new_session=True, preexec_fn=child_preexec(), text=True)
     error = None

@@ -18,8 +18,8 @@ from typing import Any
 from localchat.errors import LocalchatError, UsageError
 from localchat.fit.budget import MemoryBudget
 from localchat.gateway.passthrough import not_found_body
+from localchat.gateway.request import MISSING, ApiError, invalid
 from localchat.gateway.routes import Lease
-from localchat.gateway.shapes import MISSING, ApiError, invalid
 from localchat.gateway.upstream import SERVER_DEFAULT_MODEL, Upstream
 from localchat.router.admission import Resident, admit
 from localchat.router.keep_alive import parse_keep_alive, shown
@@ -187,15 +187,18 @@ class ModelPool:
     def _refusal(self, model: ServedModel, why: str) -> ApiError:
         budget = f"{self.budget.source} is {shown_size(self.budget.bytes)}" if self.budget else "no budget"
         if why == "alone":
-            text = f"{model.key} needs ~{shown_size(model.estimate)} and {budget}: it cannot load here (serve --force to try)"
+            text = (f"{model.key} needs ~{shown_size(model.estimate)} and {budget}: it cannot load here "
+                    "(serve --force to try)")
         else:
             pinned = ", ".join(m.key for m in self.models if m.pinned and m.holds_memory)
-            text = f"{model.key} needs ~{shown_size(model.estimate)}; {budget} and the pinned models ({pinned}) hold the rest"
+            text = (f"{model.key} needs ~{shown_size(model.estimate)}; {budget} and the pinned models ({pinned}) "
+                    "hold the rest")
         return ApiError(503, "overloaded_error", text, "model")
 
     def _busy(self, model: ServedModel, busy: tuple[str, ...]) -> ApiError:
         who = ", ".join(busy) or "the models in use"
-        return ApiError(503, "overloaded_error", f"{model.key} needs ~{shown_size(model.estimate)}; {who} still answering "
+        return ApiError(503, "overloaded_error", f"{model.key} needs ~{shown_size(model.estimate)}; {who} still "
+                                                 "answering "
                                                  f"after {ADMISSION_WAIT_S:.0f}s: try again shortly", "model")
 
     # --- unloading --------------------------------------------------------------------------------

@@ -90,7 +90,10 @@ def check_split(config: dict, ranks: Ranks) -> None:
     Which of the two mlx_lm can do depends on the architecture (llama: heads only)."""
     n = ranks.size
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
-    heads, kv_heads = text.get("num_attention_heads"), text.get("num_key_value_heads") or text.get("num_attention_heads")
+    heads, kv_heads = (
+        text.get("num_attention_heads"),
+        text.get("num_key_value_heads") or text.get("num_attention_heads"),
+    )
     layers = text.get("num_hidden_layers")
     splits = what_mlx_lm_splits(config)  # the top-level model_type: what mlx_lm loads
     if ranks.pipeline:
@@ -111,7 +114,9 @@ def check_split(config: dict, ranks: Ranks) -> None:
     if splits is None or splits.by_layers:
         hint += ", or --pipeline (layers split across the ranks)"
     else:
-        hint += f" (--pipeline, which splits layers instead, is not in mlx_lm {splits.version} for {splits.kind} models)"
+        hint += (
+            f" (--pipeline, which splits layers instead, is not in mlx_lm {splits.version} for {splits.kind} models)"
+        )
     raise UsageError(f"the model has {heads} attention heads ({kv_heads} key/value heads): {n} ranks cannot share "
                      f"them evenly; {hint}")
 

@@ -24,8 +24,8 @@ import logging
 import sys
 from typing import Any
 
-from localchat.server.enforcement import Enforcement, RequestRefused, enforcement_of
 from localchat.server.hangup import HangupWatch
+from localchat.server.requested import Enforcement, RequestRefused, enforcement_of
 
 TESTED_MLX_LM = ("0.32.2",)
 SEAM = ("mlx_lm.server._make_sampler(args, tokenizer)", "mlx_lm.server._make_logits_processors(args)",

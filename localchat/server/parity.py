@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from localchat.backends import Backend, GenerationParams
 from localchat.conversation.history import Conversation
 from localchat.conversation.turn import ChatSession, TurnResult
+from localchat.loading import load_inproc_or_vision
 from localchat.registry import DEFAULT_MODEL, ModelRef, local_dir, resolve
 from localchat.server.distributed import Ranks
 from localchat.server.launch import free_port, start_ready
 from localchat.vision.image import sample_picture
-from localchat.vision.loading import load_inproc_or_vision
 from localchat.vision.support import is_vision
 
 PARITY_TURNS = ("Remember the code harbor 17. Reply only OK.", "How are you?",

@@ -17,9 +17,9 @@ import httpx
 from localchat.backends import GenerationParams
 from localchat.backends.http import describe_http_error
 from localchat.backends.openai_http import ServerBackend
+from localchat.codes import RECALL, REMEMBER
 from localchat.conversation.history import Conversation
 from localchat.conversation.turn import ChatSession, TurnStatus
-from localchat.demo import RECALL, REMEMBER
 from localchat.wording import count
 
 # The recall check tests the server (does history reach the model?), not how the demo model copies
@@ -128,7 +128,10 @@ def run_smoke(backend: ServerBackend, judge_recall: bool, api: str | None = None
         s = result.stats
         speed = f"{s.decode_tps:.1f} tok/s" if s.decode_tps else "– tok/s"
         usage = "NO usage from the server (counts estimated)" if s.estimated else "usage reported"
-        return s.ttft_s is not None and not s.estimated, f"TTFT {s.ttft_s or 0:.3f}s · {speed} · {usage}: {result.text!r}"
+        return (
+            s.ttft_s is not None and not s.estimated,
+            f"TTFT {s.ttft_s or 0:.3f}s · {speed} · {usage}: {result.text!r}",
+        )
 
     def answer_format():
         body = {**backend.request_body([{"role": "user", "content": "Answer in JSON: what is 2 + 2?"}],

@@ -157,7 +157,8 @@ class SessionStore:
                       session.backend, session.system, json.dumps(session.params),
                       json.dumps(list(session.pins)) if session.pins else None, session.summary)
             if row:
-                conn.execute("UPDATE sessions SET name = ?, updated = ?, model = ?, backend = ?, system = ?, params = ?, "
+                conn.execute("UPDATE sessions SET name = ?, updated = ?, model = ?, backend = ?, system = ?, params = "
+                             "?, "
                              "pins = ?, summary = ? WHERE id = ?", (*values, row[0]))
                 conn.execute("DELETE FROM turns WHERE session_id = ?", (row[0],))
                 key = row[0]

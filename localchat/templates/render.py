@@ -106,7 +106,7 @@ class ChatTemplate:
 
 def quiet_length_warning(tokenizer: Any) -> None:
     """transformers warns on stderr when a text encodes past the model's length; localchat's own
-    budget says what is too long (``conversation.fitting``), so the library's warning is marked as
+    budget says what is too long (``conversation.result_cuts``), so the library's warning is marked as
     given already (its own flag) and never reaches the terminal."""
     inner = getattr(tokenizer, "_tokenizer", tokenizer)
     warnings = getattr(inner, "deprecation_warnings", None)

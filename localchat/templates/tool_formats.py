@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from localchat import bounded_json
-from localchat.templates.formats import ANSWER, REASONING, ReasoningFormat
+from localchat.templates.reasoning_formats import ANSWER, REASONING, ReasoningFormat
 
 TOOL, TOOL_NAME, TOOL_HEAD = "tool", "tool-name", "tool-head"
 PYTHON_TAG = "<|python_tag|>"  # Llama 3.1 may open a call with it

@@ -18,8 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from localchat.templates.formats import ReasoningFormat, harmony, think_markers
 from localchat.templates.limits import RenderTimeout
+from localchat.templates.reasoning_formats import ReasoningFormat, harmony, think_markers
 from localchat.templates.tool_formats import ToolFormat, harmony_calls, json_reply, markers
 
 Render = Callable[[list[dict[str, Any]], dict[str, Any], bool], str]  # (messages, kwargs, generation prompt)
@@ -128,7 +128,9 @@ def _think_switch(text: Callable[..., str | None], user: dict[str, Any]) -> str 
     return None
 
 
-def _tool_support(text: Callable[..., str | None], user: dict[str, Any], tokenizer: Any) -> tuple[bool, ToolFormat | None]:
+def _tool_support(
+    text: Callable[..., str | None], user: dict[str, Any], tokenizer: Any
+) -> tuple[bool, ToolFormat | None]:
     """Whether offering a tool changes the prompt, and the format the model's calls come in: mlx_lm's
     when it knows the family, else what the template writes for a past call."""
     offered = text([user], {"tools": [PROBE_TOOL]})

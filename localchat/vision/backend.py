@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from localchat.backends import Event, Finished, GenerationParams, Message, Progress, TextChunk
+from localchat.backends import Event, Finished, GenerationParams, Message, PrefillProgress, TextChunk
 from localchat.backends.mlx_options import RuntimeOptions, logits_processors_for, sampler_for
 from localchat.errors import LocalchatError, UsageError
 from localchat.registry import ModelRef, context_length
@@ -87,7 +87,7 @@ class VisionBackend:
         if not self.cache_reuse or shown != self._shown:
             self._state = self._new_state()  # a cached prefix is only ever one with the same pictures (above)
         self._shown = shown
-        yield Progress(0, 0)
+        yield PrefillProgress(0, 0)
         if params.seed is not None:
             mx.random.seed(params.seed)
         mx.reset_peak_memory()

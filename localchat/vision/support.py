@@ -14,6 +14,7 @@ from pathlib import Path
 from localchat.errors import UsageError
 from localchat.registry import ModelRef, load_registry, read_config
 
+
 def quiet_transformers() -> None:
     """transformers (under mlx-vlm) warns on stderr about PyTorch's absence and its own deprecations,
     a line each time a processor runs; the chat's stderr is for the chat. Read when transformers

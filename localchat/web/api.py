@@ -33,7 +33,7 @@ from starlette.routing import Route
 
 from localchat.errors import LocalchatError
 from localchat.gateway.bodies import json_body
-from localchat.gateway.shapes import ApiError, check_key
+from localchat.gateway.request import ApiError, check_key
 from localchat.store.saved_sessions import SessionNotFound
 from localchat.web.chats import WebChats
 
@@ -111,7 +111,9 @@ class WebApi:
                 raise ApiError(400, "invalid_request_error", "kind is ask, retry or edit, and text a string")
             pictures = await run_in_threadpool(_pictures, body.get("images") or [])
             events = await run_in_threadpool(self._first, request.path_params["uid"], kind, text, pictures)
-            return StreamingResponse(_sse(events), media_type="text/event-stream", headers={"cache-control": "no-cache"})
+            return StreamingResponse(
+                _sse(events), media_type="text/event-stream", headers={"cache-control": "no-cache"}
+            )
 
         return await self._guarded(request, respond)
 

@@ -7,8 +7,8 @@ import sys
 
 import httpx
 import pytest
-from conftest import ROOT
 
+from conftest import ROOT
 from demo.corpus import JSON_SYSTEM, Dialogue, Exchange
 from demo.evaluate import Reply, first_failure
 from localchat.server.launch import free_port, launch, wait_ready

@@ -40,7 +40,6 @@ def test_the_bundled_toy_names_shape_and_colour_of_held_out_pictures():
     always, the shape far above chance (a third)."""
     pytest.importorskip("mlx_vlm")
     from conftest import ROOT
-
     from demo.vision_card import in_process, score
 
     figures = score(in_process(ROOT / "localchat" / "demo_vision_model"), 60, random.Random(1))

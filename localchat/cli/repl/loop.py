@@ -45,10 +45,18 @@ class ReplLoop:
     ``autosave``: leaving saves the conversation again (a resumed one); ``while_replying``: what
     the terminal does with keys typed while a reply streams (see ``line_editor.typed_ahead``)."""
 
-    def __init__(self, session: ChatSession, ui: ChatUI, read_line: Callable[[str], str] = input,
-                 saver: SessionSaver | None = None, *, commands: dict[str, Any], interactive: bool = False,
-                 autosave: bool = False,
-                 while_replying: Callable[[], AbstractContextManager[KeysDropped]] = lambda: nullcontext(KeysDropped())):
+    def __init__(
+        self,
+        session: ChatSession,
+        ui: ChatUI,
+        read_line: Callable[[str], str] = input,
+        saver: SessionSaver | None = None,
+        *,
+        commands: dict[str, Any],
+        interactive: bool = False,
+        autosave: bool = False,
+        while_replying: Callable[[], AbstractContextManager[KeysDropped]] = lambda: nullcontext(KeysDropped()),
+    ):
         self.session = session
         self.ui = ui
         self.read_line = read_line

@@ -12,7 +12,6 @@ from typing import Any
 from localchat.errors import UsageError
 from localchat.grammar.formats import MAX_CHOICES, AnswerFormat, regex_format
 
-
 MAX_TOOLS = 128
 MAX_SCHEMA_DEPTH = 64  # JSON levels of one schema: far past any tool's; deeper ones exhaust the compiler's stack
 CONTROL_OR_EDGE_SPACE = re.compile(r"[\x00-\x1f\x7f]|^\s|\s$")
