@@ -7,7 +7,6 @@ that cannot fit or a download larger than the free disk is refused there (``--fo
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 from rich.console import Console
 
@@ -135,30 +134,3 @@ def fetch_missing(ref: ModelRef, settings: FitSettings, err: Console) -> None:
 
     if ref.kind == "hub" and hub_snapshot(ref.location) is None:
         pull_ref(ref, settings, err=err)
-
-
-def chat_fit(opts, options) -> FitSettings:
-    """The fit settings of a chat: its flags and the model's runtime options (KV bits, size)."""
-    from localchat.fit.estimate import KVSettings
-
-    kv = KVSettings(bits=options.kv_bits, group_size=options.kv_group_size or 64, max_tokens=options.max_kv_size,
-                    quantized_start=options.quantized_kv_start or 0)
-    return FitSettings(memory_limit=opts.model.memory_limit, context=opts.trim.max_context_tokens, kv=kv,
-                       force=opts.model.force)
-
-
-def ready_model_dir(ref: ModelRef, settings: FitSettings, *, allow_download: bool, err: Console,
-                    also: tuple[ModelRef, ...] = ()) -> Path:
-    """The model's directory: fetched first when allowed and missing (``also``: a draft model),
-    then judged against this machine's memory before anything loads."""
-    from localchat.fit.check import check_local
-    from localchat.registry import local_dir
-
-    if allow_download:
-        for needed in (ref, *also):
-            fetch_missing(needed, settings, err)
-    path = local_dir(ref)
-    report = check_local(ref.id, path, settings, smaller_variants(ref))
-    if report.verdict in ("tight", "does not fit"):  # (the latter only with --force)
-        err.print("note: " + summary(ref.id, report), style="yellow", markup=False)
-    return path
