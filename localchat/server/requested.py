@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from localchat.errors import UsageError
-from localchat.grammar.formats import MAX_CHOICES, AnswerFormat, regex_format
+from localchat.grammar.answer_formats import MAX_CHOICES, AnswerFormat, regex_format
 
 MAX_TOOLS = 128
 MAX_SCHEMA_DEPTH = 64  # JSON levels of one schema: far past any tool's; deeper ones exhaust the compiler's stack
