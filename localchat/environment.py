@@ -130,4 +130,4 @@ def busy(state: dict) -> bool:
     """Other work above half the cores: figures then run slower and noisier than the machine can.
     The run itself keeps one core busy (the load average counts it), so one is taken off first."""
     load, cores = state.get("load_1m"), state.get("cores")
-    return load is not None and bool(cores) and load - 1 > cores / 2
+    return load is not None and cores is not None and cores > 0 and load - 1 > cores / 2

@@ -87,7 +87,7 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
 def write_outputs(out: Path, texts: dict[str, str]) -> list[Path]:
     """Report files (``results.json``, ``summary.md`` …) in ``out``, each whole or not at all; a
     failure is one line saying which file was not written."""
-    written = []
+    written: list[Path] = []
     for name, text in texts.items():
         path = out / name
         try:

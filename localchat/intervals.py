@@ -39,7 +39,7 @@ class Interval:
 
     def spans(self, null: float) -> bool:
         """The interval holds ``null`` (0 for a difference, 1 for a ratio): no difference shown."""
-        return not self.known or self.low <= null <= self.high
+        return self.low is None or self.high is None or self.low <= null <= self.high
 
     def as_dict(self) -> dict:
         return {"value": self.value, "low": self.low, "high": self.high, **({"why": self.why} if self.why else {})}
@@ -153,7 +153,7 @@ def unpaired_difference(a: Interval, b: Interval) -> Interval:
     if a.value is None or b.value is None:
         return Interval(None, why="one of the two has no value")
     gap = a.value - b.value
-    if not (a.known and b.known):
+    if a.low is None or a.high is None or b.low is None or b.high is None:
         return Interval(gap, why=a.why or b.why)
     se = math.sqrt(((a.high - a.low) / (2 * Z95)) ** 2 + ((b.high - b.low) / (2 * Z95)) ** 2)
     return Interval(gap, gap - Z95 * se, gap + Z95 * se)

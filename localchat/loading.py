@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from localchat.backends import Backend
 from localchat.backends.mlx_options import RuntimeOptions
 from localchat.errors import UsageError
 from localchat.registry import ModelRef
 from localchat.vision.support import is_vision, require_extra
 
+if TYPE_CHECKING:
+    from localchat.backends.inproc import InProcessBackend
+    from localchat.vision.backend import VisionBackend
 
-def load_inproc_or_vision(ref: ModelRef, path: Path, *, cache_reuse: bool, options: RuntimeOptions) -> Backend:
+
+def load_inproc_or_vision(ref: ModelRef, path: Path, *, cache_reuse: bool, options: RuntimeOptions
+                          ) -> InProcessBackend | VisionBackend:
     """mlx-vlm for a vision model (the extra required), mlx_lm for any other."""
     if not is_vision(ref):
         from localchat.backends.inproc import load_inproc

@@ -98,9 +98,16 @@ Event = Union[ReasoningChunk, TextChunk, ToolCall, ToolCallText, PrefillProgress
 
 
 class Backend(Protocol):
-    name: str
-    model_id: str
-    template: ChatTemplate | None  # the model's chat template, when its tokenizer is on this machine
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def model_id(self) -> str: ...
+
+    @property
+    def template(self) -> ChatTemplate | None:
+        """The model's chat template, when its tokenizer is on this machine."""
+        ...
 
     def stream(self, messages: list[Message], params: GenerationParams) -> Iterator[Event]: ...
 

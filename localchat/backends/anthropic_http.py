@@ -99,7 +99,8 @@ def _samplers(params: GenerationParams) -> dict[str, Any]:
 
 def _message(exc: Any) -> str:
     body = exc.body if isinstance(exc.body, dict) else {}
-    error = body.get("error") if isinstance(body.get("error"), dict) else {}
+    found = body.get("error")
+    error = found if isinstance(found, dict) else {}
     return str(error.get("message") or exc.message)
 
 

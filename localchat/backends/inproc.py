@@ -252,6 +252,8 @@ class InProcessBackend:
             raise LocalchatError(f"generation failed: {type(exc).__name__}: {exc}".splitlines()[0]) from None
         finally:
             self._cache.record(prompt_ids + generated)
+        if last is None:
+            raise LocalchatError("generation failed: mlx_lm's stream ended before its first token")
         finish_reason = last.finish_reason or "length"
         yield from splitter.finish(finish_reason)
         if splitter.calls and finish_reason == "stop":

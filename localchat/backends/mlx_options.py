@@ -107,7 +107,8 @@ def sampler_for(params: GenerationParams):
     """mlx_lm's sampler for these settings (greedy at temperature 0)."""
     from mlx_lm.sample_utils import make_sampler
 
-    return make_sampler(temp=params.temperature, top_p=params.top_p, min_p=params.min_p, top_k=params.top_k)
+    return make_sampler(temp=params.temperature or 0.0, top_p=params.top_p or 0.0, min_p=params.min_p or 0.0,
+                        top_k=params.top_k or 0)
 
 
 def logits_processors_for(params: GenerationParams, cached_ids: list[int]) -> list[Any] | None:
@@ -135,7 +136,8 @@ def load_model(path: Path, options: RuntimeOptions, name: str) -> tuple[Any, Any
     from mlx_lm import load
 
     try:
-        return load(str(path), adapter_path=str(options.adapter_path) if options.adapter_path else None)
+        loaded = load(str(path), adapter_path=str(options.adapter_path) if options.adapter_path else None)
+        return loaded[0], loaded[1]
     except Exception as exc:  # mlx_lm raises many types for a broken model or a mismatched adapter
         lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
         detail = " ".join(lines[:2]) if lines else type(exc).__name__  # mlx_lm lists the first mismatch next

@@ -114,7 +114,7 @@ class ServerBackend:
         """The model's chat template from its local tokenizer (what the server renders too)."""
         if self._template is None and self.tokenizer is not None:
             self._template = template_of(self.tokenizer, self.model_id, self.chat_template_kwargs) or False
-        return self._template or None
+        return self._template if isinstance(self._template, ChatTemplate) else None
 
     def template_kwargs(self, think: bool | None) -> dict[str, Any]:
         """``chat_template_kwargs`` for the server: mapped by the local template when there is one,
@@ -187,7 +187,8 @@ class ServerBackend:
             return None
         for entry in entries if isinstance(entries, list) else []:
             if isinstance(entry, dict) and entry.get("id") in (self.model_field, self.model_id):
-                meta = entry.get("meta") if isinstance(entry.get("meta"), dict) else {}
+                found = entry.get("meta")
+                meta = found if isinstance(found, dict) else {}
                 for value in (entry.get("max_model_len"), entry.get("context_length"), meta.get("n_ctx_train")):
                     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
                         return value
@@ -205,7 +206,7 @@ class ServerBackend:
                 for item in iter_stream(iter_lines_watched(response, watch.check)):
                     if isinstance(item, KeepAlive):
                         if watch.keepalive(item):
-                            yield PrefillProgress(item.processed, item.total)
+                            yield PrefillProgress(item.processed or 0, item.total or 0)
                         continue
                     watch.chunk(item)
                     yield from reply.add(item)
@@ -226,11 +227,12 @@ class ServerBackend:
     def _reasoning_format(self, messages: list[Message], think: bool | None) -> tuple[ReasoningFormat | None, bool]:
         """The model's reasoning format from its local template, and whether this prompt opens a
         reasoning block; (None, False) when there is no local template (the stream may tell)."""
-        fmt = self.template.traits.reasoning if self.template is not None else None
-        if fmt is None:
+        template = self.template
+        fmt = template.traits.reasoning if template is not None else None
+        if template is None or fmt is None:
             return None, False
         try:
-            return fmt, fmt.opened_by(self.template.text(messages, think))
+            return fmt, fmt.opened_by(template.text(messages, think))
         except TemplateError:  # the server may render another template: let it answer for itself
             return fmt, False
 
@@ -248,12 +250,12 @@ class ServerBackend:
     def _finished(self, reply: StreamedReply, messages: list[Message], think: bool | None) -> Finished:
         reasoning = self._count_reasoning(reply)
         if reply.usage:
-            return Finished(finish_reason=reply.finish, prompt_tokens=reply.usage.prompt_tokens,
+            return Finished(finish_reason=reply.finish or "stop", prompt_tokens=reply.usage.prompt_tokens,
                             completion_tokens=reply.usage.completion_tokens, cached_tokens=reply.usage.cached_tokens,
                             reasoning_tokens=reasoning, reasoning_estimated=bool(reasoning))
         prompt = self.count_tokens(messages, think)
         completion = self._count_text(reply.text) + reasoning if self.tokenizer else reply.chunks + reasoning
-        return Finished(finish_reason=reply.finish, prompt_tokens=prompt or 0, completion_tokens=completion,
+        return Finished(finish_reason=reply.finish or "stop", prompt_tokens=prompt or 0, completion_tokens=completion,
                         estimated=True, reasoning_tokens=reasoning, reasoning_estimated=bool(reasoning))
 
     def _count_text(self, text: str) -> int:

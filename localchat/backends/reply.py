@@ -71,9 +71,8 @@ class ReplySplitter:
         """In-process: the initial state from the prompt's ids, reasoning counted by token id."""
         if fmt is None:
             return cls(None, tool_format=tool_format, tools=tools)
-        markers = tuple(
-            tuple(tokenizer.encode(m, add_special_tokens=False)) for m in (fmt.open_marker, fmt.close_marker)
-        )
+        markers = (tuple(tokenizer.encode(fmt.open_marker, add_special_tokens=False)),
+                   tuple(tokenizer.encode(fmt.close_marker, add_special_tokens=False)))
         return cls(fmt, opened=opens_reasoning(tokenizer, prompt_ids, fmt), marker_ids=markers,
                    tool_format=tool_format, tools=tools)
 
@@ -182,7 +181,7 @@ class InlineReply:
     def __init__(self, fmt: ReasoningFormat | None, opened: bool = False, *, tool_format: ToolFormat | None = None,
                  tools: list[dict[str, Any]] | None = None):
         self._fmt, self._opened = fmt, opened
-        self._tools = dict(tool_format=tool_format, tools=tools)
+        self._tool_format, self._tool_list = tool_format, tools
         self._splitter: ReplySplitter | None = None
         self._pending = ""
         self._server_splits = False
@@ -208,7 +207,12 @@ class InlineReply:
             fmt = None if self._server_splits else self._fmt or sniffed(self._pending)
             if fmt is False:
                 return []  # could still be the start of a marker
-            self._splitter = ReplySplitter(fmt or None, opened=self._opened and fmt is self._fmt, **self._tools)
+            self._splitter = ReplySplitter(
+                fmt if isinstance(fmt, ReasoningFormat) else None,
+                opened=self._opened and fmt is self._fmt,
+                tool_format=self._tool_format,
+                tools=self._tool_list,
+            )
             text, self._pending = self._pending, ""
         return self._splitter.feed(text)
 
@@ -223,7 +227,8 @@ class _ReasoningCounter:
 
     def __init__(self, start: tuple[int, ...], end: tuple[int, ...], inside: bool):
         self.start, self.end = start, end
-        self.inside, self.count, self.recent = inside, 0, []
+        self.inside, self.count = inside, 0
+        self.recent: list[int] = []
 
     def add(self, token: int) -> None:
         self.recent = (self.recent + [token])[-max(len(self.start), len(self.end)):]

@@ -85,7 +85,7 @@ def cache_key(backend: Any, session_uid: str) -> dict[str, str]:
         "options": json.dumps({"max_kv_size": options.max_kv_size, "draft_model": options.draft_model,
                                "adapter_path": str(options.adapter_path) if options.adapter_path else None,
                                **quantization}, sort_keys=True),
-        "mlx": mx.__version__,
+        "mlx": getattr(mx, "__version__", "?"),
         "mlx_lm": mlx_lm.__version__,
     }
 
@@ -97,9 +97,11 @@ def checksum(cache: list[Any]) -> str:
     from mlx.utils import tree_flatten
 
     crc = 0
-    for _, array in tree_flatten([c.state for c in cache]):
+    for item in tree_flatten([c.state for c in cache]):
+        array = item[1]
         if isinstance(array, mx.array):
-            crc = zlib.crc32(np.ascontiguousarray(np.asarray(array.view(mx.uint8))), crc)
+            contiguous: Any = np.ascontiguousarray(np.asarray(array.view(mx.uint8)))  # (a buffer: no copy)
+            crc = zlib.crc32(contiguous, crc)
     return f"{crc:08x}"
 
 

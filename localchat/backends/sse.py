@@ -179,7 +179,7 @@ def _typed(obj: dict, key: str, kind: type, default: Any, where: str = "") -> An
     if value is None:
         return default
     if not isinstance(value, kind) or isinstance(value, bool):
-        names = {str: "text", list: "a list", dict: "an object"}
+        names: dict[type, str] = {str: "text", list: "a list", dict: "an object"}
         raise _wrong(where + key, names.get(kind, kind.__name__), value)
     return value
 

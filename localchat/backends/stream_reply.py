@@ -4,7 +4,7 @@ cut out of all of it."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from localchat.backends import Event, ReasoningChunk, TextChunk, ToolCall, ToolCallText
@@ -66,7 +66,7 @@ class StreamedReply:
         """A whole string from the server (a call's name or arguments) with the API key cut out."""
         return text.replace(self.secret, REDACTED) if self.secret else text
 
-    def _kept(self, chunks: list[ReasoningChunk | TextChunk | ToolCall]) -> Iterator[Event]:
+    def _kept(self, chunks: Sequence[ReasoningChunk | TextChunk | ToolCall | ToolCallText]) -> Iterator[Event]:
         for chunk in chunks:
             if isinstance(chunk, (ToolCall, ToolCallText)):
                 yield chunk

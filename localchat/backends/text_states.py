@@ -39,8 +39,10 @@ def _from_source() -> Any:
         raise ImportError("mlx_lm is not installed")
     source_path = Path(next(iter(spec.submodule_search_locations))) / "generate.py"
     tree = ast.parse(source_path.read_text(encoding="utf-8"), str(source_path))
-    body = [node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in WANTED]
-    if sorted(node.name for node in body) != sorted(WANTED):
+    body: list[ast.stmt] = [
+        node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in WANTED
+    ]
+    if sorted(getattr(node, "name", "") for node in body) != sorted(WANTED):
         raise ImportError("mlx_lm.generate no longer defines them both")
     namespace: dict[str, Any] = {"deque": collections.deque, "__name__": "mlx_lm.generate"}
     exec(compile(ast.Module(body=body, type_ignores=[]), str(source_path), "exec"), namespace)  # noqa: S102

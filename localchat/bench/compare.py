@@ -73,7 +73,7 @@ def _number(value: Any, kinds: tuple[type, ...]) -> bool:
 
     if isinstance(value, bool) or not isinstance(value, kinds):
         return False
-    return abs(value) <= MAX_COUNT if isinstance(value, int) else math.isfinite(value)
+    return abs(value) <= MAX_COUNT if isinstance(value, int) else isinstance(value, float) and math.isfinite(value)
 
 
 def _check_conditions(conditions: Any, path: Path) -> None:

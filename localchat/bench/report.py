@@ -263,9 +263,11 @@ def write_plot(result: BenchResult, path: Path) -> None:
     for ax, (key, scale, title, unit) in zip(axes, panels):
         for arm in result.arms:
             values = per_turn_medians(result.records(arm), key)
-            y = [v.value * scale for v in values.values()]
-            below = [(v.value - v.low) * scale if v.known else 0.0 for v in values.values()]
-            above = [(v.high - v.value) * scale if v.known else 0.0 for v in values.values()]
+            y = [(v.value or 0.0) * scale for v in values.values()]
+            below = [(v.value - v.low) * scale if v.value is not None and v.low is not None else 0.0
+                     for v in values.values()]
+            above = [(v.high - v.value) * scale if v.value is not None and v.high is not None else 0.0
+                     for v in values.values()]
             ax.errorbar(list(values), y, yerr=[below, above], marker="o", capsize=2, label=arm)
         ax.set(title=title + " · 95 % interval", xlabel="turn", ylabel=unit)
     _finish(fig, axes, f"localchat bench · {environment_line(result)}", path, plt)

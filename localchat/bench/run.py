@@ -78,7 +78,8 @@ def arms_for(opts: BenchOptions) -> list[Arm]:
     if opts.policy is not None:
         return [Arm(b, True, policy=p) for b in backends for p in parse_policies(opts.policy)]
     histories = [True, False] if opts.history == "both" else [opts.history == "on"]
-    thinks = {None: [None], "both": [True, False], "on": [True], "off": [False]}[opts.think]
+    choices: dict[str | None, list[bool | None]] = {None: [None], "both": [True, False], "on": [True], "off": [False]}
+    thinks = choices[opts.think]
     arms = [Arm(b, h, think=t) for b in backends for h in histories for t in thinks]
     if opts.no_cache_reuse and "inproc" in backends and True in histories:
         for think in reversed(thinks):
@@ -86,7 +87,8 @@ def arms_for(opts: BenchOptions) -> list[Arm]:
     return arms
 
 
-def check_outputs(opts: BenchOptions) -> None:
+def check_outputs(opts: Any) -> None:
+    """``opts.out`` and ``opts.plot`` (bench's options or load's) can be written."""
     """Everything the run will write is checked before it starts, not after the last turn."""
     if opts.out is not None:
         check_writable_directory(opts.out, "--out")
@@ -238,7 +240,7 @@ def bench_scripts(opts: BenchOptions) -> list[BenchScript]:
     replays = []
     for name in opts.replay:
         saved = default_store().load(name)
-        replays.append(script_from_session(saved.name, saved.system, [t.user for t in saved.turns]))
+        replays.append(script_from_session(saved.name or name, saved.system, [t.user for t in saved.turns]))
     if opts.distance is not None:
         from localchat.bench.distance import distance_scripts, parse_distances
 
@@ -270,7 +272,7 @@ def prepare_bench(opts: BenchOptions) -> PreparedBench:
         raise UsageError("no bench scripts: pass --script FILE")
     ref = resolve(opts.model or DEFAULT_MODEL)
     check_tools(opts.tools, unattended=True)
-    depths = ()
+    depths: tuple[int, ...] = ()
     if opts.depth is not None:
         from localchat.bench.depth import parse_depths
         from localchat.registry import context_length_of

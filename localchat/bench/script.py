@@ -203,7 +203,7 @@ def plan(script: BenchScript, seed: int, repeat: int, conversation: int) -> list
         return re.sub(r"\{(\w+)\}", lambda m: re.escape(values[m.group(1)]) if m.group(1) in values else m.group(0),
                       pattern)
 
-    return [PlannedTurn(fill(t.user), fill(t.expect), fill_regex(t.expect_regex), fact=t.fact, pin=fill(t.pin))
+    return [PlannedTurn(fill(t.user) or "", fill(t.expect), fill_regex(t.expect_regex), fact=t.fact, pin=fill(t.pin))
             for t in script.conversations[conversation]]
 
 

@@ -66,7 +66,7 @@ def paired(a: Sequence[Any], b: Sequence[Any]) -> dict[str, Any]:
     ttft = _paired_ratio(matched, lambda r: r.ttft_s, statistics.median)
     prompt = _paired_ratio(matched, lambda r: r.prompt_tokens, statistics.fmean)
     result = {"accuracy_difference": difference, "ttft_ratio": ttft, "prompt_token_ratio": prompt}
-    out = {name: (Interval(i.value, why=why) if why else i).as_dict() for name, i in result.items()}
+    out: dict[str, Any] = {name: (Interval(i.value, why=why) if why else i).as_dict() for name, i in result.items()}
     out["mcnemar_p"] = mcnemar_p([(bool(x.correct), bool(y.correct)) for x, y in scored])
     out["discordant_turns"] = sum(bool(x.correct) != bool(y.correct) for x, y in scored)
     return out
@@ -77,9 +77,10 @@ def _paired_ratio(matched: list[tuple[Any, Any]], value: Callable[[Any], float |
     tops: dict[Key, list[float]] = {}
     bottoms: dict[Key, list[float]] = {}
     for x, y in matched:
-        if value(x) is not None and value(y) is not None:
+        top, bottom = value(x), value(y)
+        if top is not None and bottom is not None:
             key = (x.script, x.repeat, x.conversation)
-            tops.setdefault(key, []).append(value(x))
-            bottoms.setdefault(key, []).append(value(y))
+            tops.setdefault(key, []).append(top)
+            bottoms.setdefault(key, []).append(bottom)
     keys = list(tops)
     return paired_ratio([tops[k] for k in keys], [bottoms[k] for k in keys], statistic=statistic)

@@ -325,9 +325,9 @@ def mcp_list(
 def mcp_call(
     server: Annotated[str, typer.Argument(metavar="SERVER", help="A server of the --mcp file.")],
     tool: Annotated[str, typer.Argument(metavar="TOOL", help="The tool, by the server's own name (add).")],
+    mcp: McpFilesOpt,
     arguments: Annotated[str, typer.Argument(metavar="ARGUMENTS",
                                              help="A JSON object: '{\"a\": 1, \"b\": 2}'.")] = "{}",
-    mcp: McpFilesOpt = ...,
     timeout: Annotated[float, typer.Option("--tool-timeout", min=0.1, metavar="SECONDS",
                                            help="Give the call this long.")] = 30.0,
 ) -> None:

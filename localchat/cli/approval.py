@@ -50,5 +50,7 @@ def terminal_asker() -> Callable[[str], str]:
     from prompt_toolkit import PromptSession
     from prompt_toolkit.output import create_output
 
-    session = PromptSession(output=create_output(stdout=sys.stderr))  # stdout may be a pipe for the answer
+    session: PromptSession[str] = PromptSession(
+        output=create_output(stdout=sys.stderr)
+    )  # stdout may be a pipe for the answer
     return lambda prompt: session.prompt(prompt)

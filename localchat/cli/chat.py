@@ -213,7 +213,10 @@ def open_backend(opts: ChatOptions, ui: ChatUI, pictures: tuple = ()) -> tuple[M
     server = opts.model.backend == "server"
     ref = _known_model(opts.model.model) if server else resolve(opts.model.model or DEFAULT_MODEL)
     check_model_sees(ref, pictures)
-    return ref, open_server(ref, opts, ui) if server else open_inproc(ref, opts, ui)
+    if server:
+        return ref, open_server(ref, opts, ui)
+    assert ref is not None  # (resolve always names one)
+    return ref, open_inproc(ref, opts, ui)
 
 
 def tool_runner(options: ToolSettings, ui: ChatUI, hidden: list[str]) -> ToolRunner | None:
@@ -222,9 +225,10 @@ def tool_runner(options: ToolSettings, ui: ChatUI, hidden: list[str]) -> ToolRun
     asked on a terminal, else refused (the refusal is what the model hears)."""
     if not options.offered:
         return None
-    from localchat.tools.runner import approve_all, refuse_unasked
+    from localchat.tools.runner import Approve, approve_all, refuse_unasked
     from localchat.tools.toolbox import open_tools
 
+    approve: Approve
     if options.approve:
         approve = approve_all
     elif sys.stdin.isatty() and sys.stderr.isatty():
@@ -235,8 +239,11 @@ def tool_runner(options: ToolSettings, ui: ChatUI, hidden: list[str]) -> ToolRun
         approve = refuse_unasked
     with ui.err.status("starting MCP servers …") if options.mcp else nullcontext():
         runner = open_tools(options, approve, hidden=hidden, on_notice=ui.notice)
-    how = {approve_all: "", refuse_unasked: " (no terminal to ask: calls are refused; --approve-tools runs them)"}
-    offered = ", ".join(runner.names()) or "none (no source offered a tool)"
+    how: dict[Any, str] = {
+        approve_all: "",
+        refuse_unasked: " (no terminal to ask: calls are refused; --approve-tools runs them)",
+    }
+    offered = ", ".join(runner.names() if runner else []) or "none (no source offered a tool)"
     ui.info(f"tools offered: {offered}" + how.get(approve, " (each call asks first)"))
     return runner
 
@@ -344,7 +351,7 @@ def chat_with_ui(*, opts: ChatOptions, prompt: str | None, ui: ChatUI) -> TurnSt
     finally:
         ui.stop_waiting()  # a turn refused before any call (its one line follows) leaves no spinner
         backend.close()
-        if session.compaction.backend is not None:
+        if session.compaction is not None and session.compaction.backend is not None:
             session.compaction.backend.close()
         if tools:
             tools.close()

@@ -35,6 +35,7 @@ from localchat.cli.options import (
     check_seed,
     check_size,
     check_text,
+    converted,
     setting_callback,
 )
 from localchat.cli.tool_options import (
@@ -255,7 +256,7 @@ def chat(
     opts = ChatOptions(
         model=ModelOptions(model=model, backend=backend.value, base_url=base_url, api_key=api_key, timeout_s=timeout,
                            allow_download=allow_download, cache_reuse=not no_cache_reuse,
-                           memory_limit=memory_limit, force=force),
+                           memory_limit=converted(memory_limit), force=force),
         runtime=RuntimeFlags(adapter_path=adapter_path, draft_model=draft_model, num_draft_tokens=num_draft_tokens,
                              kv_bits=kv_bits, kv_group_size=kv_group_size, quantized_kv_start=quantized_kv_start,
                              max_kv_size=max_kv_size),
@@ -272,7 +273,7 @@ def chat(
                              show_thinking=show_thinking, markdown=not plain, input_history=not no_input_history),
         storage=StorageOptions(record=record, resume=resume, continue_latest=continue_latest, log=not no_log,
                                save_cache=not no_save_cache,
-                               cache_max_bytes=cache_max_bytes),
+                               cache_max_bytes=converted(cache_max_bytes)),
         tools=tool_choice,
     )
     run("localchat.cli.chat:run_chat", opts=opts, prompt=prompt, err=err_console())

@@ -51,7 +51,7 @@ def with_metavars(command: Any) -> Any:
 def resume_alone(args: list[str]) -> list[str]:
     """``chat --resume`` with no name (at the end of the line, or before another option) as
     ``--resume=``: pick one of the recent conversations (click has no option with an optional value)."""
-    out = []
+    out: list[str] = []
     for position, arg in enumerate(args):
         if arg == "--":
             return out + args[position:]

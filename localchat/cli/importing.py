@@ -34,7 +34,7 @@ def run_import(*, file: Path | None, name: str | None, from_ollama: str | None, 
     if (file is None) == (from_ollama is None):
         raise UsageError("give a GGUF file, or --from-ollama MODEL[:TAG] (one of the two)")
     source = ollama_blob(from_ollama) if from_ollama is not None else file
-    if not source.is_file():
+    if source is None or not source.is_file():
         raise UsageError(f"{source} is not a file")
     name = checked_name(name, default_name(Path(from_ollama.replace(":", "-"))) if from_ollama is not None
                         else default_name(source))

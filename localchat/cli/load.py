@@ -47,6 +47,8 @@ class LiveLine:
 
     def _show(self, what: str) -> None:
         run = self.run
+        if run is None:
+            return
         self.status.update(f"{count(run.users, 'user')} · history {'on' if run.history else 'off'} · {what}")
 
 

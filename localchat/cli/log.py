@@ -88,7 +88,7 @@ def show_entry(*, console: Console, key: str) -> None:
     def indented(markup: str, style: str = "") -> None:  # wrapped lines keep the indentation
         console.print(Padding(Text.from_markup(markup, style=style), (0, 0, 0, 5)))
 
-    console.print(f"[bold]{escape(uid)}[/bold] · {count(len(rows), 'turn')} kept")
+    console.print(f"[bold]{escape(uid or key)}[/bold] · {count(len(rows), 'turn')} kept")
     for number, (when, model, user, assistant, reasoning, steps, stats, taken_back, images) in enumerate(rows, 1):
         back = " (taken back)" if taken_back else ""
         console.print(f"{number:>3}. {escape(when)} · {escape(model or '-')}{back}", style="dim")

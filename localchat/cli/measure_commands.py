@@ -28,6 +28,7 @@ from localchat.cli.options import (
     check_seed,
     check_temperature,
     check_wait,
+    converted,
 )
 from localchat.cli.serve_options import LoadApiOpt
 from localchat.cli.tool_options import (
@@ -210,5 +211,5 @@ def load(
                        slo_ttft_s=slo_ttft, slo_tpot_s=slo_tpot, out=out, plot=plot, launch=launch,
                        server_args=tuple(ctx.args), timeout_s=timeout, max_context_tokens=max_context_tokens,
                        trim_to=trim_to, compact=compact is Compact.auto, tools=tool_choice,
-                       api=api, memory_limit=memory_limit, force=force)
+                       api=api, memory_limit=converted(memory_limit), force=force)
     run("localchat.cli.load:run_load_cmd", opts=opts, console=out_console(), err=err_console())

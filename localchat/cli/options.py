@@ -74,6 +74,12 @@ def check_seed(value: int | None) -> int | None:
     return value
 
 
+def converted(value: Any) -> Any:
+    """An option's value as its Typer callback returned it: declared as the text typed (``20GB``),
+    it arrives converted (a number of bytes, a tuple of names), which the type checker cannot see."""
+    return value
+
+
 def check_size(value: str | None) -> int | None:
     """``--cache-max-bytes``: bytes, or a number with K, M, G or T."""
     from localchat.errors import UsageError

@@ -202,7 +202,7 @@ class ChatUI:
         elif status is TurnStatus.CUT:
             self.notice(self._cut_line(result, max_tokens))
         elif status is TurnStatus.INVALID:
-            kind = "JSON reply" if result.invalid.startswith(("not JSON", "schema:")) else "reply"
+            kind = "JSON reply" if (result.invalid or "").startswith(("not JSON", "schema:")) else "reply"
             self.error(f"invalid {kind}, not added to history: {result.invalid}")
         elif status is TurnStatus.UNRENDERABLE:
             self.error(f"the reply above was not added to history: {result.error}")

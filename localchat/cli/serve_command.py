@@ -10,7 +10,7 @@ import typer
 
 from localchat.backends import DEFAULT_BASE_URL
 from localchat.cli.dispatch import err_console, out_console, run
-from localchat.cli.options import AllowDownloadOpt, ApiKeyOpt, BaseUrlOpt, ForceOpt, MemoryLimitOpt
+from localchat.cli.options import AllowDownloadOpt, ApiKeyOpt, BaseUrlOpt, ForceOpt, MemoryLimitOpt, converted
 from localchat.cli.serve_options import (
     AllowImageUrlsOpt,
     AllowOriginOpt,
@@ -102,14 +102,28 @@ def serve(
     and OpenAI Responses APIs too; one model on several ranks with --ranks N or --hostfile FILE."""
     from localchat.cli.serving import ServeRequest
 
-    asked = ServeRequest(models=tuple(model or ()), host=host, port=port, log=log, extra=tuple(ctx.args),
-                         apis=api or (), api_key=api_key, origins=allow_origin, keep_alive=keep_alive,
-                         image_urls=allow_image_urls,
-                         pins=tuple(pin or ()), upstreams=tuple(upstream or ()), memory_limit=memory_limit,
-                         force=force, plain=plain, prompt_cache_dir=prompt_cache_dir,
-                         prompt_cache_disk=prompt_cache_disk, open_page=open_page, results=results,
-                         tools=tool_settings(files=tools, mcp=mcp, mcp_only=None, approve=approve_tools,
-                                             timeout_s=None))
+    asked = ServeRequest(
+        models=tuple(model or ()),
+        host=host,
+        port=port,
+        log=log,
+        extra=tuple(ctx.args),
+        apis=converted(api) or (),
+        api_key=api_key,
+        origins=converted(allow_origin),
+        keep_alive=keep_alive,
+        image_urls=converted(allow_image_urls),
+        pins=tuple(pin or ()),
+        upstreams=tuple(upstream or ()),
+        memory_limit=converted(memory_limit),
+        force=force,
+        plain=plain,
+        prompt_cache_dir=prompt_cache_dir,
+        prompt_cache_disk=converted(prompt_cache_disk),
+        open_page=open_page,
+        results=results,
+        tools=tool_settings(files=tools, mcp=mcp, mcp_only=None, approve=approve_tools, timeout_s=None),
+    )
     run("localchat.cli.serving:run_serve", asked=asked, console=out_console(), err=err_console(), smoke=smoke,
         every=every, ranks=ranks_of(ranks, hostfile, distributed_backend, pipeline), dry_run=dry_run,
         allow_download=allow_download)

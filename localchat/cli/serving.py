@@ -117,6 +117,8 @@ def run_router(names: list[str], asked: ServeRequest, fit: FitSettings, smoke: b
     check_public(asked.host, asked.port, asked.api_key, err)
     models = served_models(names, list(asked.pins), list(asked.upstreams), fit)
     first, log_path = models[0], asked.log or default_log(asked.port)
+    if first.ref is None:
+        raise UsageError(f"the first -m is loaded at start: {first.key} is an --upstream name, not a model here")
     env = engine_env(asked.prompt_cache_dir, asked.prompt_cache_disk)
     launcher = engine_launcher(first.key, asked.port, log_path, asked.extra, asked.plain, bool(asked.apis), env)
     pool = ModelPool(models, launcher,

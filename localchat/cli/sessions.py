@@ -56,9 +56,9 @@ def show_session(console: Console, name: str) -> None:
     from localchat.conversation.stats import stats_line
 
     saved = default_store().load(name)
-    console.print(f"[bold]{escape(saved.name)}[/bold] · model {escape(saved.model or '(server default)')} · "
+    console.print(f"[bold]{escape(saved.name or name)}[/bold] · model {escape(saved.model or '(server default)')} · "
                   f"{saved.backend} · saved {saved.updated}")
-    console.print(cache_description(saved.name), style="dim", markup=False)
+    console.print(cache_description(saved.name or name), style="dim", markup=False)
     if saved.system:
         console.print(f"[cyan]system[/cyan]: {escape(saved.system)}")
     for i, pin in enumerate(saved.pins, 1):

@@ -38,7 +38,8 @@ class Session(Protocol):
 
     def count(self, messages: list[Message]) -> int | None: ...
 
-    def call(self, prompt: str, messages: list[Message], listeners: Listeners, **kwargs: Any) -> TurnResult: ...
+    def call(self, prompt: str, messages: list[Message], listeners: Listeners, *, judge: Any = ...,
+             backend: Backend | None = ..., kind: str = ...) -> TurnResult: ...
 
 
 @dataclass(frozen=True)

@@ -266,7 +266,7 @@ class Conversation:
         if first <= max_tokens:
             return drop
         least = tokens(len(self.turns))
-        if least > max_tokens:
+        if least is not None and least > max_tokens:
             raise UsageError(f"the system message (with pins and summary) and this input alone are {least} tokens, "
                              f"over {limit} ({max_tokens}): nothing was sent")
         return self._fewest_drops(drop + 1, tokens, int(max_tokens * min(low_water, 1.0)))

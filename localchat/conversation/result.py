@@ -148,7 +148,9 @@ def consume(events: Iterator[Event], clock: TurnClock, listeners: Listeners, out
         outcome.error = f"unexpected {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         outcome.failure, outcome.trace = TurnStatus.ERROR, traceback.format_exc()
     finally:
-        events.close()
+        close = getattr(events, "close", None)  # (a generator's: the backend's request ends with it)
+        if close is not None:
+            close()
     if outcome.done is None and outcome.failure is None:
         outcome.error, outcome.failure = "the reply ended without the runtime's final report", TurnStatus.ERROR
 

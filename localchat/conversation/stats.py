@@ -158,6 +158,8 @@ class TurnClock:
             return None
         opening = next(i + 1 for i, gap in enumerate(gaps) if gap >= RESOLVED_S)  # arrivals of moment 1
         later = tokens - max(1, round(tokens * opening / len(self.arrivals)))
+        if self.last is None or self.first is None:
+            return None
         return later / (self.last - self.first) if later > 0 else None
 
     def finish(self, done: Finished | None) -> TurnStats:

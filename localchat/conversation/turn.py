@@ -224,7 +224,7 @@ class ChatSession:
 
     def _unenforced(self) -> tuple[str, ...]:
         """A server sent a reply that fails the format it was asked to enforce: said once a session."""
-        if self.backend.name != "server" or self._said_unenforced:
+        if self.backend.name != "server" or self._said_unenforced or self.schema is None:
             return ()
         self._said_unenforced = True
         field = "response_format" if self.schema.schema is not None else "guided_regex / guided_choice"

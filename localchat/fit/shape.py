@@ -101,7 +101,7 @@ def shape_from(config: dict[str, Any], tensors: dict[str, tuple[str, int]]) -> M
     hidden = positive(part, "hidden_size", "n_embd", "d_model")
     heads = positive(part, "num_attention_heads", "n_head")
     vocab = positive(part, "vocab_size")
-    if None in (layers, hidden, heads, vocab) or not tensors:
+    if layers is None or hidden is None or heads is None or vocab is None or not tensors:
         raise LocalchatError("cannot estimate its memory: config.json lacks the layer, hidden size, head or "
                              "vocabulary numbers, or it has no safetensors weights")
     kv_heads = positive(part, "num_key_value_heads", "n_head_kv") or heads

@@ -76,7 +76,7 @@ def judge(shape: ModelShape, budget: MemoryBudget | None, *, context: int | None
     at = fit_context(shape, context)
     guess = estimate(shape, at, kv, metal)
     verdict = _verdict(guess.total, budget)
-    helps = _helps(shape, at, kv, budget, metal, smaller) if verdict in ("tight", "does not fit") else ()
+    helps = _helps(shape, at, kv, budget, metal, smaller) if budget and verdict in ("tight", "does not fit") else ()
     return FitReport(estimate=guess, budget=budget, verdict=verdict, helps=helps)
 
 

@@ -31,7 +31,7 @@ from localchat.conversation.stats import TurnClock, stats_line
 from localchat.gateway import anthropic_api, passthrough, responses_api
 from localchat.gateway.bodies import json_body, raw_body, sse
 from localchat.gateway.names import APIS
-from localchat.gateway.request import MISSING, ApiError, Ended, GatewayRequest, Idle, check_key
+from localchat.gateway.request import MISSING, ApiError, Ended, GatewayRequest, Idle, aclose, check_key
 from localchat.gateway.routes import Lease, Routes
 from localchat.gateway.stored import ResponseStore
 from localchat.gateway.upstream import Upstream
@@ -187,7 +187,7 @@ class Gateway:
             if before_start is not None:
                 await before_start()
             if isinstance(first, Ended) and first.error is not None:
-                await items.aclose()
+                await aclose(items)
                 raise ApiError(502, "api_error", first.error)
             if not wanted.stream:
                 return await self._whole(request, lease, reply, first, items, final, clock.submitted)
@@ -220,7 +220,7 @@ class Gateway:
             if isinstance(item, Idle) or time.monotonic() - looked > LOOK_S:
                 looked = time.monotonic()
                 if await request.is_disconnected():
-                    await items.aclose()
+                    await aclose(items)
                     return None
             if not isinstance(item, Idle):
                 reply.events(item)
@@ -254,7 +254,7 @@ class Gateway:
             for event in reply.end(ended):
                 yield sse(event)
         finally:
-            await items.aclose()  # also when the client went away: the upstream request is closed
+            await aclose(items)  # also when the client went away: the upstream request is closed
             lease.release()
             if ended is None:
                 self.log(f"POST {request.url.path} · the client went away after {time.perf_counter() - started:.2f}s;"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -220,3 +221,10 @@ def content_of(parts: list[dict[str, Any]], joiner: str = "\n\n") -> str | list[
     if all(part["type"] == "text" for part in parts):
         return joiner.join(part["text"] for part in parts)
     return parts
+
+
+async def aclose(items: AsyncIterator[Any]) -> None:
+    """End an async generator of events early (its upstream request closes with it)."""
+    close = getattr(items, "aclose", None)
+    if close is not None:
+        await close()

@@ -112,7 +112,7 @@ def _input(body: dict[str, Any]) -> tuple[list[str], list[Message]]:
         if kind == "message":
             role = read(item, "role", str, path, required=True)
             text = _content(item.get("content"), f"{path}.content", pictures=role == "user")
-            if role in ("system", "developer"):
+            if role in ("system", "developer") and isinstance(text, str):  # (no pictures: text)
                 systems.append(text)
             elif role in ("user", "assistant"):
                 messages.append({"role": role, "content": text, **_reasoned(role, reasoning)})
@@ -128,7 +128,8 @@ def _input(body: dict[str, Any]) -> tuple[list[str], list[Message]]:
                              "content": _content(item.get("output"), f"{path}.output"), "_client_id": client_id})
         elif kind == "reasoning":
             parts = [*read(item, "content", list, path, default=[]), *read(item, "summary", list, path, default=[])]
-            reasoning.append(_content(parts, f"{path}.content"))
+            said = _content(parts, f"{path}.content")
+            reasoning.append(said if isinstance(said, str) else "")
         else:
             raise invalid(f"{path}.type: {kind!r} input items are not supported by this gateway", f"{path}.type")
     return systems, messages
@@ -275,8 +276,12 @@ class ResponsesReply:
         if not (self._open and self.items[-1]["type"] == kind):
             out += self._close()
             prefix = "rs_" if kind == "reasoning" else "msg_"
-            item = {"id": prefix + secrets.token_hex(12), "type": kind, "status": "in_progress", "content": []}
-            item.update({"summary": []} if kind == "reasoning" else {"role": "assistant"})
+            item: dict[str, Any] = {"id": prefix + secrets.token_hex(12), "type": kind, "status": "in_progress",
+                                    "content": []}
+            if kind == "reasoning":
+                item["summary"] = []
+            else:
+                item["role"] = "assistant"
             self.items.append(item)
             self._open = True
             opening = {"type": part, "text": "", **({"annotations": []} if part == "output_text" else {})}
@@ -287,7 +292,7 @@ class ResponsesReply:
             item["content"].append(dict(opening))
         item = self.items[-1]
         item["content"][0]["text"] += text
-        extra = {"logprobs": []} if part == "output_text" else {}
+        extra: dict[str, Any] = {"logprobs": []} if part == "output_text" else {}
         return [*out, self._event(name, item_id=item["id"], output_index=len(self.items) - 1, content_index=0,
                                   delta=text, **extra)]
 
@@ -314,7 +319,7 @@ class ResponsesReply:
         item["status"] = "completed"
         part = item["content"][0]
         done = "response.output_text.done" if part["type"] == "output_text" else "response.reasoning_text.done"
-        extra = {"logprobs": []} if part["type"] == "output_text" else {}
+        extra: dict[str, Any] = {"logprobs": []} if part["type"] == "output_text" else {}
         return [self._event(done, item_id=item["id"], output_index=index, content_index=0, text=part["text"], **extra),
                 self._event("response.content_part.done", item_id=item["id"], output_index=index, content_index=0,
                             part=part),

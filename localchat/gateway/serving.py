@@ -31,7 +31,7 @@ class GatewayStartError(LocalchatError):
 
 @dataclass
 class RunningGateway:
-    server: object  # uvicorn.Server
+    server: Any  # uvicorn.Server
     thread: threading.Thread
     url: str  # the public root, e.g. http://127.0.0.1:8080
 

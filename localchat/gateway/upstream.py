@@ -116,8 +116,9 @@ class Upstream:
         backend = backend or self.backend(request)
         messages = self.shaped(request)
         try:
-            if backend.template is not None:
-                return backend.count_tokens(messages, request.params.think)
+            counted = backend.count_tokens(messages, request.params.think) if backend.template is not None else None
+            if counted is not None:
+                return counted
             body = backend.request_body(messages, replace(request.params, max_tokens=1), stream=False)
             response = backend.client.post("chat/completions", json=body)
             usage = response.json().get("usage") if response.status_code == 200 else None
@@ -191,7 +192,9 @@ def _unless(events: Iterator[Event], cancelled: threading.Event) -> Iterator[Eve
                 return
             yield event
     finally:
-        events.close()
+        close = getattr(events, "close", None)  # (a generator's: the request ends with it)
+        if close is not None:
+            close()
 
 
 def _until_stopped(events: Iterator[Event], watch: StopWatch, backend: ServerBackend, messages: list[Message],
@@ -216,7 +219,9 @@ def _until_stopped(events: Iterator[Event], watch: StopWatch, backend: ServerBac
             else:
                 yield event
     finally:
-        events.close()
+        close = getattr(events, "close", None)  # (a generator's: the request ends with it)
+        if close is not None:
+            close()
 
 
 def _estimated(backend: ServerBackend, messages: list[Message], think: bool | None, text: str) -> Finished:

@@ -149,6 +149,8 @@ def converted_tensors(reader: GgufFile, h: Hyperparameters, arch: str, report: I
         if tensor.name == "rope_freqs.weight":  # read into the config (see llama3_rope_scaling)
             continue
         name = hf_name(tensor.name)
+        if name is None:
+            continue
         report.tensor_types[tensor.kind] = report.tensor_types.get(tensor.kind, 0) + 1
         value = to_mlx(tensor.kind, reader.raw(tensor), tensor.shape)
         reader.release(tensor)

@@ -84,7 +84,7 @@ def build_tokenizer(spec: TokenizerSpec) -> Any:
         tokenizer_object=tok, bos_token=name(spec.bos_id), eos_token=name(spec.eos_id),
         pad_token=name(spec.pad_id), unk_token=name(spec.unk_id), clean_up_tokenization_spaces=False,
         model_max_length=spec.context_length or 4096)
-    hf.add_bos_token = spec.add_bos
+    hf.add_bos_token = spec.add_bos  # type: ignore[misc]  # (its stubs call it read-only; transformers sets it)
     if spec.chat_template:
         hf.chat_template = spec.chat_template
     return hf
@@ -94,7 +94,7 @@ def _byte_level_bpe(spec: TokenizerSpec) -> Any:
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
     vocab = {token: i for i, token in enumerate(spec.tokens)}
-    merges = [tuple(m.split(" ", 1)) for m in spec.merges]
+    merges = [(left, right) for left, _, right in (m.partition(" ") for m in spec.merges)]
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
     splits = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in PRE_TOKENIZERS[spec.pre]]
     tok.pre_tokenizer = pre_tokenizers.Sequence([*splits, pre_tokenizers.ByteLevel(add_prefix_space=False,

@@ -125,7 +125,7 @@ def tokenizer_fields(meta: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(tokens, list) or not 0 < len(tokens) <= MAX_TOKENS or not all(isinstance(t, str) for t in tokens):
         raise GgufMetadataError("'tokenizer.ggml.tokens' must be a list of texts")
     n = len(tokens)
-    fields = {"tokens": tokens, "model": _text(meta, "tokenizer.ggml.model", None),
+    fields: dict[str, Any] = {"tokens": tokens, "model": _text(meta, "tokenizer.ggml.model", None),
               "pre": _text(meta, "tokenizer.ggml.pre", "default"),
               "merges": _list(meta, "tokenizer.ggml.merges", str, None),
               "token_types": _list(meta, "tokenizer.ggml.token_type", int, n) or [1] * n,

@@ -189,8 +189,9 @@ def admits_a_value(schema: Any) -> bool:
                 results = (admits(part, seen) for part in parts)
                 if not (all(results) if needs_all else any(results)):
                     return False
-        properties = node.get("properties") if isinstance(node.get("properties"), dict) else {}
-        required = node.get("required") if isinstance(node.get("required"), list) else []
+        found_properties, found_required = node.get("properties"), node.get("required")
+        properties: dict[str, Any] = found_properties if isinstance(found_properties, dict) else {}
+        required: list[Any] = found_required if isinstance(found_required, list) else []
         if not all(admits(properties[name], seen) for name in required if isinstance(name, str) and name in properties):
             return False
         min_items = node.get("minItems")
@@ -227,7 +228,7 @@ def grammars(fmt: AnswerFormat | None, tools: list[dict[str, Any]], markers: Cal
     answer = None
     if fmt is not None:
         lark = f"start: {space}body\nbody: {body_rule(fmt)}"
-        if call:
+        if call and markers is not None:
             lark = (f"start: {space}(body | calls)\nbody: {body_rule(fmt)}\ncalls: call+\n"
                     f"call: {_literal(markers.start, llg)} {call}")
         answer = LLMatcher.grammar_from_lark(lark)

@@ -202,6 +202,7 @@ class MaskedDecoding:
     def _new_call(self) -> _Tracked:
         from llguidance import LLMatcher
 
+        assert self.grammars.call is not None  # (a call starts only where the grammars have one)
         return _Tracked(LLMatcher(self.llg, self.grammars.call))
 
     def _mask_of(self, tracked: _Tracked, tokens: list[int], also: int | None = None) -> Any:

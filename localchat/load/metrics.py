@@ -108,7 +108,7 @@ def summarize(records: list[RequestRecord], gaps: list[float], wall_s: float, sl
     ok = [r for r in records if r.ok]
     scored = [r for r in ok if r.scored]
     tokens = sum(r.completion_tokens for r in ok)
-    per_user = Counter()
+    per_user: Counter[int] = Counter()
     for r in ok:
         per_user[r.user] += r.completion_tokens
     good = [r for r in records if slo.met(r)]

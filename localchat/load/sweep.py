@@ -9,7 +9,7 @@ import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from localchat.backends import DEFAULT_BASE_URL, DEFAULT_TIMEOUT_S, GenerationParams
 from localchat.bench.run import check_outputs
@@ -23,6 +23,10 @@ from localchat.load.run import LoadPlan, Run, RunResult
 from localchat.registry import DEFAULT_MODEL, ModelRef, local_tokenizer_loader, resolve
 from localchat.tools.settings import ToolSettings
 from localchat.tools.toolbox import check_tools, unattended_tools
+
+if TYPE_CHECKING:
+    from localchat.gateway.serving import RunningGateway
+    from localchat.server.launch import RunningServer
 
 SCHEMA = "localchat.load/2"  # 2: runs carry their repeat; "repeated" holds the intervals
 DEFAULT_SCRIPT = SCRIPTS_DIR / "recall-en.yaml"
@@ -212,8 +216,10 @@ class Target:
             raise UsageError("--max-context-tokens counts tokens with the model's tokenizer: pass -m with a model "
                              "that is on this machine")
         self.load_tokenizer = functools.cache(loader) if loader else None  # one load for every user
-        self.server = None
-        self.gateway = None  # --launch --api anthropic: the gateway in front of the launched server
+        self.server: RunningServer | None = None
+        self.gateway: RunningGateway | None = (
+            None  # --launch --api anthropic: the gateway in front of the launched server
+        )
         self.base_url = opts.base_url
         self.tools = unattended_tools(opts.tools, on_notice=on_status)
 
@@ -223,6 +229,8 @@ class Target:
 
             fit = FitSettings(memory_limit=self.opts.memory_limit, force=self.opts.force,
                               context=self.opts.max_context_tokens)
+            if self.ref is None:
+                raise UsageError("--launch starts a server for a model: add -m MODEL")
             self.server = start_ready(self.ref, port=free_port(), extra=self.opts.server_args, on_poll=self.on_status,
                                       fit=fit)
             self.base_url = self.server.base_url
@@ -238,7 +246,7 @@ class Target:
         from localchat.server.launch import free_port
 
         upstream = reach_upstream(self.base_url, self.ref, timeout_s=self.opts.timeout_s)
-        self.gateway = serve_gateway(FixedRoute(upstream), "127.0.0.1", free_port(), (self.opts.api,), None,
+        self.gateway = serve_gateway(FixedRoute(upstream), "127.0.0.1", free_port(), (self.opts.api or "",), None,
                                      log=lambda _: None, on_poll=self.on_status, model=upstream.model_field)
         self.base_url = self.gateway.url + "/v1"
 

@@ -16,7 +16,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Collection, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,10 +48,11 @@ class McpHub:
     name = "MCP servers"
 
     def __init__(self, configs: list[McpServerConfig], *, start_timeout_s: float = DEFAULT_MCP_TIMEOUT_S,
-                 call_timeout_s: float = 30.0, logs_dir: Path | None = None, taken: set[str] = frozenset(),
+                 call_timeout_s: float = 30.0, logs_dir: Path | None = None, taken: Collection[str] = frozenset(),
                  on_notice: Callable[[str], None] = lambda _: None):
         self.start_timeout_s, self.call_timeout_s = start_timeout_s, call_timeout_s
-        self._taken, self._notice, self._said = set(taken), on_notice, set()
+        self._taken, self._notice = set(taken), on_notice
+        self._said: set[str] = set()
         quiet_library_logs()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="mcp", daemon=True)
@@ -101,7 +102,8 @@ class McpHub:
     def _expose(self) -> None:
         """The names and entries the model sees: ``SERVER_TOOL``; a collision, a schema that is not
         an object's, or a tool past the 128 an API takes, is left out and said once."""
-        names, specs = {}, []
+        names: dict[str, Any] = {}
+        specs: list[dict[str, Any]] = []
         for link in (link for link in self.links if link.state == "ready"):
             for tool, why in link.refused:
                 self._say_once(f"MCP server '{link.name}': tool '{INVALID.sub('?', tool)[:64]}' is left out: it "

@@ -76,8 +76,9 @@ class ServerLink:
         (``Caused by: invalid peer certificate: UnknownIssuer``, not the hint after it), or its last
         line; "" when it wrote nothing."""
         try:
-            lines = [line.strip() for line in self.log_path.read_text(errors="replace").splitlines() if line.strip()]
-        except (OSError, AttributeError):
+            text = self.log_path.read_text(errors="replace") if self.log_path is not None else ""
+            lines = [line.strip() for line in text.splitlines() if line.strip()]
+        except OSError:
             return ""
         return error_line(lines)[:200]
 
@@ -147,7 +148,9 @@ class ServerLink:
 
         tools, cursor = [], None
         for _ in range(MAX_PAGES):
-            params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
+            params: types.PaginatedRequestParams | None = (
+                types.PaginatedRequestParams(cursor=cursor) if cursor else None
+            )
             try:
                 page = await session.list_tools(params=params)
                 found, cursor = page.tools, page.next_cursor
@@ -257,8 +260,8 @@ def _unreadable(exc: Exception) -> str:
 def _first_error(exc: Exception) -> str:
     """pydantic's first complaint, in a few words: ``inputSchema: Input should be a valid dictionary``."""
     try:
-        error = exc.errors()[0]
-    except (AttributeError, IndexError, TypeError):
+        error = getattr(exc, "errors", list)()[0]  # (pydantic's ValidationError has them)
+    except (IndexError, TypeError):
         return describe(exc)
     where = ".".join(str(p) for p in error.get("loc", ()))
     return f"{where}: {error.get('msg', '')}"[:160]

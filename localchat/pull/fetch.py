@@ -17,6 +17,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 EVERY_S = 0.1
 
@@ -71,8 +72,8 @@ def fetch_one(repo: str, revision: str, name: str, sha256: str | None, first: bo
     (what loading by name reads); it must be the plan's commit, the others are fetched at it."""
     from huggingface_hub import hf_hub_download
 
-    path = Path(hf_hub_download(repo, name, revision="main" if first else revision,
-                                tqdm_class=functools.partial(Reporter, name)))
+    progress: Any = functools.partial(Reporter, name)  # (what the client takes as its tqdm class)
+    path = Path(hf_hub_download(repo, name, revision="main" if first else revision, tqdm_class=progress))
     if first and revision not in path.parts:
         raise ValueError(f"{repo} changed on the Hub while it was being pulled: run the pull again")
     if sha256 is not None and sha256_of(path) != sha256:

@@ -75,11 +75,8 @@ def _free_disk(path: Path) -> int:
     return shutil.disk_usage(path).free
 
 
-def _wanted(name: str) -> bool:
-    """A file mlx_lm's own download takes (its ``DEFAULT_ALLOW_PATTERNS``)."""
-    from mlx_lm.utils import DEFAULT_ALLOW_PATTERNS
-
-    return any(fnmatch.fnmatch(name, pattern) for pattern in DEFAULT_ALLOW_PATTERNS)
+def _wanted(name: str, patterns: list[str]) -> bool:
+    return any(fnmatch.fnmatch(name, pattern) for pattern in patterns)
 
 
 def _inside_repo(name: object) -> bool:
@@ -112,7 +109,8 @@ def _remote_file(repo: str, sibling, cached: Callable[[str], bool]) -> RemoteFil
     return RemoteFile(name=name, size=size, sha256=digest, cached=cached(name))
 
 
-def _files(api, repo: str) -> tuple[str, list[RemoteFile]]:
+def _files(api, repo: str, patterns: list[str]) -> tuple[str, list[RemoteFile]]:
+    """The files mlx_lm's own download takes (``patterns``), at the commit the Hub names."""
     from huggingface_hub import constants, try_to_load_from_cache
 
     try:  # the client sets no timeout here: a Hub that never answers would hang the pull
@@ -128,7 +126,7 @@ def _files(api, repo: str) -> tuple[str, list[RemoteFile]]:
     def cached(name: str) -> bool:
         return isinstance(try_to_load_from_cache(repo, name, revision=sha), str)
 
-    files = [_remote_file(repo, sibling, cached) for sibling in siblings if _wanted(str(sibling.rfilename))]
+    files = [_remote_file(repo, sibling, cached) for sibling in siblings if _wanted(str(sibling.rfilename), patterns)]
     if not any(f.name.endswith(".safetensors") for f in files):
         raise LocalchatError(f"{repo} has no safetensors weights: not an MLX model "
                              "(a GGUF file goes through localchat import)")
@@ -208,10 +206,14 @@ def make_plan(repo: str, judge_fit) -> PullPlan:
         raise UsageError("HF_HUB_OFFLINE is set: a pull needs the Hub (unset it, or point HF_ENDPOINT at a mirror)")
     from huggingface_hub import HfApi, constants
 
+    # mlx_lm (and MLX under it) imported here, in the main thread: MLX started from the thread
+    # below would abort the process at its exit ("terminate called without an active exception")
+    from mlx_lm.utils import DEFAULT_ALLOW_PATTERNS
+
     api = HfApi()
 
     def ask() -> tuple[str, list[RemoteFile], Any]:
-        revision, files = _files(api, repo)
+        revision, files = _files(api, repo, DEFAULT_ALLOW_PATTERNS)
         return revision, files, remote_shape(api, repo, revision, files)
 
     revision, files, shape = _within(hub_deadline_s(), repo, ask)

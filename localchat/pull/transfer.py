@@ -73,6 +73,7 @@ def download(plan: PullPlan, show: Callable[[int, str], None]) -> Transfer:
     process = subprocess.Popen([sys.executable, "-m", "localchat.pull.fetch"], stdout=subprocess.PIPE,
                                stdin=subprocess.PIPE, start_new_session=True, preexec_fn=child_preexec(), text=True)
     error = None
+    assert process.stdin is not None and process.stdout is not None  # (both are pipes)
     try:
         process.stdin.write(_spec(plan, missing))
         process.stdin.close()

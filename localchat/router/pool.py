@@ -82,6 +82,7 @@ class ModelPool:
         started = time.perf_counter()
         loaded_here = self._loaded_or_load(model)
         waited = time.perf_counter() - started if loaded_here else None
+        assert model.upstream is not None  # (a loaded model has its engine's upstream)
         return Lease(upstream=model.upstream, loaded_s=waited, on_release=lambda: self._release(model, kept))
 
     def _keep_alive_of(self, value: Any) -> float | None:
@@ -164,7 +165,6 @@ class ModelPool:
             self._changed.notify_all()
         self.log(f"loaded {model.key} in {time.perf_counter() - started:.1f}s (pid {server.process.pid}, "
                  f"estimate {shown_size(model.estimate)}{self._budget_words()})")
-        return True
 
     def load_at_start(self, model: ServedModel, server: Any, upstream: Upstream) -> None:
         """The model ``serve`` loaded before its port opened (its fit checked as ``chat``'s is)."""

@@ -9,6 +9,7 @@ from typing import Any
 
 from localchat.backends.anthropic_http import AnthropicBackend
 from localchat.backends.openai_http import ServerBackend
+from localchat.backends.responses_http import ResponsesBackend
 
 ADD_TOOL = {"name": "add", "description": "Add two integers and return their sum.",
             "schema": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
@@ -25,11 +26,12 @@ def completion(backend: ServerBackend) -> tuple[bool, str]:
         text = "".join(b.text for b in reply.content if b.type == "text")
         usage = reply.usage.input_tokens is not None and reply.usage.output_tokens > 0
         return usage and bool(text), f"stop_reason {reply.stop_reason}, {'with' if usage else 'NO'} usage: {text!r}"
-    reply = backend.sdk.responses.create(model=backend.model_field, input="Hello", max_output_tokens=32,
-                                         temperature=0.0, store=False)
-    usage = reply.usage is not None and reply.usage.output_tokens > 0
-    return usage and bool(reply.output_text), f"status {reply.status}, {'with' if usage else 'NO'} usage: " \
-                                              f"{reply.output_text!r}"
+    assert isinstance(backend, ResponsesBackend)  # (smoke --api takes anthropic or responses)
+    answer = backend.sdk.responses.create(model=backend.model_field, input="Hello", max_output_tokens=32,
+                                          temperature=0.0, store=False)
+    usage = answer.usage is not None and answer.usage.output_tokens > 0
+    return usage and bool(answer.output_text), f"status {answer.status}, {'with' if usage else 'NO'} usage: " \
+                                               f"{answer.output_text!r}"
 
 
 def tool_round_trip(backend: ServerBackend, judge: bool) -> tuple[bool, str]:
@@ -50,8 +52,9 @@ def tool_round_trip(backend: ServerBackend, judge: bool) -> tuple[bool, str]:
 
 def _anthropic_round(backend: AnthropicBackend) -> tuple[dict | None, str]:
     sdk = backend.sdk
-    tools = [{"name": ADD_TOOL["name"], "description": ADD_TOOL["description"], "input_schema": ADD_TOOL["schema"]}]
-    asked: list[dict[str, Any]] = [{"role": "user", "content": QUESTION}]
+    tools: Any = [{"name": ADD_TOOL["name"], "description": ADD_TOOL["description"],
+                   "input_schema": ADD_TOOL["schema"]}]
+    asked: Any = [{"role": "user", "content": QUESTION}]  # (the SDK's typed params, written as plain JSON)
     first = sdk.messages.create(model=backend.model_field, max_tokens=64, tools=tools, messages=asked,
                                 extra_body={"temperature": 0.0})
     use = next((b for b in first.content if b.type == "tool_use"), None)
@@ -67,9 +70,10 @@ def _anthropic_round(backend: AnthropicBackend) -> tuple[dict | None, str]:
 def _responses_round(backend: ServerBackend) -> tuple[dict | None, str]:
     import json
 
+    assert isinstance(backend, ResponsesBackend)  # (smoke --api takes anthropic or responses)
     sdk = backend.sdk
-    tools = [{"type": "function", "name": ADD_TOOL["name"], "description": ADD_TOOL["description"],
-              "parameters": ADD_TOOL["schema"]}]
+    tools: Any = [{"type": "function", "name": ADD_TOOL["name"], "description": ADD_TOOL["description"],
+                   "parameters": ADD_TOOL["schema"]}]
     first = sdk.responses.create(model=backend.model_field, input=QUESTION, tools=tools, temperature=0.0,
                                  max_output_tokens=64)
     call = next((item for item in first.output if item.type == "function_call"), None)

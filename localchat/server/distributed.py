@@ -89,7 +89,8 @@ def check_split(config: dict, ranks: Ranks) -> None:
     """Tensor parallelism splits every layer's heads across the ranks; pipelining splits the layers.
     Which of the two mlx_lm can do depends on the architecture (llama: heads only)."""
     n = ranks.size
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    found = config.get("text_config")
+    text: dict = found if isinstance(found, dict) else config
     heads, kv_heads = (
         text.get("num_attention_heads"),
         text.get("num_key_value_heads") or text.get("num_attention_heads"),

@@ -87,4 +87,4 @@ def run_parity(model: str | None, on_status: Callable[[str], None] = lambda _: N
             backend.close()
     finally:
         server.stop()
-    return compare(ref.id, inproc_results, server_results, inproc.tokenizer)
+    return compare(ref.id, inproc_results, server_results, getattr(inproc, "tokenizer", None))

@@ -210,7 +210,7 @@ def frozen(cache: list[Any]) -> list[Any]:
     for copy, original in zip(copies, cache):
         if hasattr(original, "meta_state"):
             copy.meta_state = original.meta_state
-    mx.eval([v for _, v in tree_flatten([c.state for c in copies]) if isinstance(v, mx.array)])
+    mx.eval([item[1] for item in tree_flatten([c.state for c in copies]) if isinstance(item[1], mx.array)])
     return copies
 
 
@@ -218,12 +218,13 @@ def tiered(base: type, disk: DiskTier | None) -> type:
     """mlx_lm's ``LRUPromptCache`` with ``disk`` under it (or as it is, without one)."""
     if disk is None:
         return base
+    tier: DiskTier = disk
 
     class TieredPromptCache(base):
         def fetch_nearest_cache(self, model: Any, tokens: list[int]):
             cache, rest = super().fetch_nearest_cache(model, tokens)
             in_memory = len(tokens) - len(rest)
-            found = disk.fetch(model, tokens, in_memory)
+            found = tier.fetch(model, tokens, in_memory)
             if found is None:
                 if in_memory:
                     say(f"{in_memory:,} tokens from memory")
@@ -233,7 +234,7 @@ def tiered(base: type, disk: DiskTier | None) -> type:
         def insert_cache(self, model: Any, tokens: list[int], prompt_cache: list[Any], *, cache_type="assistant"):
             super().insert_cache(model, tokens, prompt_cache, cache_type=cache_type)
             try:
-                disk.offer(model, list(tokens), prompt_cache)
+                tier.offer(model, list(tokens), prompt_cache)
             except Exception as exc:  # never the engine's failure
                 say(f"not written: {type(exc).__name__}: {str(exc)[:200]}")
 

@@ -210,8 +210,9 @@ class SessionStore:
             rows = conn.execute("SELECT s.name, COUNT(t.position), s.model, s.backend, s.updated FROM sessions s "
                                 "LEFT JOIN turns t ON t.session_id = s.id WHERE s.name IS NOT NULL GROUP BY s.id "
                                 "ORDER BY s.updated DESC, s.name").fetchall()
-        return [SessionSummary(*(v if v is None or isinstance(v, (str, int)) else "(damaged)" for v in row))
-                for row in rows]
+        cleaned: list[list[Any]] = [[v if v is None or isinstance(v, (str, int)) else "(damaged)" for v in row]
+                                    for row in rows]
+        return [SessionSummary(*row) for row in cleaned]
 
     def remove(self, name: str) -> str:
         """The conversation NAME (or of that id) gone, its log with it; its uid (for its KV cache)."""

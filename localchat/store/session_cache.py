@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
+
+from typing_extensions import TypeIs
 
 from localchat.conversation.turn import ChatSession
 from localchat.errors import LocalchatError
@@ -41,7 +43,19 @@ class SessionCaches:
     write: bool = True
 
 
-def holds_cache(backend: Any) -> bool:
+class CacheHolder(Protocol):
+    """A backend that keeps a KV cache a session can save and restore (the in-process one)."""
+
+    cache_reuse: bool
+
+    def held_cache(self) -> tuple[Any, list[int]]: ...
+
+    def adopt_cache(self, cache: Any, ids: list[int]) -> None: ...
+
+    def encode(self, messages: list[Any], think: bool | None = None) -> list[int]: ...
+
+
+def holds_cache(backend: Any) -> TypeIs[CacheHolder]:
     return hasattr(backend, "adopt_cache")
 
 
@@ -116,8 +130,11 @@ def _matching_tokens(session: ChatSession, held: list[int]) -> int:
     """How many of the held tokens the next prompt starts with (rendered with a stand-in message)."""
     from localchat.backends.inproc import common_prefix_length
 
+    backend = session.backend
+    if not holds_cache(backend):
+        return 0
     try:
-        prompt = session.backend.encode(session.preview(PROBE), session.params.think)
+        prompt = backend.encode(session.preview(PROBE), session.params.think)
     except LocalchatError:
         return len(held)  # the template refuses something: the first turn will say so
     return common_prefix_length(held, prompt)

@@ -59,12 +59,12 @@ class TemplateTraits:
         if system and self.system_moves:
             said.append(f"{model_id}'s chat template moves the system message into the last user turn: each turn "
                         "re-prefills the whole conversation (KV reuse is lost by the template's design)")
-        flag = {True: "--think", False: "--no-think"}.get(think)
+        flag = {True: "--think", False: "--no-think"}.get(think) if think is not None else None
         if flag and self.reasoning is None:
             said.append(f"{model_id} has no thinking mode (no reasoning markers): {flag} changes nothing")
         elif think is False and self.always_thinks:
             said.append(f"{model_id}'s chat template always opens its think block: --no-think changes nothing")
-        elif flag and self.think_switch == "reasoning_effort":
+        elif flag and think is not None and self.think_switch == "reasoning_effort":
             said.append(f"{model_id} always reasons (harmony): {flag} sets reasoning_effort to {EFFORT[think]}")
         elif flag and self.think_switch is None and not self.always_thinks:
             said.append(f"{model_id}'s chat template has no thinking switch: {flag} changes nothing")

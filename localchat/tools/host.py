@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -90,7 +91,7 @@ class ToolOutput:
 class ToolHost:
     """The running tool process for ``paths``; ``specs`` are the tools it offers."""
 
-    def __init__(self, paths: list[Path], timeout_s: float = DEFAULT_TOOL_TIMEOUT_S, *, hidden: list[str] = ()):
+    def __init__(self, paths: list[Path], timeout_s: float = DEFAULT_TOOL_TIMEOUT_S, *, hidden: Sequence[str] = ()):
         self.paths = [str(p) for p in tool_files(paths)]
         self.name = ", ".join(Path(p).name for p in self.paths)
         self.timeout_s = timeout_s
@@ -150,9 +151,12 @@ class ToolHost:
                               printed=done["printed"], stopped=done["stopped"])
 
     def _send(self, message: dict[str, Any]) -> None:
+        stdin = self._process.stdin if self._process is not None else None
+        if stdin is None:
+            raise LocalchatError("the tools' process is not running")
         try:
-            self._process.stdin.write((json.dumps(message) + "\n").encode())
-            self._process.stdin.flush()
+            stdin.write((json.dumps(message) + "\n").encode())
+            stdin.flush()
         except OSError:  # the process has ended: its exit is read as the answer
             pass
 
@@ -160,7 +164,10 @@ class ToolHost:
         """The next line the process answers, read as it comes (a line that never ends cannot hold
         the chat past the time limit, nor fill its memory)."""
         deadline = time.monotonic() + self.timeout_s
-        fd = self._process.stdout.fileno()
+        process = self._process
+        if process is None or process.stdout is None:
+            raise LocalchatError(f"{what}: the tools' process is not running")
+        fd = process.stdout.fileno()
         while b"\n" not in self._pending:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -172,7 +179,7 @@ class ToolHost:
                 continue
             data = os.read(fd, 1 << 16)
             if not data:
-                code = self._process.wait()
+                code = process.wait()
                 self.close()
                 raise ToolProcessError(f"{what}: the tool process ended (exit {code})")
             self._pending += data

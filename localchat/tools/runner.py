@@ -116,6 +116,8 @@ class ToolRunner:
         if why:
             self.on_notice(f"{call.name} runs without asking: {why}")
         source = self.source_of(call.name)
+        if source is None:  # (checked above: the call names an offered tool)
+            return ToolResult(call, f"no tool named {call.name}", "refused")
         started = time.perf_counter()
         try:
             done = source.call(call.name, checked)

@@ -8,7 +8,7 @@ files first (their names are taken), the MCP servers in parallel.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from localchat.errors import UsageError
@@ -36,7 +36,7 @@ def check_tools(settings: ToolSettings, unattended: bool = False,
     return configs
 
 
-def open_tools(settings: ToolSettings, approve: Approve, *, hidden: list[str] = (),
+def open_tools(settings: ToolSettings, approve: Approve, *, hidden: Sequence[str] = (),
                on_notice: Callable[[str], None] = lambda _: None) -> ToolRunner | None:
     """The runner over every source (None without tools); what starts is stopped if the rest fails."""
     configs = check_tools(settings, on_notice=on_notice)

@@ -37,7 +37,8 @@ class CappedText:
     """A write-only text buffer that keeps the first ``limit`` characters and counts the rest."""
 
     def __init__(self, limit: int = MAX_RESULT_CHARS):
-        self.limit, self.parts, self.kept, self.dropped = limit, [], 0, 0
+        self.limit, self.kept, self.dropped = limit, 0, 0
+        self.parts: list[str] = []
 
     def write(self, text: str) -> int:
         room = max(0, self.limit - self.kept)
@@ -90,7 +91,7 @@ def _imported(path: Path, index: int) -> Any:
 
 
 def _public_functions(module: Any) -> dict[str, Callable[..., Any]]:
-    found = {name: value for name, value in vars(module).items()
+    found: dict[str, Callable[..., Any]] = {name: value for name, value in vars(module).items()
              if inspect.isfunction(value) and value.__module__ == module.__name__ and not name.startswith("_")}
     if not found:
         raise ToolDefinitionError(f"{module.__file__}: it defines no public function to offer as a tool")

@@ -36,5 +36,5 @@ def vlm_prompt(processor: Any, config: Any, messages: list[dict[str, Any]], add_
     """The prompt text mlx-vlm renders for ``messages`` (image markers in place, images apart)."""
     from mlx_vlm.prompt_utils import apply_chat_template
 
-    return apply_chat_template(processor, config, vlm_messages(messages), add_generation_prompt=add_generation_prompt,
-                               num_images=len(image_urls(messages)))
+    return str(apply_chat_template(processor, config, vlm_messages(messages),
+                                   add_generation_prompt=add_generation_prompt, num_images=len(image_urls(messages))))

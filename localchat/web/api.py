@@ -137,7 +137,11 @@ class WebApi:
     async def approval(self, request: Request) -> Response:
         body = await self._body(request)
         uid = request.path_params["uid"]
-        return await self._answered(request, lambda: self.chats.decide(uid, str(body.get("decision"))) or {})
+        def decide() -> dict:
+            self.chats.decide(uid, str(body.get("decision")))
+            return {}
+
+        return await self._answered(request, decide)
 
     async def undo(self, request: Request) -> Response:
         uid = request.path_params["uid"]

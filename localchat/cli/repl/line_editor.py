@@ -84,7 +84,9 @@ def private_history(path: Path, secrets: Iterable[str], on_notice: Callable[[str
                 return
             entry = f"\n# {datetime.datetime.now()}\n" + "".join(f"+{line}\n" for line in string.split("\n"))
             try:
-                with os.fdopen(_open_private(Path(self.filename)), "ab") as f:  # prompt_toolkit's own format
+                with os.fdopen(
+                    _open_private(Path(os.fsdecode(self.filename))), "ab"
+                ) as f:  # prompt_toolkit's own format
                     f.write(entry.encode("utf-8"))
             except OSError:  # replaced or full since the start: the line stays in memory only
                 pass
@@ -151,7 +153,9 @@ def terminal_reader(history_path: Path | None, commands: Iterable[str], secrets:
             history = private_history(history_path, secrets, on_notice)
         except OSError as exc:
             on_notice(f"input history not kept ({history_path}: {exc.strerror}); this session's is in memory")
-    session = PromptSession(history=history, completer=command_completer(commands), complete_while_typing=False)
+    session: PromptSession[str] = PromptSession(
+        history=history, completer=command_completer(commands), complete_while_typing=False
+    )
     return lambda prompt: session.prompt(prompt)
 
 
