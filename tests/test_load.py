@@ -135,7 +135,17 @@ def test_a_slow_server_is_bounded_by_the_duration(server):
 def test_a_server_that_dies_mid_run_is_error_counts_and_one_line(tmp_path):
     fake = FakeServer()
     fake.chat(Reply(chunks=sse(delta("Hi"), delta(" there", "stop")), pause_s=0.1))
-    killer = __import__("threading").Timer(1.0, fake.close)
+    def kill_once_serving():  # (a timer from the start could fire before a loaded machine's run began)
+        deadline = time.monotonic() + 60
+        def chatting():
+            return any(path.endswith("/chat/completions") for path, _, _ in fake.requests)
+
+        while not chatting() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.5)
+        fake.close()
+
+    killer = __import__("threading").Thread(target=kill_once_serving, daemon=True)
     killer.start()
     result = load("--base-url", fake.base_url, "--users", "2", "--conversations", "20", "--history", "on",
                   "--warmup", "0", "--timeout", "2", "--out", str(tmp_path))

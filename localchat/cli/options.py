@@ -177,16 +177,13 @@ LoadModelOpt = Annotated[Optional[str], model_option("The model to ask the serve
                                                      "demo with --launch", ", or a name only the server knows")]
 BaseUrlOpt = Annotated[str, typer.Option(envvar="LOCALCHAT_BASE_URL", callback=check_base_url, metavar="URL",
                                          help="OpenAI-compatible base URL.")]
-ApiKeyOpt = Annotated[
-    Optional[str],
-    typer.Option(
-        envvar="LOCALCHAT_API_KEY",
-        show_default=False,
-        callback=check_api_key,
-        metavar="KEY",
-        help="Bearer token for remote servers (never printed or recorded).",
-    ),
-]
+def key_option(envvar: str, help: str, *names: str) -> Any:
+    """An API key's option: read from ``envvar`` too, checked, never shown as a default."""
+    return typer.Option(*names, envvar=envvar, show_default=False, callback=check_api_key, metavar="KEY", help=help)
+
+
+ApiKeyOpt = Annotated[Optional[str], key_option("LOCALCHAT_API_KEY",
+                                                "Bearer token for remote servers (never printed or recorded).")]
 ThinkOpt = Annotated[Optional[bool], typer.Option(
     "--think/--no-think", show_default=False,
     help="A thinking model reasons before it answers, or answers directly (the template's enable_thinking) "

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from localchat.cli.options import MODEL_KINDS, check_api_key
+from localchat.cli.options import MODEL_KINDS, key_option
 
 
 def check_apis(value: str | None) -> tuple[str, ...] | None:
@@ -42,16 +42,8 @@ class MessagesApi(str, Enum):
 LoadApiOpt = Annotated[Optional[MessagesApi], typer.Option("--api", callback=one_api, show_default=False,
                                                            help="Drive a gateway's Anthropic Messages API (with "
                                                                 "--launch, one is started in front of the server).")]
-GatewayKeyOpt = Annotated[
-    Optional[str],
-    typer.Option(
-        envvar="LOCALCHAT_GATEWAY_KEY",
-        show_default=False,
-        callback=check_api_key,
-        metavar="KEY",
-        help="The key clients must send (x-api-key or Bearer) [default: none: loopback use].",
-    ),
-]
+GatewayKeyOpt = Annotated[Optional[str], key_option(
+    "LOCALCHAT_GATEWAY_KEY", "The key clients must send (x-api-key or Bearer) [default: none: loopback use].")]
 
 
 def check_origins(value: str | None) -> tuple[str, ...]:
