@@ -10,8 +10,9 @@ import queue
 import re
 import shutil
 import threading
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -94,7 +95,7 @@ def _inside_repo(name: object) -> bool:
     return not path.is_absolute() and all(part not in ("", ".", "..") for part in name.split("/"))
 
 
-def _remote_file(repo: str, sibling, cached: Callable[[str], bool]) -> RemoteFile:
+def _checked(repo: str, sibling) -> RemoteFile:
     """One file of the listing, refused in one line when the Hub's answer is not a repo's."""
     name, size = sibling.rfilename, sibling.size if sibling.size is not None else 0
     if not _inside_repo(name):
@@ -106,12 +107,12 @@ def _remote_file(repo: str, sibling, cached: Callable[[str], bool]) -> RemoteFil
     digest = sibling.lfs.sha256 if sibling.lfs is not None else None
     if digest is not None and not (isinstance(digest, str) and re.fullmatch(r"[0-9a-f]{64}", digest)):
         raise LocalchatError(f"{repo}: the Hub gives {name[:80]!r} a checksum that is not a sha256; nothing fetched")
-    return RemoteFile(name=name, size=size, sha256=digest, cached=cached(name))
+    return RemoteFile(name=name, size=size, sha256=digest, cached=False)
 
 
-def _files(api, repo: str, patterns: list[str]) -> tuple[str, list[RemoteFile]]:
-    """The files mlx_lm's own download takes (``patterns``), at the commit the Hub names."""
-    from huggingface_hub import constants, try_to_load_from_cache
+def _listing(api, repo: str) -> tuple[str, list[RemoteFile]]:
+    """The repo's commit and every file the Hub lists, each checked (nothing is filtered yet)."""
+    from huggingface_hub import constants
 
     try:  # the client sets no timeout here: a Hub that never answers would hang the pull
         info = api.model_info(repo, files_metadata=True, timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT)
@@ -121,16 +122,19 @@ def _files(api, repo: str, patterns: list[str]) -> tuple[str, list[RemoteFile]]:
     if len(siblings) > MAX_FILES or not isinstance(info.sha, str) or not re.fullmatch(r"[0-9a-f]{40}", info.sha):
         raise LocalchatError(f"{repo}: the Hub's listing is not a model's ({len(siblings)} files, "
                              f"commit {str(info.sha)[:60]!r}); nothing fetched")
-    sha = info.sha
+    return info.sha, [_checked(repo, sibling) for sibling in siblings]
 
-    def cached(name: str) -> bool:
-        return isinstance(try_to_load_from_cache(repo, name, revision=sha), str)
 
-    files = [_remote_file(repo, sibling, cached) for sibling in siblings if _wanted(str(sibling.rfilename), patterns)]
+def _files(repo: str, revision: str, listed: list[RemoteFile], patterns: list[str]) -> list[RemoteFile]:
+    """The files mlx_lm's own download takes (``patterns``), each marked when the cache has it."""
+    from huggingface_hub import try_to_load_from_cache
+
+    files = [replace(f, cached=isinstance(try_to_load_from_cache(repo, f.name, revision=revision), str))
+             for f in listed if _wanted(f.name, patterns)]
     if not any(f.name.endswith(".safetensors") for f in files):
         raise LocalchatError(f"{repo} has no safetensors weights: not an MLX model "
                              "(a GGUF file goes through localchat import)")
-    return sha, files
+    return files
 
 
 def _remote_config(api, repo: str, revision: str) -> dict:
@@ -179,8 +183,9 @@ def hub_deadline_s() -> float:
     return 6 * float(constants.HF_HUB_DOWNLOAD_TIMEOUT)
 
 
-def _within(seconds: float, what: str, work: Callable[[], Any]) -> Any:
-    """``work()`` in a daemon thread, given up after ``seconds`` (the thread ends with the process)."""
+def _within(deadline: float, what: str, work: Callable[[], Any]) -> Any:
+    """``work()`` in a daemon thread, given up at ``deadline`` (``time.monotonic``; the thread ends
+    with the process)."""
     outcome: queue.Queue = queue.Queue()
 
     def run() -> None:
@@ -191,32 +196,31 @@ def _within(seconds: float, what: str, work: Callable[[], Any]) -> Any:
 
     threading.Thread(target=run, name="hub-questions", daemon=True).start()
     try:
-        ok, value = outcome.get(timeout=seconds)
+        ok, value = outcome.get(timeout=max(0.0, deadline - time.monotonic()))
     except queue.Empty:
-        raise LocalchatError(f"{what}: the Hub at {endpoint()} did not finish answering within {seconds:.0f} s "
-                             "(HF_HUB_DOWNLOAD_TIMEOUT sets a sixth of this)") from None
+        raise LocalchatError(f"{what}: the Hub at {endpoint()} did not finish answering within "
+                             f"{hub_deadline_s():.0f} s (HF_HUB_DOWNLOAD_TIMEOUT sets a sixth of this)") from None
     if not ok:
         raise value
     return value
 
 
 def make_plan(repo: str, judge_fit) -> PullPlan:
-    """``judge_fit(shape)`` gives the verdict for this machine and the user's settings."""
+    """``judge_fit(shape)`` gives the verdict for this machine and the user's settings. The Hub is
+    asked in a thread, under one deadline; what runs MLX (the files mlx_lm takes, which imports it)
+    runs here in the main thread: MLX first started from another thread aborts the process at its
+    exit ("terminate called without an active exception")."""
     if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
         raise UsageError("HF_HUB_OFFLINE is set: a pull needs the Hub (unset it, or point HF_ENDPOINT at a mirror)")
     from huggingface_hub import HfApi, constants
 
-    # mlx_lm (and MLX under it) imported here, in the main thread: MLX started from the thread
-    # below would abort the process at its exit ("terminate called without an active exception")
+    api = HfApi()
+    deadline = time.monotonic() + hub_deadline_s()
+    revision, listed = _within(deadline, repo, lambda: _listing(api, repo))
     from mlx_lm.utils import DEFAULT_ALLOW_PATTERNS
 
-    api = HfApi()
-
-    def ask() -> tuple[str, list[RemoteFile], Any]:
-        revision, files = _files(api, repo, DEFAULT_ALLOW_PATTERNS)
-        return revision, files, remote_shape(api, repo, revision, files)
-
-    revision, files, shape = _within(hub_deadline_s(), repo, ask)
+    files = _files(repo, revision, listed, DEFAULT_ALLOW_PATTERNS)
+    shape = _within(deadline, repo, lambda: remote_shape(api, repo, revision, files))
     cache_dir = Path(constants.HF_HUB_CACHE)
     return PullPlan(repo=repo, revision=revision, files=tuple(files), cache_dir=cache_dir,
                     free_disk=_free_disk(cache_dir), fit=judge_fit(shape))
