@@ -30,22 +30,11 @@ REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 ENTRY_FIELDS = {"id", "aliases", "source", "description", "family", "defaults", "chat_template_kwargs", "imported",
                 "variants", "vision"}
 DEFAULT_FIELDS: dict[str, tuple[type, ...]] = {
-    "system": (str, type(None)),
-    "temperature": (int, float),
-    "top_p": (int, float),
-    "top_k": (int,),
-    "min_p": (int, float),
-    "repetition_penalty": (int, float),
-    "max_tokens": (int,),
+    "system": (str, type(None)), "temperature": (int, float), "top_p": (int, float), "top_k": (int,),
+    "min_p": (int, float), "repetition_penalty": (int, float), "max_tokens": (int,),
     # mlx_lm's load-time features, in-process (see backends.mlx_options)
-    "adapter_path": (str,),
-    "draft_model": (str,),
-    "num_draft_tokens": (int,),
-    "kv_bits": (int,),
-    "kv_group_size": (int,),
-    "quantized_kv_start": (int,),
-    "max_kv_size": (int,),
-}
+    "adapter_path": (str,), "draft_model": (str,), "num_draft_tokens": (int,), "kv_bits": (int,),
+    "kv_group_size": (int,), "quantized_kv_start": (int,), "max_kv_size": (int,)}
 
 
 @dataclass(frozen=True)
@@ -162,11 +151,8 @@ def load_registry(path: Path | None = None) -> list[ModelEntry]:
     for entry in entries:
         for name in (entry.id, *entry.aliases):
             if name in seen:
-                raise _fail(
-                    user or path or models_file(),
-                    f"entry ({entry.id})",
-                    f"name '{name}' is already used by {seen[name]}",
-                )
+                raise _fail(user or path or models_file(), f"entry ({entry.id})",
+                            f"name '{name}' is already used by {seen[name]}")
             seen[name] = entry.id
     return entries
 

@@ -239,10 +239,8 @@ def tool_runner(options: ToolSettings, ui: ChatUI, hidden: list[str]) -> ToolRun
         approve = refuse_unasked
     with ui.err.status("starting MCP servers …") if options.mcp else nullcontext():
         runner = open_tools(options, approve, hidden=hidden, on_notice=ui.notice)
-    how: dict[Any, str] = {
-        approve_all: "",
-        refuse_unasked: " (no terminal to ask: calls are refused; --approve-tools runs them)",
-    }
+    how: dict[Any, str] = {approve_all: "",
+                           refuse_unasked: " (no terminal to ask: calls are refused; --approve-tools runs them)"}
     offered = ", ".join(runner.names() if runner else []) or "none (no source offered a tool)"
     ui.info(f"tools offered: {offered}" + how.get(approve, " (each call asks first)"))
     return runner

@@ -117,9 +117,8 @@ def _input(body: dict[str, Any]) -> tuple[list[str], list[Message]]:
             elif role in ("user", "assistant"):
                 messages.append({"role": role, "content": text, **_reasoned(role, reasoning)})
             else:
-                raise invalid(
-                    f"{path}.role: must be user, assistant, system or developer, not {role!r}", f"{path}.role"
-                )
+                raise invalid(f"{path}.role: must be user, assistant, system or developer, not {role!r}",
+                              f"{path}.role")
         elif kind == "function_call":
             messages.append(_call(item, path, names, reasoning))
         elif kind == "function_call_output":
@@ -225,29 +224,17 @@ class ResponsesReply:
     _open: bool = False
 
     def response(self, status: str, ended: Ended | None = None) -> dict[str, Any]:
-        out = {
-            "id": self.id,
-            "object": "response",
-            "created_at": self.created,
-            "status": status,
-            "model": self.request.model,
-            "output": self.items if ended else [],
-            "error": None,
-            "incomplete_details": None,
-            "instructions": self.body.get("instructions"),
-            "max_output_tokens": self.body.get("max_output_tokens"),
-            "previous_response_id": self.body.get("previous_response_id"),
-            "parallel_tool_calls": self.body.get("parallel_tool_calls", True),
-            "temperature": self.request.params.temperature,
-            "top_p": self.request.params.top_p,
-            "tool_choice": self.body.get("tool_choice", "auto"),
-            "tools": self.body.get("tools", []),
-            "store": self.body.get("store", True),
-            "text": {"format": (self.body.get("text") or {}).get("format") or {"type": "text"}},
-            "truncation": "disabled",
-            "metadata": self.body.get("metadata") or {},
-            "usage": _usage(ended) if ended else None,
-        }
+        text_format = (self.body.get("text") or {}).get("format") or {"type": "text"}
+        out = {"id": self.id, "object": "response", "created_at": self.created, "status": status,
+               "model": self.request.model, "output": self.items if ended else [], "error": None,
+               "incomplete_details": None, "instructions": self.body.get("instructions"),
+               "max_output_tokens": self.body.get("max_output_tokens"),
+               "previous_response_id": self.body.get("previous_response_id"),
+               "parallel_tool_calls": self.body.get("parallel_tool_calls", True),
+               "temperature": self.request.params.temperature, "top_p": self.request.params.top_p,
+               "tool_choice": self.body.get("tool_choice", "auto"), "tools": self.body.get("tools", []),
+               "store": self.body.get("store", True), "text": {"format": text_format}, "truncation": "disabled",
+               "metadata": self.body.get("metadata") or {}, "usage": _usage(ended) if ended else None}
         if ended is not None and ended.error is not None:
             out["error"] = {"code": "server_error", "message": ended.error}
         elif status == "incomplete":
