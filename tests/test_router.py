@@ -168,6 +168,48 @@ def test_a_child_killed_mid_stream_fails_that_request_and_the_next_reloads_it(se
     assert again.status_code == 200 and serve.held()[0]["pid"] != pid
 
 
+def test_a_client_that_hangs_up_mid_stream_leaves_its_model_reloadable_twice(serves, rambling_model):
+    """A closed browser tab: the engine says so in one line (no traceback), the model idles out, and
+    the next request loads it again; a reload is judged by its own start, not by what an earlier
+    child left in the log they share."""
+    name = str(rambling_model)
+    serve = serves("-m", name, "--keep-alive", "1s")
+    for round_ in (1, 2):
+        row = serve.held()[0]
+        with httpx.stream("POST", serve.url + "/v1/chat/completions", timeout=60,
+                          json={"model": name, "messages": HELLO, "max_tokens": 100000, "stream": True}) as response:
+            assert response.status_code == 200
+            assert next(line for line in response.iter_lines() if line.startswith("data:"))
+        deadline = time.monotonic() + 60
+        while sum("unloaded" in line and "idle" in line for line in serve.log) < round_ and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert wait_ended(row["pid"])
+        again = serve.ask(name, max_tokens=4)
+        assert again.status_code == 200, again.text
+    engine_log = Path(serve.held()[0]["log"]).read_text()
+    assert "client hung up" in engine_log and "Traceback" not in engine_log
+
+
+def test_a_model_that_cannot_load_is_a_503_that_names_no_local_path(serves, tmp_path):
+    """The reply says why (the engine's own line); the engine's log path is in serve's output only."""
+    from localchat.codes import MODEL_DIR
+
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for f in MODEL_DIR.iterdir():
+        (broken / f.name).write_bytes(f.read_bytes())
+    config = json.loads((broken / "config.json").read_text())
+    (broken / "config.json").write_text(json.dumps(config | {"model_type": "nosucharch"}))
+    serve = serves("-m", "demo", "-m", str(broken))
+    for _ in range(2):  # each failed load says why, once, by its own start
+        reply = serve.ask(str(broken))
+        message = reply.json()["error"]["message"]
+        assert reply.status_code == 503 and "nosucharch" in message and "log:" not in message
+        assert str(serve.url) not in message and "/logs/" not in message and "server-" not in message
+    assert sum("failed to load" in line and "(log: " in line for line in serve.log) == 2
+    assert serve.ask("demo").status_code == 200
+
+
 def test_no_child_outlives_a_front_killed_with_sigkill(serves):
     serve = serves("-m", "demo", "-m", "demo-tools")
     serve.ask("demo-tools")

@@ -146,6 +146,8 @@ def remove_entries(*, console: Console, key: str | None, older_than: str | None,
     if sum(x is not None and x is not False for x in (key, older_than, everything or None)) != 1:
         raise UsageError("log rm takes one of: an ID, --older-than AGE (e.g. 30d), --all")
     files = cache_files()
+    if everything:
+        _prompt_cache_files().check_root()  # (a linked prompt-cache/ is refused before anything goes)
     if key is None and not yes:
         _confirm_bulk(console, older_than)
     if everything and not default_store().path.exists():
@@ -177,11 +179,15 @@ def remove_entries(*, console: Console, key: str | None, older_than: str | None,
     console.print(f"removed {count(len(uids), 'conversation')} ({count(turns, 'logged turn')}){also}")
 
 
-def remove_prompt_caches() -> int:
-    """``log rm --all`` forgets what serve kept of conversations too: its prompt caches on disk."""
+def _prompt_cache_files():
     from localchat.store.prompt_files import PromptFiles, default_root
 
-    return PromptFiles(default_root()).remove_all()
+    return PromptFiles(default_root())
+
+
+def remove_prompt_caches() -> int:
+    """``log rm --all`` forgets what serve kept of conversations too: its prompt caches on disk."""
+    return _prompt_cache_files().remove_all()
 
 
 def _confirm_bulk(console: Console, older_than: str | None) -> None:

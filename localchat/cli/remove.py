@@ -39,6 +39,7 @@ def prompt_caches_of(model_dir: Path | None) -> Callable[[], int]:
     from localchat.store.prompt_files import PromptFiles, default_root
 
     weights = model_fingerprint(model_dir) if model_dir is not None else None
+    PromptFiles(default_root()).check_root()  # (refused before the weights go, not after)
     return lambda: PromptFiles(default_root()).remove_model(weights) if weights else 0
 
 

@@ -51,8 +51,8 @@ def ended_line(server: RunningServer, ranks: Ranks) -> str:
     """Why a server that was not stopped by us has ended: the rank and its signal, and the log's
     last error (or that it shows none)."""
     log = server.log_path
-    rank = failed_rank(last_lines(log, 200))
-    why = failure_line(log) if rank else f"the launcher {exit_words(server.process.returncode)}; " + failure_line(log)
+    rank = failed_rank(last_lines(log, 200, server.log_from))
+    why = server.failure() if rank else f"the launcher {exit_words(server.process.returncode)}; " + server.failure()
     return f"mlx_lm.server on {ranks.size} ranks ended: {why}; every rank has stopped (log: {log})"
 
 

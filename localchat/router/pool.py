@@ -156,8 +156,8 @@ class ModelPool:
             with self._changed:
                 model.state = UNLOADED
                 self._changed.notify_all()
-            self.log(f"{model.key} failed to load: {exc}")
-            raise ApiError(503, "api_error", f"{model.key} failed to load: {exc}") from None
+            self.log(f"{model.key} failed to load: {exc}")  # (serve's own output names the engine's log)
+            raise ApiError(503, "api_error", f"{model.key} failed to load: {getattr(exc, 'reason', exc)}") from None
         with self._changed:
             model.server, model.upstream, model.state = server, upstream, LOADED
             model.loaded_at, model.loads, model.in_flight = time.time(), model.loads + 1, model.in_flight + 1

@@ -152,7 +152,12 @@ def install(server: Any) -> None:
                     request.tools = None  # no call can start: the template offers none
                 self.enforced = enforcement.kind
             with HangupWatch(self.connection, lambda: getattr(request, "localchat_context", None)):
-                return super().handle_completion(request, stop_words)
+                try:
+                    return super().handle_completion(request, stop_words)
+                except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError):
+                    self.close_connection = True  # a client that hung up is a normal event: one line, no traceback
+                    logging.warning("localchat: the client hung up mid-reply; its reply is no longer generated")
+                    return None
 
         def _check_calls(self, enforcement: Enforcement | None) -> None:
             """A call that must come, from a model whose chat template takes no tools, is refused: its

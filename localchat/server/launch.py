@@ -38,11 +38,13 @@ POLL_S = 0.2
 
 
 class ServerStartError(LocalchatError):
-    """The server did not become ready; ``log_path`` is its log, when it had one."""
+    """The server did not become ready; ``log_path`` is its log, when it had one. The terminal's
+    line names the log; ``reason`` (without it) is what an HTTP reply may say: a local path is
+    serve's own business, never a client's."""
 
     def __init__(self, message: str, log_path: Path | None = None):
-        super().__init__(message)
-        self.log_path = log_path
+        super().__init__(f"{message} (log: {log_path})" if log_path is not None else message)
+        self.reason, self.log_path = message, log_path
 
 
 def port_is_free(host: str, port: int) -> bool:
@@ -63,11 +65,12 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
-def failure_line(path: Path) -> str:
+def failure_line(path: Path, since: int = 0) -> str:
     """What the child's log says went wrong, in one line: the rank that failed (a distributed
     server), then the log's last error-looking line (``ValueError: Model type foo not supported.``);
-    never an ordinary log line presented as the cause."""
-    tail = last_lines(path, 200)
+    never an ordinary log line presented as the cause. Only what was written from byte ``since``
+    on is read: a log appended to by each load holds what earlier children wrote."""
+    tail = last_lines(path, 200, since)
     lines = [line.strip() for line in tail.splitlines() if line.strip() and not RANK_FAILED.search(line)]
     cause = next((line for line in reversed(lines) if is_error(line)), "")
     cause = cause[:300]
@@ -77,11 +80,13 @@ def failure_line(path: Path) -> str:
     return cause or (f"the log's last line: {lines[-1][:300]}" if lines else "(the log is empty)")
 
 
-def last_lines(path: Path, n: int = 20) -> str:
-    """The log's last ``n`` lines, without the colours mlx.launch writes into it."""
+def last_lines(path: Path, n: int = 20, since: int = 0) -> str:
+    """The log's last ``n`` lines from byte ``since`` on, without the colours mlx.launch writes."""
     try:
-        with path.open(encoding="utf-8", errors="replace") as f:
-            return SGR.sub("", "".join(deque(f, maxlen=n)))
+        with path.open("rb") as f:
+            f.seek(since)
+            lines = (line.decode("utf-8", errors="replace") for line in f)
+            return SGR.sub("", "".join(deque(lines, maxlen=n)))
     except OSError:
         return ""
 
@@ -94,6 +99,11 @@ class RunningServer:
     model_location: str
     log_path: Path
     load_s: float = 0.0
+    log_from: int = 0  # where this child's own output starts in its log (a reload appends)
+
+    def failure(self) -> str:
+        """What this child's own output says went wrong (never what an earlier child left)."""
+        return failure_line(self.log_path, self.log_from)
 
     @property
     def root_url(self) -> str:
@@ -132,10 +142,11 @@ def launch(model_location: str, *, host: str = "127.0.0.1", port: int = 8080, lo
     command = server_command(model_location, host, port, extra_args, ranks, plain, vision)
     ensure_hub_cache()
     with open_log(log_path, append=append_log) as log:
+        log_from = log.tell()
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                    env=server_env(distributed=ranks is not None) | (env or {}),
                                    start_new_session=True, preexec_fn=child_preexec())
-    return RunningServer(process, host, port, model_location, log_path)
+    return RunningServer(process, host, port, model_location, log_path, log_from=log_from)
 
 
 def server_env(*, distributed: bool) -> dict[str, str]:
@@ -196,9 +207,8 @@ def _ready_once(client: httpx.Client, server: RunningServer) -> bool:
         health = client.get(f"{server.root_url}/health")
     except httpx.HTTPError:
         health = None
-    if (health is not None and health.status_code == 503) or _log_shows_failure(server.log_path):
-        raise ServerStartError(f"mlx_lm.server failed to start: {failure_line(server.log_path)} "
-                               f"(log: {server.log_path})", server.log_path)
+    if (health is not None and health.status_code == 503) or _log_shows_failure(server):
+        raise ServerStartError(f"mlx_lm.server failed to start: {server.failure()}", server.log_path)
     if health is None or health.status_code != 200:
         return False
     try:
@@ -210,8 +220,8 @@ def _ready_once(client: httpx.Client, server: RunningServer) -> bool:
         return False
 
 
-def _log_shows_failure(path: Path) -> bool:
-    tail = last_lines(path, 200)
+def _log_shows_failure(server: RunningServer) -> bool:
+    tail = last_lines(server.log_path, 200, server.log_from)
     return any(mark in tail for mark in FAILURE_MARKS)
 
 
@@ -224,16 +234,15 @@ def wait_ready(server: RunningServer, timeout_s: float = READY_TIMEOUT_S,
         while True:
             elapsed = time.perf_counter() - started
             if server.process.poll() is not None:
-                how = "stopped" if failed_rank(last_lines(server.log_path, 200)) else \
+                how = "stopped" if failed_rank(last_lines(server.log_path, 200, server.log_from)) else \
                     f"exited with code {server.process.returncode}"
-                raise ServerStartError(f"mlx_lm.server {how} during start-up: {failure_line(server.log_path)} "
-                                       f"(log: {server.log_path})", server.log_path)
+                raise ServerStartError(f"mlx_lm.server {how} during start-up: {server.failure()}", server.log_path)
             if _ready_once(client, server):
                 server.load_s = elapsed
                 return elapsed
             if elapsed > timeout_s:
                 raise ServerStartError(f"mlx_lm.server was not ready after {timeout_s:.0f}s: "
-                                       f"{failure_line(server.log_path)} (log: {server.log_path})", server.log_path)
+                                       f"{server.failure()}", server.log_path)
             on_poll(elapsed)
             time.sleep(POLL_S)
 

@@ -5,7 +5,9 @@ its token ids; a bound on all of them together, least recently used out first.
 Everything here reads and writes files only (no mlx): the engine's tier (``server.prompt_disk``)
 says what goes in a file; ``ps``, ``doctor``, ``rm`` and ``log rm --all`` read or clear them.
 Directories are 0700, files 0600; a file is written under ``writing/`` and renamed into place, so a
-kill mid-write leaves no file that loads (and the next start removes what it left).
+kill mid-write leaves no file that loads (and the next start removes what it left). Nothing here
+follows a symbolic link: a linked root or model directory is refused by what writes or removes, and
+skipped by what counts, so no file outside the data directory is ever read, counted or removed.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from localchat.errors import LocalchatError
 from localchat.files import private_dirs
 from localchat.sizes import parse_size
 from localchat.store.kv_files import SUFFIX, read_metadata
@@ -30,7 +33,7 @@ HITS_FILE = "hits.json"
 WEIGHTS_FILE = "weights.json"
 DEFAULT_MAX_BYTES = 10 * 10**9
 MIN_TOKENS = 256  # a shorter prefix prefills in well under a second: not worth a file
-FORMAT = "localchat-prompt-1"
+FORMAT = "localchat-prompt-2"  # (2: a digest of the tensors in the metadata)
 CACHE_DIR_ENV = "LOCALCHAT_PROMPT_CACHE_DIR"
 CACHE_DISK_ENV = "LOCALCHAT_PROMPT_CACHE_DISK"
 
@@ -43,6 +46,48 @@ class Stored:
     tokens: tuple[int, ...]
     size: int
     used: float
+
+
+def real_dir(path: Path) -> bool:
+    """A directory of its own: not a link (to anywhere), not a file."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def regular_files(directory: Path, pattern: str) -> list[tuple[Path, os.stat_result]]:
+    """The regular files in ``directory`` matching ``pattern`` with their ``lstat``: links (dangling
+    or not), FIFOs and directories are left out, and a file that goes while listed is skipped."""
+    found = []
+    for path in sorted(directory.glob(pattern)) if real_dir(directory) else []:
+        with contextlib.suppress(OSError):
+            info = os.lstat(path)
+            if stat.S_ISREG(info.st_mode):
+                found.append((path, info))
+    return found
+
+
+def token_ids(text: str) -> tuple[int, ...]:
+    """A file's token ids as its metadata holds them: a JSON list of non-negative ints, or
+    ``ValueError``."""
+    value = json.loads(text)
+    if not isinstance(value, list) or not all(type(t) is int and 0 <= t < 2**32 for t in value):
+        raise ValueError("its token ids are not a list of token ids")
+    return tuple(value)
+
+
+def hits_in(path: Path) -> int:
+    """The count a ``hits.json`` holds, 0 for anything else (damaged, huge, a link, not a file)."""
+    from localchat.files import read_text
+
+    try:
+        if stat.S_ISLNK(os.lstat(path).st_mode):
+            return 0
+        value = json.loads(read_text(path, 4096)).get("hits", 0)
+    except (OSError, ValueError, AttributeError):
+        return 0
+    return value if type(value) is int and 0 <= value < 2**53 else 0
 
 
 def tokens_name(tokens: list[int] | tuple[int, ...]) -> str:
@@ -81,6 +126,20 @@ class PromptFiles:
     def model_dir(self, key: str) -> Path:
         return self.root / key
 
+    def check_root(self) -> None:
+        """The root is a directory of its own or not there yet; a link in its place is refused (its
+        target is somebody's folder: nothing there is ours to remove)."""
+        with contextlib.suppress(FileNotFoundError):
+            if not stat.S_ISDIR(os.lstat(self.root).st_mode):
+                raise LocalchatError(f"{self.root} is a link or a file, not serve's prompt-cache directory: "
+                                     "nothing is removed through it (remove the link itself)")
+
+    def model_dirs(self) -> list[Path]:
+        """Each model's directory: real directories directly under a real root, links left out."""
+        if not real_dir(self.root):
+            return []
+        return [p for p in sorted(self.root.iterdir()) if real_dir(p)]
+
     def prepare(self, key: str, weights: str) -> Path:
         """The model's directory and the one writes go through, owner-only, with the fingerprint of
         the weights it is for (``remove_model`` finds it by that); what a dead write left there is
@@ -92,7 +151,7 @@ class PromptFiles:
                 if stat.S_ISLNK(mode) or not stat.S_ISDIR(mode):
                     raise OSError(f"{path} is not a directory of its own (a link or a file): remove it")
         private_dirs(directory / TEMP_DIR)
-        for path in (self.root, directory):
+        for path in (self.root, directory, directory / TEMP_DIR):
             os.chmod(path, 0o700)
         for left in (directory / TEMP_DIR).iterdir():
             with contextlib.suppress(OSError):
@@ -111,13 +170,13 @@ class PromptFiles:
         """The model's prefixes on disk, and a line for each file that cannot be one of them."""
         found, ignored = [], []
         directory = self.model_dir(key)
-        for path in sorted(directory.glob(f"*{SUFFIX}")) if directory.is_dir() else []:
+        for path in sorted(directory.glob(f"*{SUFFIX}")) if real_dir(directory) else []:
             try:
                 info = os.lstat(path)
                 if not stat.S_ISREG(info.st_mode):
                     raise ValueError("it is not a regular file")
                 meta = read_metadata(path)
-                tokens = tuple(json.loads(meta.get("tokens", "null")) or ())
+                tokens = token_ids(str(meta.get("tokens", "[]")))
                 if meta.get("format") != FORMAT or meta.get("identity") != key:
                     raise ValueError("it was written for another model or KV setting")
                 if not tokens or tokens_name(tokens) != path.name[:-len(SUFFIX)]:
@@ -146,11 +205,8 @@ class PromptFiles:
     def evict(self, keep: Path | None = None) -> list[Path]:
         """The least recently used files, every model's, removed until the total is within the bound
         (``keep``, the one just written, last). Returns what was removed."""
-        entries = []
-        for path in self.root.glob(f"*/*{SUFFIX}") if self.root.is_dir() else []:
-            with contextlib.suppress(OSError):
-                info = os.lstat(path)
-                entries.append((path == keep, info.st_mtime, info.st_size, path))
+        entries = [(path == keep, info.st_mtime, info.st_size, path)
+                   for directory in self.model_dirs() for path, info in regular_files(directory, f"*{SUFFIX}")]
         total, removed = sum(e[2] for e in entries), []
         for _, _, size, path in sorted(entries):
             if total <= self.max_bytes:
@@ -162,43 +218,44 @@ class PromptFiles:
         return removed
 
     def total_bytes(self) -> int:
-        return sum(p.stat().st_size for p in self.root.glob(f"*/*{SUFFIX}")) if self.root.is_dir() else 0
+        return sum(info.st_size for d in self.model_dirs() for _, info in regular_files(d, f"*{SUFFIX}"))
+
+    def file_count(self) -> int:
+        return sum(len(regular_files(d, f"*{SUFFIX}")) for d in self.model_dirs())
 
     def hits(self) -> int:
         """Prefixes served from disk, every model's, since the files were made."""
-        total = 0
-        for path in self.root.glob(f"*/{HITS_FILE}") if self.root.is_dir() else []:
-            with contextlib.suppress(OSError, ValueError, TypeError):
-                total += int(json.loads(path.read_text()).get("hits", 0))
-        return total
+        return sum(hits_in(d / HITS_FILE) for d in self.model_dirs())
 
     def count_hit(self, key: str) -> None:
-        path = self.model_dir(key) / HITS_FILE
-        try:
-            hits = int(json.loads(path.read_text()).get("hits", 0))
-        except (OSError, ValueError, TypeError, AttributeError):
-            hits = 0
         with contextlib.suppress(OSError):
-            self._write_json(path, {"hits": hits + 1})
+            self._write_json(self.model_dir(key) / HITS_FILE, {"hits": hits_in(self.model_dir(key) / HITS_FILE) + 1})
 
     def remove_models(self, keys: list[str]) -> int:
-        """Every cache of these model identities; the bytes freed."""
+        """Every cache of these model identities; the bytes freed. A linked root is refused; a linked
+        model directory is left alone (``rmtree`` itself never follows a link below it)."""
+        self.check_root()
         freed = 0
         for key in keys:
             directory = self.model_dir(key)
-            if directory.is_dir() and not directory.is_symlink():
-                freed += sum(p.stat().st_size for p in directory.rglob("*") if p.is_file())
+            if real_dir(directory):
+                freed += sum(info.st_size for sub, _, _ in os.walk(directory) for _, info in regular_files(Path(sub), "*"))
                 shutil.rmtree(directory, ignore_errors=True)
         return freed
 
     def remove_model(self, weights: str) -> int:
         """Every cache of the model whose weights have this fingerprint, whatever its KV settings."""
+        from localchat.files import read_text
+
+        self.check_root()
         keys = []
-        for path in self.root.glob(f"*/{WEIGHTS_FILE}") if self.root.is_dir() else []:
+        for directory in self.model_dirs():
             with contextlib.suppress(OSError, ValueError, AttributeError):
-                if json.loads(path.read_text()).get("weights") == weights:
-                    keys.append(path.parent.name)
+                if regular_files(directory, WEIGHTS_FILE) and \
+                        json.loads(read_text(directory / WEIGHTS_FILE, 4096)).get("weights") == weights:
+                    keys.append(directory.name)
         return self.remove_models(keys)
 
     def remove_all(self) -> int:
-        return self.remove_models([p.name for p in self.root.iterdir()] if self.root.is_dir() else [])
+        self.check_root()
+        return self.remove_models([p.name for p in self.model_dirs()])
