@@ -19,7 +19,7 @@ from localchat.cli import outcomes
 from localchat.errors import raise_if_set
 from localchat.registry import DEMO_MODEL, ModelRef, resolve
 from localchat.server.distributed import Ranks, exit_words, failed_rank
-from localchat.server.launch import RunningServer, ServerStartError, failure_line, last_lines
+from localchat.server.launch import RunningServer, ServerStartError, last_lines
 from localchat.server.parity import ParityReport, run_parity
 from localchat.server.smoke import SmokeReport, run_smoke
 

@@ -239,7 +239,8 @@ class PromptFiles:
         for key in keys:
             directory = self.model_dir(key)
             if real_dir(directory):
-                freed += sum(info.st_size for sub, _, _ in os.walk(directory) for _, info in regular_files(Path(sub), "*"))
+                walked = (regular_files(Path(sub), "*") for sub, _, _ in os.walk(directory))
+                freed += sum(info.st_size for files in walked for _, info in files)
                 shutil.rmtree(directory, ignore_errors=True)
         return freed
 
