@@ -162,3 +162,19 @@ def test_replay_round_trip(home, tmp_path):
     assert [t["user"] for t in on] == [REMEMBER, "Hello", "What was the code? Reply with the code only."]
     assert on[0]["answer"] == "OK"
     assert "--replay demo1" in report["environment"]["command"]
+
+
+def test_a_write_built_on_an_older_state_is_refused_and_writes_nothing(tmp_path):
+    """Two terminals (or a tab and a terminal) on one conversation: the one whose state is older
+    than the stored one cannot write over a turn the other kept."""
+    from localchat.store.saved_sessions import ContinuedElsewhere
+
+    store = SessionStore(tmp_path / "s.sqlite3")
+    first = store.save(saved(None, uid="c"), based_on=0)
+    both = store.load("c")
+    assert both.revision == first.revision
+    second = store.save(saved(None, uid="c", turns=[("hi", "Hi there!"), ("t2", "a2")]), based_on=both.revision)
+    assert second.revision == both.revision + 1
+    with pytest.raises(ContinuedElsewhere, match="continued elsewhere.*2 turns"):
+        store.save(saved(None, uid="c", turns=[("hi", "Hi there!"), ("other", "b2")]), based_on=both.revision)
+    assert [t.user for t in store.load("c").turns] == ["hi", "t2"] and store.revision_of("c") == second.revision

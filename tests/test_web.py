@@ -164,6 +164,70 @@ def test_a_conversation_started_by_chat_goes_on_in_the_page_and_is_found_by_log(
     assert shown.returncode == 0 and "What was the code" in shown.stdout
 
 
+def uid_of(served, text: str) -> str:
+    """The id of the conversation the page lists whose first question holds ``text``."""
+    return next(c["id"] for c in httpx.get(served.url + "/api/chats", timeout=10).json() if text in c["title"])
+
+
+def test_terminal_and_page_continue_each_other_and_no_turn_is_written_over(page, served):
+    """terminal → page → terminal → page → terminal: every turn kept and seen by the next; the page
+    shows what a terminal kept when the conversation is opened again or comes back into view."""
+    codes = ["harbor 17", "lantern 42", "meadow 5", "copper 9", "willow 3"]
+
+    def terminal(code: str) -> None:
+        uid = served.uid if hasattr(served, "uid") else None
+        args = ["--resume", uid] if uid else []
+        done = localchat(served.home, "chat", "--backend", "server", "--base-url", served.url + "/v1", "-m", "demo",
+                         *args, f"Remember the code {code}. Reply only OK.")
+        assert done.returncode == 0 and done.stdout.strip() == "OK", done.stderr
+
+    def page_turn(code: str) -> None:
+        if code == codes[1]:
+            page.goto(served.url + "/#" + served.uid)  # opened
+        else:  # the tab comes back into view after the terminal's turn
+            page.evaluate("document.dispatchEvent(new Event('visibilitychange'))")
+        page.locator("[data-testid=message][data-role=user]").nth(len(asked) - 1).wait_for()
+        assert page.locator("[data-testid=message][data-role=user]").all_inner_texts() == asked
+        say(page, f"Remember the code {code}. Reply only OK.")
+
+    if hasattr(served, "uid"):
+        del served.uid
+    asked: list[str] = []
+    for number, code in enumerate(codes):
+        if number % 2 == 0:
+            terminal(code)
+            if number == 0:
+                served.uid = uid_of(served, code)
+        else:
+            page_turn(code)
+        asked.append(f"Remember the code {code}. Reply only OK.")
+    page.get_by_test_id("conversation").filter(has_text=codes[0]).first.click()  # opened from the list
+    page.locator("[data-testid=message][data-role=user]").nth(4).wait_for()
+    assert page.locator("[data-testid=message][data-role=user]").all_inner_texts() == asked
+    shown = localchat(served.home, "log", "show", served.uid)
+    assert all(code in shown.stdout for code in codes), shown.stdout
+
+
+def test_a_page_turn_sent_from_a_stale_view_goes_on_from_the_latest_kept_turn(page, served):
+    """The page shows one turn, a second terminal keeps another meanwhile: the page's next turn is
+    built on both (never written over the terminal's), and the page then shows all three."""
+    started = localchat(served.home, "chat", "Remember the code delta 8. Reply only OK.")
+    assert started.returncode == 0, started.stderr
+    uid = uid_of(served, "delta 8")
+    page.goto(served.url + "/#" + uid)
+    page.locator("[data-testid=message][data-role=assistant]").first.wait_for()
+    second = localchat(served.home, "chat", "--resume", uid, "Remember the code echo 4. Reply only OK.")
+    assert second.returncode == 0, second.stderr
+    say(page, "Remember the code fox 6. Reply only OK.")
+    page.locator("[data-testid=message][data-role=user]").nth(2).wait_for()
+    assert page.locator("[data-testid=message][data-role=user]").all_inner_texts() == [
+        f"Remember the code {code}. Reply only OK." for code in ("delta 8", "echo 4", "fox 6")]
+    shown = localchat(served.home, "log", "show", uid)
+    assert all(code in shown.stdout for code in ("delta 8", "echo 4", "fox 6")), shown.stdout
+    resumed = localchat(served.home, "chat", "--resume", uid, RECALL)
+    assert resumed.returncode == 0 and ": 3 turn(s)" in resumed.stderr, resumed.stdout + resumed.stderr
+
+
 def test_the_page_approves_a_tool_call(page):
     page.get_by_test_id("model").select_option("demo-tools")
     page.get_by_test_id("composer").fill("What is 12 plus 30?")

@@ -329,7 +329,7 @@ def chat_with_ui(*, opts: ChatOptions, prompt: str | None, ui: ChatUI) -> TurnSt
     store = default_store(KEEPING_BUSY_TIMEOUT_S) if keep else default_store()
     saver = SessionSaver(store, saved.uid if saved else new_session_id(),
                          opts.model.model or (ref.id if ref else None), name=saved.name if saved else None,
-                         caches=caches, logging=keep,
+                         caches=caches, logging=keep, revision=saved.revision if saved else 0,
                          saved_state=saved_state(saved.turns, saved.pins, saved.summary) if saved else None)
     saver.start(session)
     try:

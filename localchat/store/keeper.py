@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from localchat.conversation.history import Turn
 from localchat.conversation.turn import ChatSession
 from localchat.errors import LocalchatError
-from localchat.store.saved_sessions import SavedSession, SessionStore, validate_name
+from localchat.store.saved_sessions import ContinuedElsewhere, SavedSession, SessionStore, validate_name
 from localchat.store.session_cache import CacheWrite, SessionCaches, write_cache
 
 
@@ -36,6 +36,8 @@ class SessionSaver:
     caches: SessionCaches | None = None
     saved_state: tuple | None = None  # ``saved_state(...)`` at the last write (or the resume)
     logging: bool = False  # every accepted turn kept as it commits (--no-log: False)
+    revision: int = 0  # the stored state's revision this one is built on (a resumed conversation's, or 0)
+    stale: bool = False  # a write was refused: the stored state moved on (another page or terminal)
     _logged: dict[int, Turn] = field(default_factory=dict, repr=False)  # the turns already logged, by identity
     _failing: bool = field(default=False, repr=False)
 
@@ -64,11 +66,15 @@ class SessionSaver:
         if not new and not taken_back and not self._logged and self.name is None:
             return None  # nothing was ever accepted: there is no conversation to keep yet
         try:
-            self.store.save(self._snapshot(session, self.name), log=new, take_back=taken_back)
+            written = self.store.save(self._snapshot(session, self.name), log=new, take_back=taken_back,
+                                      based_on=self.revision)
+        except ContinuedElsewhere as exc:
+            self.stale = True
+            return str(exc)  # (said every time: each such turn is not kept)
         except LocalchatError as exc:
             said, self._failing = self._failing, True
             return None if said else f"this conversation is not being kept ({exc}); the chat goes on"
-        self.saved_state, self._failing = state, False
+        self.saved_state, self._failing, self.revision = state, False, written.revision
         self._remember_logged(session.conversation.turns)
         return None
 
@@ -87,8 +93,8 @@ class SessionSaver:
         then the KV cache beside them."""
         name = validate_name(name) if name else (self.name or f"chat-{self.uid}")
         new = self._new_turns(session.conversation.turns) if self.logging else ()
-        replaced = self.store.save(self._snapshot(session, name), log=new)
-        self.name = name
+        written = self.store.save(self._snapshot(session, name), log=new, based_on=self.revision)
+        replaced, self.name, self.revision = written.replaced, name, written.revision
         self.saved_state = saved_state(session.conversation.turns, session.conversation.pins, _notes(session))
         self._remember_logged(session.conversation.turns)
         cache = write_cache(session, self.uid, name, self.caches) if self.caches else None

@@ -34,7 +34,7 @@ from localchat.vision.image import Picture
 DB_NAME = "sessions.sqlite3"
 BUSY_TIMEOUT_S = 10.0
 KEEPING_BUSY_TIMEOUT_S = 1.0  # a chat keeping its turns waits this long for another writer, not a whole turn
-COLUMNS = "id, name, uid, model, backend, system, params, created, updated, pins, summary"
+COLUMNS = "id, name, uid, model, backend, system, params, created, updated, pins, summary, revision"
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,18 @@ class SavedSession:
     updated: str = ""
     pins: tuple[str, ...] = ()
     summary: str | None = None  # the notes that replaced earlier turns (those turns are not kept)
+    revision: int = 0  # how many writes the stored state has had (a write on an older one is refused)
+
+
+class ContinuedElsewhere(UsageError):
+    """A conversation's write built on a state another page, tab or terminal has written over since:
+    refused, so no kept turn is ever written over."""
+
+
+@dataclass(frozen=True)
+class Written:
+    replaced: bool  # an earlier save under this name was replaced
+    revision: int  # the state's revision now
 
 
 @dataclass(frozen=True)
@@ -139,11 +151,13 @@ class SessionStore:
                     conn.execute(statement)
             conn.execute(f"PRAGMA user_version = {number + 1}")
 
-    def save(self, session: SavedSession, log: Sequence[Turn] = (), take_back: int = 0) -> bool:
+    def save(self, session: SavedSession, log: Sequence[Turn] = (), take_back: int = 0,
+             based_on: int | None = None) -> Written:
         """Keep ``session``'s state (its row, by uid; renamed when it has a new name), append the
         ``log`` turns to its log and mark its last ``take_back`` logged turns as taken back, in one
-        transaction; True when a save under this name was replaced. A name held by a different
-        conversation is refused, so no save overwrites another."""
+        transaction. A name held by a different conversation is refused, so no save overwrites
+        another; so is a state built on revision ``based_on`` when the stored one has moved on
+        (another page or terminal kept a turn since): ``ContinuedElsewhere``."""
         from localchat.store.conversation_log import append_turns, mark_taken_back
 
         with self._connect(write=True) as conn:
@@ -152,14 +166,18 @@ class SessionStore:
                 if holder and holder[0] != session.uid:
                     raise UsageError(f"another conversation is already saved as '{session.name}': pick another "
                                      f"name, or remove it first (localchat sessions rm {session.name})")
-            row = conn.execute("SELECT id, name FROM sessions WHERE uid = ?", (session.uid,)).fetchone()
+            row = conn.execute("SELECT id, name, revision FROM sessions WHERE uid = ?", (session.uid,)).fetchone()
+            if row and based_on is not None and row[2] != based_on:
+                kept = conn.execute("SELECT COUNT(*) FROM turns WHERE session_id = ?", (row[0],)).fetchone()[0]
+                raise ContinuedElsewhere(f"this conversation was continued elsewhere since it was opened here (it "
+                                         f"now holds {kept} turns): this turn was not kept; open it again to go on "
+                                         "from its latest turn")
             values = (session.name if session.name is not None else row[1] if row else None, _now(), session.model,
                       session.backend, session.system, json.dumps(session.params),
                       json.dumps(list(session.pins)) if session.pins else None, session.summary)
             if row:
                 conn.execute("UPDATE sessions SET name = ?, updated = ?, model = ?, backend = ?, system = ?, params = "
-                             "?, "
-                             "pins = ?, summary = ? WHERE id = ?", (*values, row[0]))
+                             "?, pins = ?, summary = ?, revision = revision + 1 WHERE id = ?", (*values, row[0]))
                 conn.execute("DELETE FROM turns WHERE session_id = ?", (row[0],))
                 key = row[0]
             else:
@@ -176,7 +194,19 @@ class SessionStore:
             keep_pictures(conn, (p for t in (*session.turns, *log) for p in t.images))
             mark_taken_back(conn, session.uid, take_back)
             append_turns(conn, session, log)
-            return bool(row and row[1] is not None and row[1] == session.name)
+            revision = row[2] + 1 if row else 0
+            return Written(replaced=bool(row and row[1] is not None and row[1] == session.name), revision=revision)
+
+    def revision_of(self, uid: str) -> int | None:
+        """The stored state's revision, None when it is not kept (or the database cannot say)."""
+        if not self.path.exists():
+            return None
+        try:
+            with self._connect() as conn:
+                row = conn.execute("SELECT revision FROM sessions WHERE uid = ?", (uid,)).fetchone()
+        except LocalchatError:
+            return None
+        return row[0] if row and isinstance(row[0], int) else None
 
     def load(self, name: str) -> SavedSession:
         """A conversation by its name, or by its id (``localchat log`` shows both)."""
@@ -285,7 +315,8 @@ def _session_from_rows(row: tuple, turns: list[tuple],
         loaded.append(Turn(user, assistant, figures, reasoning or "", rounds, images=shown))
     return SavedSession(name=row[1] if isinstance(row[1], str) else None, uid=row[2], model=row[3], backend=row[4],
                         system=row[5], params=params,
-                        turns=tuple(loaded), created=row[7], updated=row[8], pins=tuple(pins), summary=row[10])
+                        turns=tuple(loaded), created=row[7], updated=row[8], pins=tuple(pins), summary=row[10],
+                        revision=row[11] if isinstance(row[11], int) else 0)
 
 
 def tool_steps(data: Any) -> tuple[ToolStep, ...]:

@@ -99,4 +99,6 @@ MIGRATIONS = [
     ALTER TABLE log ADD COLUMN images TEXT;
     CREATE TABLE images (digest TEXT PRIMARY KEY, mime TEXT NOT NULL, data BLOB NOT NULL);
     """,
+    # each write of a conversation's state counts up: a write built on an older state is refused
+    "ALTER TABLE sessions ADD COLUMN revision INTEGER NOT NULL DEFAULT 0",
 ]

@@ -80,10 +80,15 @@ class WebChats:
                 "turns": [_turn(t) for t in session.conversation.turns]}
 
     def opened(self, uid: str) -> LiveChat:
-        """A conversation of this page, or one of the log (a terminal's), brought back."""
+        """A conversation of this page, or one of the log (a terminal's), brought back; a live one
+        whose stored state another page, tab or terminal has moved on since is read again (unless
+        it is answering), so it always shows, and goes on from, the latest kept turn."""
         with self._lock:
-            if uid in self.live:
-                return self.live[uid]
+            chat = self.live.get(uid)
+        if chat is not None:
+            if chat.busy.locked() or self.store.revision_of(uid) in (None, chat.saver.revision):
+                return chat
+            self._dropped(chat)
         try:
             saved = self.store.load(uid)
         except (SessionNotFound, UsageError):
@@ -94,7 +99,24 @@ class WebChats:
             model = self.served()[0]
         chat = self._made(uid, model, saved.system, dict(saved.params), saved.turns, saved)
         with self._lock:
-            return self.live.setdefault(uid, chat)
+            held = self.live.setdefault(uid, chat)
+        if held is not chat:  # (another request made it first: one live chat a conversation)
+            self._closed(chat)
+        return held
+
+    def _dropped(self, chat: LiveChat) -> None:
+        """A live chat out of the page's hands (it is read again from the store when next opened)."""
+        with self._lock:
+            if self.live.get(chat.uid) is chat:
+                del self.live[chat.uid]
+        self._closed(chat)
+
+    @staticmethod
+    def _closed(chat: LiveChat) -> None:
+        chat.stop.set()
+        chat.session.backend.close()
+        if chat.session.tools is not None:
+            chat.session.tools.close()
 
     def started(self, model: str | None, system: str | None, temperature: float | None,
                 history: bool = True) -> LiveChat:
@@ -140,6 +162,7 @@ class WebChats:
         if saved is not None:
             session.conversation.pins = list(saved.pins)
         saver = SessionSaver(self.store, uid, model, name=saved.name if saved else None, logging=True,
+                             revision=saved.revision if saved else 0,
                              saved_state=saved_state(saved.turns, saved.pins, saved.summary) if saved else None)
         saver.start(session)
         chat = LiveChat(uid=uid, model=model, session=session, saver=saver)
@@ -160,7 +183,10 @@ class WebChats:
 
         def run() -> None:
             try:
-                events.put(_ended(chat, self._run(chat, kind, text, pictures, events)))
+                ended = _ended(chat, self._run(chat, kind, text, pictures, events))
+                if ended.get("stale"):
+                    self._dropped(chat)  # (built on an old state: the next open reads the latest)
+                events.put(ended)
             except (LocalchatError, ValueError) as exc:
                 events.put({"type": "error", "message": str(exc)})
             except Exception as exc:  # never a traceback in the page, never a stuck conversation
@@ -245,10 +271,7 @@ class WebChats:
 
     def close(self) -> None:
         for chat in list(self.live.values()):
-            chat.stop.set()
-            chat.session.backend.close()
-            if chat.session.tools is not None:
-                chat.session.tools.close()
+            self._closed(chat)
 
 
 def _ref(name: str | None) -> ModelRef | None:
@@ -315,10 +338,14 @@ def _asked(chat: LiveChat, name: str, arguments: dict[str, Any]) -> str | None:
 
 def _ended(chat: LiveChat, result: TurnResult) -> dict[str, Any]:
     stopped = chat.stop.is_set()
+    revision = chat.saver.revision
     note = chat.saver.kept(chat.session) if result.committed else None
-    return {"type": "end", "status": "stopped" if stopped else result.status.value, "kept": result.committed,
-            "error": result.error, "figures": stats_line(result.stats) if result.stats.ttft_s is not None else None,
-            "note": note, "turns": len(chat.session.conversation.turns)}
+    stale = note is not None and chat.saver.stale
+    return {"type": "end", "status": "not kept" if stale else "stopped" if stopped else result.status.value,
+            "kept": result.committed and not stale, "error": note if stale else result.error, "stale": stale,
+            "figures": stats_line(result.stats) if result.stats.ttft_s is not None else None,
+            "note": None if stale else note, "turns": len(chat.session.conversation.turns),
+            "revision": chat.saver.revision if not stale else revision}
 
 
 def _turn(turn: Any) -> dict[str, Any]:

@@ -135,11 +135,13 @@ async function send(kind) {
   if (state.busy) return;
   const text = $("composer").value;
   if (kind !== "retry" && !text.trim()) return;
+  busy(true);  // one send a turn: a second Enter while the conversation is made sends nothing
   say("");
   let chat;
   try {
     chat = await ensureChat();
   } catch (error) {
+    busy(false);
     say(error.message);
     return;
   }
@@ -155,7 +157,6 @@ async function send(kind) {
   $("composer").value = "";
   state.pictures = [];
   $("attached").replaceChildren();
-  busy(true);
   let ended = null;
   try {
     const response = await api("POST", `/api/chats/${encodeURIComponent(chat.id)}/turns`, { kind, text, images: pictures });
@@ -171,7 +172,10 @@ async function send(kind) {
     state.mode = "ask";
     $("send").textContent = "Send";
   }
-  if (ended && !ended.kept && ended.status !== "stopped") {
+  if (ended && ended.stale) {
+    await openChat(chat.id);  // continued elsewhere: the latest kept turns are shown, the question kept to send again
+    if (kind !== "retry") $("composer").value = text;
+  } else if (ended && !ended.kept && ended.status !== "stopped") {
     notKept([...shown.querySelectorAll("[data-testid=message]")].slice(kind === "retry" ? -1 : -2), ended);
   } else {
     await openChat(chat.id);  // the view is what history holds (a stopped reply is gone, as Ctrl+C leaves it)
@@ -243,6 +247,7 @@ function busy(on) {
   state.busy = on;
   $("send").hidden = on;
   $("stop").hidden = !on;
+  $("composer").disabled = on;
   for (const id of ["retry", "undo", "edit"]) $(id).disabled = on;
 }
 
@@ -327,6 +332,10 @@ function wire() {
   $("search").addEventListener("input", () => { clearTimeout(typing); typing = setTimeout(() => loadList(), 250); });
   $("menu").addEventListener("click", () => document.body.classList.add("side-open"));
   $("menu-close").addEventListener("click", () => document.body.classList.remove("side-open"));
+  document.addEventListener("visibilitychange", () => {
+    // back in view: what a terminal or another tab kept meanwhile is shown (never over a turn in progress)
+    if (document.visibilityState === "visible" && state.chat && !state.busy) openChat(state.chat.id);
+  });
   window.addEventListener("hashchange", () => {
     const id = decodeURIComponent(location.hash.slice(1));
     if (id && id !== state.chat?.id) openChat(id);
