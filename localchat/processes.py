@@ -25,6 +25,8 @@ POLL_S = 0.05
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 
+SERVE_PID = "LOCALCHAT_SERVE_PID"  # what an engine child of ``serve`` watches: it ends when serve has gone
+
 
 def die_with_parent() -> None:
     """``preexec_fn`` of a child (Linux): SIGTERM when localchat ends, however it ends."""

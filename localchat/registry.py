@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from localchat import bounded_json
-from localchat.backends.settings import SETTINGS, check_setting
 from localchat.errors import LocalchatError, UsageError
 from localchat.files import read_text
 from localchat.gguf.package import PACKAGE_GGUF_PREFIX, ensure_imported
+from localchat.sampling import SETTINGS, check_setting
 from localchat.yamlfile import read_yaml
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -129,7 +129,7 @@ def _parse_entry(raw: Any, index: int, path: Path) -> ModelEntry:
 
 def user_models_file() -> Path:
     """The user's own registry (``localchat import`` writes it), laid over models.yaml."""
-    from localchat.store.home import home_dir
+    from localchat.home import home_dir
 
     return home_dir() / "models.yaml"
 
@@ -161,7 +161,7 @@ def _entry_location(entry: ModelEntry) -> tuple[str, str]:
     if entry.source.startswith(BUNDLED_PREFIX):
         return str(PACKAGE_DIR / entry.source[len(BUNDLED_PREFIX):]), "bundled"
     if entry.source.startswith(PACKAGE_GGUF_PREFIX):
-        from localchat.store.home import home_dir
+        from localchat.home import home_dir
 
         return str(home_dir() / "models" / entry.id), "package-gguf"
     if REPO_ID.match(entry.source) and not Path(entry.source).expanduser().exists():

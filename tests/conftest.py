@@ -26,7 +26,7 @@ signal.signal(signal.SIGINT, signal.default_int_handler)
 LOOK_ALIKES = (["sleep", "3600"],
                [sys.executable, "-c", "import time; time.sleep(3600)", "add_server.py", "mcp_server_time",
                 "hostile_mcp.py", "localchat.mcp.guard", "mlx_lm server --model default_model",
-                "localchat.server.enforcing", "localchat.pull.fetch", "mlx_vlm.server --model demo_vision_model"])
+                "localchat.serve.engine.enforcing", "localchat.pull.fetch", "mlx_vlm.server --model demo_vision_model"])
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from localchat.gateway.routes import FixedRoute
-from localchat.gateway.serving import RunningGateway, serve_gateway, start_gateway
-from localchat.gateway.upstream import Upstream, reach_upstream
 from localchat.registry import resolve
+from localchat.serve.front.running import RunningGateway, serve_gateway, start_gateway
+from localchat.serve.pool.lease import FixedRoute
+from localchat.serve.pool.upstream import Upstream, reach_upstream
 from localchat.server.launch import free_port
 
 
@@ -57,7 +57,7 @@ def gateway_for(base_url: str, model: str | None = None, *, api_key: str | None 
         running = serve_gateway(FixedRoute(upstream), "127.0.0.1", free_port(), ("anthropic", "responses"), api_key,
                                 logs.append, model=upstream.model_field)
     else:
-        from localchat.gateway.app import Gateway
+        from localchat.serve.front.app import Gateway
 
         upstream = Upstream(base_url=base_url, model_field="default_model", model_id="fake", **upstream_fields)
         running = start_gateway(

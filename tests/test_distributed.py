@@ -235,10 +235,10 @@ def test_dry_run_shows_the_command_and_starts_nothing(home):
     result = runner.invoke(app, ["serve", "--ranks", "2", "--dry-run"])
     assert result.exit_code == 0
     assert "mlx.launch --backend ring --hosts 127.0.0.1 -n 2 --starting-port" in result.stdout
-    assert "-m localchat.server.rank_guard localchat.server.enforcing --model" in result.stdout  # ends with serve
+    assert "-m localchat.serve.engine.rank_guard localchat.serve.engine.enforcing --model" in result.stdout
     assert "--pipeline" not in result.stdout
     plain = runner.invoke(app, ["serve", "--ranks", "2", "--dry-run", "--plain"])
-    assert "-m localchat.server.rank_guard mlx_lm server --model" in plain.stdout
+    assert "-m localchat.serve.engine.rank_guard mlx_lm server --model" in plain.stdout
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import pytest
 
 from fakeserver import GOOD, FakeServer, Reply
 from gateways import gateway_for
-from localchat.gateway import browsers
+from localchat.serve.front import guards as browsers
 
 BODY = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "Hi"}]}
 

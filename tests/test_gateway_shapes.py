@@ -104,7 +104,7 @@ def test_an_upstream_that_echoes_its_key_never_shows_it_to_the_gateway_s_clients
 
 @pytest.mark.parametrize("listing", [b"[1, 2]", b"7", b'{"data": 5}', b"not json"])
 def test_a_gateway_starts_in_front_of_a_server_whose_model_list_is_anything(listing):
-    from localchat.gateway.upstream import reach_upstream
+    from localchat.serve.pool.upstream import reach_upstream
 
     fake = FakeServer()
     fake.replies["/v1/models"] = Reply(chunks=[listing], headers={"Content-Type": "application/json"})

@@ -90,6 +90,35 @@ def test_no_module_of_localchat_is_part_of_an_import_circle():
     assert cycles(graph) == []
 
 
+def package_graph(graph: dict[str, set[str]], depth: int) -> dict[str, set[str]]:
+    """``graph`` with each module folded into its package ``depth`` levels down (``localchat.serve``
+    at 1, ``localchat.serve.pool`` at 2); a module above that depth stands for itself."""
+
+    def folded(module: str) -> str:
+        return ".".join(module.split(".")[:depth + 1])
+
+    packages: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        mine = folded(module)
+        packages.setdefault(mine, set()).update(t for t in map(folded, targets) if t != mine)
+    return packages
+
+
+def test_the_package_folding_sees_a_circle_between_two_packages():
+    graph = {"localchat.a.x": {"localchat.b.y"}, "localchat.b.y": set(), "localchat.b.z": {"localchat.a.w"},
+             "localchat.a.w": set()}
+    assert cycles(package_graph(graph, 1)) == [["localchat.a", "localchat.b"]]
+    assert cycles(graph) == []
+
+
+def test_no_package_of_localchat_imports_one_that_imports_it_back():
+    """Packages too point one way (``mcp`` above ``tools``, ``serve.front`` above ``serve.apis``
+    above ``serve.pool``): folded into their packages, the modules still make no circle."""
+    graph = import_graph()
+    for depth in (1, 2, 3):
+        assert cycles(package_graph(graph, depth)) == [], depth
+
+
 def test_the_top_level_command_loads_only_its_declarations():
     probe = ("import sys, localchat.cli.app; print(' '.join(m for m in sys.modules if m.split('.')[0] in "
              "('localchat', 'rich', 'httpx', 'mlx', 'mlx_lm', 'prompt_toolkit', 'yaml', 'jinja2')))")
@@ -158,7 +187,7 @@ def test_the_http_client_starts_without_mlx():
     )
     probe = ("import sys, runpy\nsys.argv = ['localchat', *sys.argv[1:]]\n"
              "try:\n    runpy.run_module('localchat', run_name='__main__')\nexcept SystemExit:\n    pass\n"
-             "import localchat.gateway.app, localchat.server.smoke\n"
+             "import localchat.serve.front.app, localchat.server.smoke\n"
              f"print('LOADED:', *(m for m in sys.modules if m.split('.')[0] in {MLX_STACK!r}), file=sys.stderr)")
     done = subprocess.run([sys.executable, "-c", probe, "chat", "--backend", "server", "--base-url", server.base_url,
                            "-m", "m", "--think", "hi"], capture_output=True, text=True, timeout=60)

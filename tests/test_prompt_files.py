@@ -106,7 +106,7 @@ def test_a_file_with_damaged_tensors_and_an_intact_header_is_not_served(tmp_path
     import mlx.core as mx
     from mlx_lm.models.cache import KVCache
 
-    from localchat.server.prompt_disk import DiskTier
+    from localchat.serve.engine.prompt_disk import DiskTier
 
     cache = KVCache()
     cache.update_and_fetch(mx.random.normal((1, 2, 300, 8)), mx.random.normal((1, 2, 300, 8)))

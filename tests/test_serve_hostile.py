@@ -130,8 +130,8 @@ def test_a_picture_named_by_url_or_path_is_refused_not_fetched(serve, messages):
 
 
 def test_allowed_url_prefixes_and_data_urls_pass_the_check():
-    from localchat.gateway.passthrough import check_media
-    from localchat.gateway.request import ApiError
+    from localchat.serve.apis.chat_completions.passthrough import check_media
+    from localchat.serve.request import ApiError
 
     body = json.dumps({"messages": picture("https://example.com/img/a.png")}).encode()
     check_media(body, ("https://example.com/img/",))

@@ -1,5 +1,5 @@
 """``localchat serve`` enforces what clients ask: mlx_lm.server's own engine with the grammar mask
-added per request (``server.enforcing``), through the openai SDK, on SmolLM2 and demo-tools."""
+added per request (``serve.engine.enforcing``), through the openai SDK, on SmolLM2 and demo-tools."""
 
 import inspect
 import json
@@ -9,7 +9,7 @@ import jsonschema
 import openai
 import pytest
 
-from localchat.server.enforcing import ENFORCED_HEADER, SEAM, TESTED_MLX_LM, check_seam
+from localchat.serve.engine.enforcing import ENFORCED_HEADER, SEAM, TESTED_MLX_LM, check_seam
 from servers import openai_client, serving
 
 TOOLS = [{"type": "function", "function": {"name": "add", "description": "Add two integers.", "parameters": {
@@ -247,7 +247,7 @@ def test_a_reply_the_grammar_can_take_no_further_ends_with_its_end_token_and_say
     import mlx.core as mx
 
     from localchat.grammar.mask import DeadEnd
-    from localchat.server.enforcing import EndOnDeadEnd
+    from localchat.serve.engine.enforcing import EndOnDeadEnd
 
     calls = []
 

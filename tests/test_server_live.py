@@ -26,7 +26,7 @@ REMEMBER = "Remember the code harbor 17. Reply only OK."
 RECALL = "What was the code? Reply with the code only."
 
 
-SERVERS = ("mlx_lm server", "localchat.server.enforcing")  # serve --plain's, and serve's own
+SERVERS = ("mlx_lm server", "localchat.serve.engine.enforcing")  # serve --plain's, and serve's own
 
 
 def mlx_servers() -> list[owned.Owned]:

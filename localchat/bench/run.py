@@ -39,8 +39,8 @@ from localchat.registry import (
     quantization_bits,
     resolve,
 )
+from localchat.toolbox import check_tools, offer_tools, unattended_tools
 from localchat.tools.settings import ToolSettings
-from localchat.tools.toolbox import check_tools, offer_tools, unattended_tools
 
 
 @dataclass(frozen=True)

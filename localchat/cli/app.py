@@ -87,7 +87,9 @@ def bench_compare(
 ) -> None:
     """Two runs side by side: each figure with its 95 % interval, B against A tested (paired when
     both drew the same conversations)."""
-    run("localchat.cli.bench:run_compare", first=first, second=second, force=force, as_json=as_json,
+    from localchat.cli.bench import run_compare
+
+    run(run_compare, first=first, second=second, force=force, as_json=as_json,
         console=out_console())
 app.command(context_settings=SERVER_ARGS)(load)
 
@@ -120,7 +122,9 @@ def gateway(
 ) -> None:
     """The Anthropic Messages and OpenAI Responses APIs in front of a running server (chat
     completions, models and health passed through)."""
-    run("localchat.cli.gateway:run_gateway", upstream_url=upstream, model=model, host=host, port=port,
+    from localchat.cli.gateway import run_gateway
+
+    run(run_gateway, upstream_url=upstream, model=model, host=host, port=port,
         console=out_console(), err=err_console(), apis=api, api_key=api_key, upstream_key=upstream_api_key,
         timeout_s=timeout, origins=allow_origin, image_urls=allow_image_urls)
 
@@ -136,7 +140,9 @@ def smoke_cmd(
 ) -> None:
     """Check a running server: health, models, completions, streaming usage, recall, prompt cache
     (with --api, through a gateway's Anthropic or Responses API, and a tool call round trip)."""
-    run("localchat.cli.serve:run_smoke_cmd", base_url=base_url, model=model, api_key=api_key, timeout_s=timeout,
+    from localchat.cli.smoke import run_smoke_cmd
+
+    run(run_smoke_cmd, base_url=base_url, model=model, api_key=api_key, timeout_s=timeout,
         as_json=as_json, console=out_console(), api=api)
 
 
@@ -153,7 +159,9 @@ def parity(
 ) -> None:
     """The same 3-turn greedy conversation in-process and through a launched server (on several
     ranks with --ranks N): identical?"""
-    run("localchat.cli.serve:run_parity_cmd", model=model, as_json=as_json, console=out_console(),
+    from localchat.cli.smoke import run_parity_cmd
+
+    run(run_parity_cmd, model=model, as_json=as_json, console=out_console(),
         ranks=ranks_of(ranks, hostfile, distributed_backend, pipeline))
 
 
@@ -165,19 +173,25 @@ app.add_typer(sessions_app, name="sessions")
 @sessions_app.command("list")
 def sessions_list() -> None:
     """Saved sessions, newest first."""
-    run("localchat.cli.sessions:show_list", console=out_console())
+    from localchat.cli.sessions import show_list
+
+    run(show_list, console=out_console())
 
 
 @sessions_app.command("show")
 def sessions_show(name: str) -> None:
     """The saved messages of NAME, with each turn's figures."""
-    run("localchat.cli.sessions:show_session", console=out_console(), name=name)
+    from localchat.cli.sessions import show_session
+
+    run(show_session, console=out_console(), name=name)
 
 
 @sessions_app.command("rm")
 def sessions_rm(name: str) -> None:
     """Delete the saved session NAME and its KV cache."""
-    run("localchat.cli.sessions:remove_session", console=err_console(), name=name)
+    from localchat.cli.sessions import remove_session
+
+    run(remove_session, console=err_console(), name=name)
 
 
 @sessions_app.command("export")
@@ -186,7 +200,9 @@ def sessions_export(
     format: Annotated[ExportFormat, typer.Option("--format", help="Markdown or JSON, on stdout.")] = ExportFormat.md,
 ) -> None:
     """Print NAME as Markdown or JSON."""
-    run("localchat.cli.sessions:export_session", name=name, fmt=format.value)
+    from localchat.cli.sessions import export_session
+
+    run(export_session, name=name, fmt=format.value)
 
 
 log_app = typer.Typer(help="Every conversation, kept as it happens: list (the default), search (-q), show, remove.",
@@ -213,7 +229,9 @@ def log_list(
     limit: Annotated[int, typer.Option(min=1, max=1000, help="At most this many lines.")] = 20,
 ) -> None:
     """The recent conversations, or with -q the turns that match, best first (`localchat log -q …`)."""
-    run("localchat.cli.log:show_log", console=out_console(), query=query, model=model, since=since,
+    from localchat.cli.log import show_log
+
+    run(show_log, console=out_console(), query=query, model=model, since=since,
         as_json=as_json, limit=limit)
 
 
@@ -224,7 +242,9 @@ def log_show(
     ],
 ) -> None:
     """Every turn of one conversation, in order, with its figures."""
-    run("localchat.cli.log:show_entry", console=out_console(), key=conversation)
+    from localchat.cli.log import show_entry
+
+    run(show_entry, console=out_console(), key=conversation)
 
 
 @log_app.command("rm")
@@ -241,7 +261,9 @@ def log_rm(
     ] = False,
 ) -> None:
     """Remove conversations from the log, with what resuming them needs and their KV caches."""
-    run("localchat.cli.log:remove_entries", console=err_console(), key=conversation, older_than=older_than,
+    from localchat.cli.log import remove_entries
+
+    run(remove_entries, console=err_console(), key=conversation, older_than=older_than,
         everything=everything, yes=yes)
 
 
@@ -256,7 +278,9 @@ def import_cmd(
     ] = None,
 ) -> None:
     """Turn a GGUF file into an MLX model without loss; then -m NAME works everywhere."""
-    run("localchat.cli.importing:run_import", file=file, name=name, from_ollama=from_ollama, console=out_console(),
+    from localchat.cli.importing import run_import
+
+    run(run_import, file=file, name=name, from_ollama=from_ollama, console=out_console(),
         err=err_console())
 
 
@@ -274,7 +298,9 @@ def pull(
 ) -> None:
     """Fetch a model into the Hugging Face cache: its files, size, the free disk and whether it fits
     this machine first, then the download with progress (Ctrl+C keeps what finished)."""
-    run("localchat.cli.pull:run_pull", model=model, dry_run=dry_run, memory_limit=memory_limit,
+    from localchat.cli.pull import run_pull
+
+    run(run_pull, model=model, dry_run=dry_run, memory_limit=memory_limit,
         context=max_context_tokens, kv_bits=kv_bits, force=force, err=err_console())
 
 
@@ -286,19 +312,25 @@ def remove_model(
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask first.")] = False,
 ) -> None:
     """Remove a model pull fetched or import made, freeing its disk (asks first)."""
-    run("localchat.cli.remove:run_rm", model=model, yes=yes, console=err_console())
+    from localchat.cli.remove import run_rm
+
+    run(run_rm, model=model, yes=yes, console=err_console())
 
 
 @app.command()
 def models() -> None:
     """List models.yaml entries: present locally?, size on disk, quantization bits, and whether each fits."""
-    run("localchat.cli.doctor:show_models", console=out_console())
+    from localchat.cli.doctor import show_models
+
+    run(show_models, console=out_console())
 
 
 @app.command()
 def doctor(base_url: BaseUrlOpt = DEFAULT_BASE_URL) -> None:
     """Python, OS, chip, MLX device and versions, HF cache, models present, server port."""
-    run("localchat.cli.doctor:run_doctor", console=out_console(), base_url=base_url)
+    from localchat.cli.doctor import run_doctor
+
+    run(run_doctor, console=out_console(), base_url=base_url)
 
 
 mcp_app = typer.Typer(help="MCP servers checked by hand, before a model sees them: list their tools, call one.",
@@ -317,7 +349,9 @@ def mcp_list(
 ) -> None:
     """Start the servers and list each one's state and the tools the model would be offered."""
     names = tuple(n.strip() for n in only.split(",") if n.strip()) if only else ()
-    run("localchat.cli.mcp_commands:list_servers", files=mcp, only=names, timeout_s=timeout, console=out_console(),
+    from localchat.cli.mcp_commands import list_servers
+
+    run(list_servers, files=mcp, only=names, timeout_s=timeout, console=out_console(),
         err=err_console())
 
 
@@ -332,5 +366,7 @@ def mcp_call(
                                            help="Give the call this long.")] = 30.0,
 ) -> None:
     """Call one tool with ARGUMENTS, checked against its schema as a model's call is; its result on stdout."""
-    run("localchat.cli.mcp_commands:call_tool", files=mcp, server=server, tool=tool, arguments=arguments,
+    from localchat.cli.mcp_commands import call_tool
+
+    run(call_tool, files=mcp, server=server, tool=tool, arguments=arguments,
         timeout_s=timeout, console=out_console(), err=err_console())

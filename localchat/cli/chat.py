@@ -35,8 +35,8 @@ from localchat.grammar.answer_formats import (
     regex_format,
     with_instruction,
 )
+from localchat.home import keeps_conversations, records_dir
 from localchat.registry import DEFAULT_MODEL, ModelRef, quantization_bits, resolve
-from localchat.store.home import keeps_conversations, records_dir
 from localchat.store.keeper import SessionSaver, saved_state
 from localchat.store.kv_files import cache_files
 from localchat.store.saved_sessions import KEEPING_BUSY_TIMEOUT_S, SavedSession, default_store
@@ -225,8 +225,8 @@ def tool_runner(options: ToolSettings, ui: ChatUI, hidden: list[str]) -> ToolRun
     asked on a terminal, else refused (the refusal is what the model hears)."""
     if not options.offered:
         return None
+    from localchat.toolbox import open_tools
     from localchat.tools.runner import Approve, approve_all, refuse_unasked
-    from localchat.tools.toolbox import open_tools
 
     approve: Approve
     if options.approve:
@@ -269,7 +269,7 @@ def piped_line_reader(max_chars: int) -> Callable[[str], str]:
 def line_reader(opts: ChatOptions, ui: ChatUI) -> Callable[[str], str]:
     """Shell-like line editing on a terminal (prompt_toolkit)."""
     from localchat.cli.repl.line_editor import HISTORY_FILE, terminal_reader
-    from localchat.store.home import home_dir
+    from localchat.home import home_dir
 
     path = home_dir() / HISTORY_FILE if opts.output.input_history else None
     return terminal_reader(path, REPL_COMMANDS, secrets=[opts.model.api_key or ""], on_notice=ui.notice)
@@ -302,7 +302,7 @@ def chat_with_ui(*, opts: ChatOptions, prompt: str | None, ui: ChatUI) -> TurnSt
     try:
         ref, backend = open_backend(opts, ui, pictures)
         if tools:
-            from localchat.tools.toolbox import offer_tools
+            from localchat.toolbox import offer_tools
 
             offer_tools(backend, tools, ui.notice)
     except BaseException:

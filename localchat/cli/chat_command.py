@@ -276,4 +276,6 @@ def chat(
                                cache_max_bytes=converted(cache_max_bytes)),
         tools=tool_choice,
     )
-    run("localchat.cli.chat:run_chat", opts=opts, prompt=prompt, err=err_console())
+    from localchat.cli.chat import run_chat
+
+    run(run_chat, opts=opts, prompt=prompt, err=err_console())

@@ -7,9 +7,8 @@ Typer's own); Ctrl+C exits 130 and SIGTERM 143 without a traceback. The codes th
 
 from __future__ import annotations
 
-import importlib
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_args
@@ -177,10 +176,10 @@ def user_errors() -> Iterator[None]:
         raise SystemExit(outcomes.INTERRUPTED) from None
 
 
-def run(target: str, **kwargs: Any) -> None:
-    """Import ``module:function`` and call it by keyword, both inside the error mapping (so even
-    Ctrl+C during an import is one line and 130), then exit with the code it returns."""
+def run(command: Callable[..., int | None], **kwargs: Any) -> None:
+    """Call a command's work by keyword inside the error mapping, then exit with the code it
+    returns. Each command imports its work inside its own function (``--help`` loads none of it);
+    that import runs inside the same mapping (``OneLineErrors.invoke``): Ctrl+C there is one line too."""
     with user_errors():
-        module, name = target.split(":")
-        code = getattr(importlib.import_module(module), name)(**kwargs)
+        code = command(**kwargs)
     raise typer.Exit(outcomes.OK if code is None else code)

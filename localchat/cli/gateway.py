@@ -4,19 +4,13 @@ gateway in front of the models it serves: ``cli.serving``.)"""
 
 from __future__ import annotations
 
-import threading
-import time
-from collections.abc import Callable
-
 from rich.console import Console
 
-from localchat.cli import outcomes
-from localchat.errors import LocalchatError, UsageError, raise_if_set, raise_on_sigterm
-from localchat.gateway.routes import FixedRoute
-from localchat.gateway.serving import RunningGateway, serve_gateway
-from localchat.gateway.upstream import reach_upstream
+from localchat.errors import raise_on_sigterm
 from localchat.registry import resolve
-from localchat.server.launch import LOOPBACK, port_is_free
+from localchat.serve.front.running import RunningGateway, check_public, logger, serve_gateway, serve_until_stopped
+from localchat.serve.pool.lease import FixedRoute
+from localchat.serve.pool.upstream import reach_upstream
 
 
 def run_gateway(*, upstream_url: str, model: str | None, host: str, port: int, console: Console, err: Console,
@@ -39,31 +33,6 @@ def run_gateway(*, upstream_url: str, model: str | None, host: str, port: int, c
         if running is not None:
             running.stop()
             console.print("gateway stopped", style="dim")
-
-
-def serve_until_stopped(running: RunningGateway, terminated: threading.Event, ended: str) -> int:
-    """Serve until Ctrl+C or SIGTERM (success); a front that ends by itself is one line."""
-    try:
-        while running.alive:
-            raise_if_set(terminated)
-            time.sleep(0.5)
-        raise LocalchatError(ended)
-    except KeyboardInterrupt:
-        return outcomes.OK
-
-
-def check_public(host: str, port: int, api_key: str | None, err: Console) -> None:
-    """A port already taken is one line; a public address without a key is warned about."""
-    if not port_is_free(host, port):
-        raise UsageError(f"port {port} on {host} is already in use: pick another with --port N")
-    if host not in LOOPBACK and api_key is None:
-        err.print(f"[yellow]warning: binding {host} without --api-key: anyone who can reach this port can use "
-                  "the model[/yellow]")
-
-
-def logger(err: Console) -> Callable[[str], None]:
-    """The front's log: a line a request, dim, on stderr."""
-    return lambda line: err.print(line, style="dim", markup=False, highlight=False)
 
 
 def _show_use(console: Console, running: RunningGateway, apis: tuple[str, ...]) -> None:

@@ -13,7 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from localchat.cli import outcomes
 from localchat.errors import UsageError, raise_on_sigterm
 from localchat.gguf.convert import ImportReport, import_gguf
-from localchat.store.home import home_dir
+from localchat.home import home_dir
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # whole names only: fullmatch
 

@@ -66,8 +66,8 @@ def call_tool(*, files: list[Path], server: str, tool: str, arguments: str, time
 
 def _started(files: list[Path], only: tuple[str, ...], start_timeout_s: float, call_timeout_s: float,
              err: Console):
+    from localchat.home import home_dir
     from localchat.mcp.hub import McpHub, prune_logs
-    from localchat.store.home import home_dir
 
     if not files:
         raise UsageError("give the servers' file: --mcp FILE")

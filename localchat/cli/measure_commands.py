@@ -123,7 +123,9 @@ def bench(
                         no_cache_reuse=no_cache_reuse, base_url=base_url, out=out, format=format.value,
                         plot=plot, replay=tuple(replay or ()), think=think.value if think else None, policy=policy,
                         tools=tool_choice, depth=depth, distance=distance, memory_limit=memory_limit, force=force)
-    run("localchat.cli.bench:run_bench_cmd", options=opts, console=out_console(), err=err_console())
+    from localchat.cli.bench import run_bench_cmd
+
+    run(run_bench_cmd, options=opts, console=out_console(), err=err_console())
 
 
 def load(
@@ -212,4 +214,6 @@ def load(
                        server_args=tuple(ctx.args), timeout_s=timeout, max_context_tokens=max_context_tokens,
                        trim_to=trim_to, compact=compact is Compact.auto, tools=tool_choice,
                        api=api, memory_limit=converted(memory_limit), force=force)
-    run("localchat.cli.load:run_load_cmd", opts=opts, console=out_console(), err=err_console())
+    from localchat.cli.load import run_load_cmd
+
+    run(run_load_cmd, opts=opts, console=out_console(), err=err_console())

@@ -104,8 +104,8 @@ def check_memory_limit(value: str | None) -> int | None:
 
 def setting_callback(name: str) -> Callable[[Any], Any]:
     """A flag's check: the same one ``/set`` and models.yaml defaults go through."""
-    from localchat.backends.settings import check_setting
     from localchat.errors import UsageError
+    from localchat.sampling import check_setting
 
     def check(value: Any) -> Any:
         if value is None:

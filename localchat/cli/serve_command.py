@@ -100,7 +100,9 @@ def serve(
     asked for, each within the memory budget and unloaded when idle; response_format and tool_choice
     enforced while decoding (extra mlx_lm.server args after --); with --api, the Anthropic Messages
     and OpenAI Responses APIs too; one model on several ranks with --ranks N or --hostfile FILE."""
-    from localchat.cli.serving import ServeRequest
+    from localchat.cli.pull import fetch_missing
+    from localchat.cli.smoke import smoke_served
+    from localchat.serve.daemon import ServeRequest, run_serve
 
     asked = ServeRequest(
         models=tuple(model or ()),
@@ -124,9 +126,11 @@ def serve(
         results=results,
         tools=tool_settings(files=tools, mcp=mcp, mcp_only=None, approve=approve_tools, timeout_s=None),
     )
-    run("localchat.cli.serving:run_serve", asked=asked, console=out_console(), err=err_console(), smoke=smoke,
-        every=every, ranks=ranks_of(ranks, hostfile, distributed_backend, pipeline), dry_run=dry_run,
-        allow_download=allow_download)
+    console, err = out_console(), err_console()
+    run(run_serve, asked=asked, console=console, err=err, every=every, dry_run=dry_run,
+        ranks=ranks_of(ranks, hostfile, distributed_backend, pipeline),
+        smoke=(lambda url, ref: smoke_served(url, ref, asked.apis, asked.api_key, console)) if smoke else None,
+        fetch=(lambda ref, fit: fetch_missing(ref, fit, err)) if allow_download else None)
 
 
 def ps(
@@ -150,4 +154,6 @@ def ps(
     """The models a running `localchat serve` holds: memory (estimated and resident), since when,
     expires in, requests in flight, the engine's pid."""
     where = f"http://127.0.0.1:{port}/v1" if port is not None else base_url
-    run("localchat.cli.ps:run_ps", base_url=where, api_key=api_key, as_json=as_json, console=out_console())
+    from localchat.cli.ps import run_ps
+
+    run(run_ps, base_url=where, api_key=api_key, as_json=as_json, console=out_console())

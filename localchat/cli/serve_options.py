@@ -14,7 +14,7 @@ from localchat.cli.options import MODEL_KINDS, key_option
 
 def check_apis(value: str | None) -> tuple[str, ...] | None:
     from localchat.errors import UsageError
-    from localchat.gateway.names import parse_apis
+    from localchat.serve.apis.names import parse_apis
 
     try:
         return parse_apis(value)
@@ -113,7 +113,7 @@ ServeModelsOpt = Annotated[Optional[list[str]], typer.Option(
 
 def check_keep_alive(value: str) -> str:
     from localchat.errors import UsageError
-    from localchat.router.keep_alive import parse_keep_alive
+    from localchat.serve.pool.keep_alive import parse_keep_alive
 
     try:
         parse_keep_alive(value)

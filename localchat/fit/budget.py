@@ -31,7 +31,7 @@ def parse_limit(text: str | int) -> int:
 
 def configured_limit() -> int | None:
     """``memory_limit`` in config.yaml, if set."""
-    from localchat.store.home import home_dir, load_config
+    from localchat.home import home_dir, load_config
 
     value = load_config().get("memory_limit")
     if value is None:

@@ -21,11 +21,11 @@ from localchat.fit.check import FitSettings
 from localchat.load.metrics import Slo, summarize
 from localchat.load.run import LoadPlan, Run, RunResult
 from localchat.registry import DEFAULT_MODEL, ModelRef, local_tokenizer_loader, resolve
+from localchat.toolbox import check_tools, unattended_tools
 from localchat.tools.settings import ToolSettings
-from localchat.tools.toolbox import check_tools, unattended_tools
 
 if TYPE_CHECKING:
-    from localchat.gateway.serving import RunningGateway
+    from localchat.serve.front.running import RunningGateway
     from localchat.server.launch import RunningServer
 
 SCHEMA = "localchat.load/2"  # 2: runs carry their repeat; "repeated" holds the intervals
@@ -240,9 +240,9 @@ class Target:
         return self
 
     def _launch_gateway(self) -> None:
-        from localchat.gateway.routes import FixedRoute
-        from localchat.gateway.serving import serve_gateway
-        from localchat.gateway.upstream import reach_upstream
+        from localchat.serve.front.running import serve_gateway
+        from localchat.serve.pool.lease import FixedRoute
+        from localchat.serve.pool.upstream import reach_upstream
         from localchat.server.launch import free_port
 
         upstream = reach_upstream(self.base_url, self.ref, timeout_s=self.opts.timeout_s)

@@ -189,7 +189,7 @@ def launch_command(ranks: Ranks, server: list[str]) -> list[str]:
     else:
         where = ["--hosts", "127.0.0.1", "-n", str(ranks.count), "--starting-port", str(ring_ports(ranks.count or 1))]
         python, flag, *rest = server
-        server = [python, flag, "localchat.server.rank_guard", *rest] if flag == "-m" else server
+        server = [python, flag, "localchat.serve.engine.rank_guard", *rest] if flag == "-m" else server
     extra = ["--pipeline"] if ranks.pipeline and "--pipeline" not in server else []
     return [*launcher(), "--backend", ranks.backend, *where, "--", *server, *extra]
 

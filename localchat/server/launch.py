@@ -26,10 +26,9 @@ from localchat.errors import LocalchatError, UsageError
 from localchat.files import private_dirs
 from localchat.fit.check import FitSettings, check_local, smaller_variants
 from localchat.log_lines import is_error
-from localchat.processes import child_preexec, stop_group
+from localchat.processes import SERVE_PID, child_preexec, stop_group
 from localchat.registry import ModelRef, local_dir
 from localchat.server.distributed import RANK_FAILED, Ranks, check_ranks, failed_rank, launch_command
-from localchat.server.rank_guard import SERVE_PID
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 GRACE_S = 5.0
@@ -124,9 +123,9 @@ class RunningServer:
 def server_command(model_location: str, host: str, port: int, extra_args: tuple[str, ...] = (),
                    ranks: Ranks | None = None, plain: bool = False, vision: bool = False) -> list[str]:
     """The command that starts mlx_lm.server: one process, or one a rank under ``mlx.launch``;
-    with the grammar mask added (``server.enforcing``) unless ``plain``. A vision model gets
+    with the grammar mask added (``serve.engine.enforcing``) unless ``plain``. A vision model gets
     ``mlx_vlm.server`` instead (OpenAI's API with pictures; its own structured output)."""
-    entry = ["mlx_vlm.server"] if vision else ["mlx_lm", "server"] if plain else ["localchat.server.enforcing"]
+    entry = ["mlx_vlm.server"] if vision else ["mlx_lm", "server"] if plain else ["localchat.serve.engine.enforcing"]
     command = [sys.executable, "-m", *entry, "--model", model_location,
                "--host", host, "--port", str(port), *extra_args]
     return launch_command(ranks, command) if ranks is not None else command
@@ -250,7 +249,7 @@ def wait_ready(server: RunningServer, timeout_s: float = READY_TIMEOUT_S,
 def default_log(port: int) -> Path:
     """The server's log in the user's own directory (created owner-only): a shared, predictable
     /tmp name could be planted as a symlink by another local user."""
-    from localchat.store.home import home_dir
+    from localchat.home import home_dir
 
     return home_dir() / "logs" / f"server-{port}.log"
 

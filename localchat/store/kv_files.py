@@ -174,7 +174,7 @@ def read_metadata(path: Path) -> dict[str, str]:
 
 def cache_files(max_bytes: int | None = None) -> CacheFiles:
     """The user's cache directory with the cap from the flag, else config.yaml, else the default."""
-    from localchat.store.home import home_dir, load_config
+    from localchat.home import home_dir, load_config
 
     if max_bytes is None:
         configured = load_config().get("cache_max_bytes")

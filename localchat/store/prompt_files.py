@@ -2,7 +2,7 @@
 fingerprint of its weights and the KV settings), one file per cached prefix, named by the hash of
 its token ids; a bound on all of them together, least recently used out first.
 
-Everything here reads and writes files only (no mlx): the engine's tier (``server.prompt_disk``)
+Everything here reads and writes files only (no mlx): the engine's tier (``serve.engine.prompt_disk``)
 says what goes in a file; ``ps``, ``doctor``, ``rm`` and ``log rm --all`` read or clear them.
 Directories are 0700, files 0600; a file is written under ``writing/`` and renamed into place, so a
 kill mid-write leaves no file that loads (and the next start removes what it left). Nothing here
@@ -101,7 +101,7 @@ def identity(fingerprint: str, settings: dict[str, object]) -> str:
 
 
 def default_root() -> Path:
-    from localchat.store.home import home_dir
+    from localchat.home import home_dir
 
     return home_dir() / DIR_NAME
 

@@ -341,7 +341,7 @@ def tool_steps(data: Any) -> tuple[ToolStep, ...]:
 
 
 def default_store(busy_timeout_s: float = BUSY_TIMEOUT_S) -> SessionStore:
-    from localchat.store.home import home_dir
+    from localchat.home import home_dir
 
     return SessionStore(home_dir() / DB_NAME, busy_timeout_s=busy_timeout_s)
 

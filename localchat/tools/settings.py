@@ -1,5 +1,5 @@
 """What a run's tools are and how their calls may run: values only, so the command line can
-declare its options without loading the tools (see ``localchat.tools.toolbox``, which opens them)."""
+declare its options without loading the tools (see ``localchat.toolbox``, which opens them)."""
 
 from __future__ import annotations
 

@@ -9,12 +9,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from localchat.backends.settings import SETTINGS, parse_setting
 from localchat.cli.figures import saved_line
 from localchat.conversation.attachment import read_attachment
 from localchat.conversation.compaction import compact
 from localchat.conversation.settings import DEFAULT_KEEP
 from localchat.errors import LocalchatError, UsageError
+from localchat.sampling import SETTINGS, parse_setting
 from localchat.wording import count
 
 if TYPE_CHECKING:

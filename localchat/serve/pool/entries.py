@@ -1,0 +1,90 @@
+"""What ``serve`` hands the router: the models named on its command line (each found on this
+machine and estimated before anything loads), the models served elsewhere, and how an engine
+child is started for one of them."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from localchat.errors import LocalchatError, UsageError
+from localchat.fit.check import FitSettings, judge_shape
+from localchat.fit.shape import local_shape
+from localchat.registry import load_registry, local_dir, resolve
+from localchat.serve.pool.pool import Launcher
+from localchat.serve.pool.served import ServedModel, names_of
+from localchat.serve.pool.upstream import Upstream, reach_upstream
+from localchat.server.launch import RunningServer, free_port, start_ready
+
+UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def present_models() -> list[str]:
+    """``--all``: every model ``localchat models`` shows as present."""
+    from localchat.registry import describe
+
+    return [info.entry.id for info in map(describe, load_registry()) if info.present and not info.entry.vision]
+
+
+def local_model(name: str, fit: FitSettings, pinned: bool) -> ServedModel:
+    """A model of this machine, estimated at the context it serves (one line when it is not here)."""
+    ref = resolve(name)
+    model_dir = local_dir(ref)
+    estimate = judge_shape(local_shape(model_dir), fit).estimate.total
+    return ServedModel(key=ref.id, names=names_of(ref), ref=ref, estimate=estimate, pinned=pinned)
+
+
+def served_models(names: list[str], pins: list[str], upstreams: list[str], fit: FitSettings) -> list[ServedModel]:
+    """The models in the order given (the first is loaded at start), each once; then the remote ones."""
+    models: list[ServedModel] = []
+    for name in names:
+        model = local_model(name, fit, pinned=False)
+        if all(model.key != m.key for m in models):
+            models.append(model)
+    for pin in pins:
+        found = next((m for m in models if pin in m.names or pin == m.key), None)
+        if found is None:
+            raise UsageError(f"--pin {pin}: not one of the models served ({', '.join(m.key for m in models)})")
+        found.pinned = True
+    models += [remote_model(text, taken={n for m in models for n in m.names}) for text in upstreams]
+    return models
+
+
+def remote_model(text: str, taken: set[str]) -> ServedModel:
+    """``--upstream NAME=URL``: a model served elsewhere, routed here by NAME, never loaded by us."""
+    name, sep, url = text.partition("=")
+    name, url = name.strip(), url.strip()
+    if not sep or not name or not url.startswith(("http://", "https://")):
+        raise UsageError(f"--upstream {text!r}: write NAME=URL, e.g. big=http://192.168.1.20:8080/v1")
+    if name in taken:
+        raise UsageError(f"--upstream {name}: that name is already served here")
+    base = url.rstrip("/")
+    upstream = reach_upstream(base if base.endswith("/v1") else base + "/v1", None)
+    upstream.model_id = name
+    return ServedModel(key=name, names=frozenset({name}), remote=upstream)
+
+
+def engine_launcher(first: str, port: int, first_log: Path, extra: tuple[str, ...], plain: bool,
+                    tokenizers: bool, env: dict[str, str]) -> Launcher:
+    """How the router starts one model's engine: our enforcing mlx_lm.server (mlx_vlm.server for a
+    picture model) on a free loopback port, ready when a 1-token completion succeeds. Admission has
+    judged its memory already, so its own fit check is not asked again. The front loads the model's
+    tokenizer only for the gateway's APIs (``tokenizers``): chat completions are passed through."""
+
+    def launch(model: ServedModel) -> tuple[RunningServer, Upstream]:
+        assert model.ref is not None
+        log = first_log if model.key == first else log_beside(first_log, port, model.key)
+        server = start_ready(model.ref, port=free_port(), log=log, extra=extra, fit=FitSettings(force=True),
+                             plain=plain, env=env, append_log=model.key == first or model.loads > 0)
+        try:
+            return server, reach_upstream(server.base_url, model.ref, tokenizer=tokenizers)
+        except (LocalchatError, OSError):
+            server.stop()
+            raise
+
+    return launch
+
+
+def log_beside(first_log: Path, port: int, key: str) -> Path:
+    """The log of a model other than the first: beside serve's own (``--log``)."""
+    return first_log.with_name(f"server-{port}-{UNSAFE.sub('_', key)[:80]}.log")
