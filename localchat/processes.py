@@ -26,6 +26,7 @@ PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 
 SERVE_PID = "LOCALCHAT_SERVE_PID"  # what an engine child of ``serve`` watches: it ends when serve has gone
+SERVED_ID = "LOCALCHAT_SERVED_ID"  # the id ``serve`` serves an engine's model by: the engine writes it in replies
 
 
 def die_with_parent() -> None:

@@ -4,11 +4,14 @@ two models that do not both fit (what swapping costs).
 
     uv run python scripts/bench_router.py [--rounds 8] [--tokens 48] [--requests 6]
 
-1. **Hop.** ``serve -m demo`` (a TTFT of milliseconds) and ``serve -m smollm2`` (a decode of
-   seconds); the same streaming request straight to the engine child (its URL from ``/localchat/ps``)
-   and through the front, alternating, each with a fresh prefix of the same length. Printed: medians,
-   and the median of each round's difference (TTFT) and ratio (decode). Targets: TTFT ≤ +10 ms,
-   decode ≥ 0.99×.
+1. **Hop.** ``serve -m demo`` (a TTFT of milliseconds; its end token banned, so every reply is
+   ``--tokens`` long) and ``serve -m smollm2`` (a decode of seconds); the same streaming request
+   straight to the engine child (its URL from ``/localchat/ps``), through the front (chat completions
+   relayed as they come: the engine writes the model's id itself), through the front's Anthropic
+   Messages API, and through a second front (``localchat gateway --upstream`` in front of the
+   ``serve``), in rotation, each with a fresh prefix of the same length. Printed: medians, and the
+   median of each round's difference (TTFT) and ratio (decode) against the engine direct (the
+   second front against the first). Targets: TTFT ≤ +10 ms, decode ≥ 0.99×.
 2. **Cold loads.** ``serve -m demo -m demo-tools -m smollm2``: each other model's first request
    (the load is in its TTFT) against its second; the front's own "loaded … in" figure.
 3. **Memory.** The resident memory of the front and every child (``/proc``), with nothing loaded
@@ -69,51 +72,94 @@ class Serve:
         self.proc.wait(60)
 
 
-def streamed(base_url: str, model: str, prompt: str, max_tokens: int) -> tuple[float, float]:
-    """(TTFT s, decode tok/s) as a client times them: to the first text, then over the text."""
-    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-            "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}
+def streamed(base_url: str, model: str, prompt: str, max_tokens: int, banned: tuple[int, ...] = (),
+             api: str = "chat") -> tuple[float, float]:
+    """(TTFT s, decode tok/s) as a client times them: to the first text, then over the text; through
+    chat completions or Anthropic's Messages (``api="messages"``)."""
+    body: dict = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+                  "temperature": 0.0, "stream": True}
+    if api == "chat":
+        body |= {"stream_options": {"include_usage": True}, "logit_bias": {str(t): -1000 for t in banned}}
     started, first, last, tokens = time.perf_counter(), None, None, 0
-    with httpx.stream("POST", base_url + "/chat/completions", json=body, timeout=300) as response:
+    path = "/chat/completions" if api == "chat" else "/messages"
+    with httpx.stream("POST", base_url + path, json=body, timeout=300) as response:
         for line in response.iter_lines():
             if not line.startswith("data: {"):
                 continue
             chunk = json.loads(line[6:])
-            if chunk.get("usage"):
+            if api == "chat" and chunk.get("usage"):
                 tokens = chunk["usage"]["completion_tokens"]
-            if chunk.get("choices") and chunk["choices"][0]["delta"].get("content"):
+            if api != "chat" and chunk.get("type") == "message_delta":
+                tokens = chunk["usage"]["output_tokens"]
+            text = chunk["choices"][0]["delta"].get("content") if api == "chat" and chunk.get("choices") else \
+                chunk.get("delta", {}).get("text") if chunk.get("type") == "content_block_delta" else None
+            if text:
                 last = time.perf_counter()
                 first = first or last
     rate = (tokens - 1) / (last - first) if first and last and last > first else float("nan")
     return (first or time.perf_counter()) - started, rate
 
 
-def hop(home: Path, model: str, rounds: int, tokens: int) -> None:
-    serve = Serve(home / f"hop-{model}", "-m", model, "--keep-alive", "never")
+class Gateway:
+    """``localchat gateway --upstream`` in front of a serve: a second front."""
+
+    def __init__(self, upstream: str, model: str):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen([sys.executable, "-m", "localchat", "gateway", "--upstream", upstream, "-m", model,
+                                      "--port", str(self.port), "--api", "anthropic"],
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        for line in self.proc.stdout:
+            if "Ctrl+C stops it" in line:
+                break
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(60)
+
+
+def end_tokens(model: str) -> tuple[int, ...]:
+    from mlx_lm.utils import load_tokenizer
+
+    from localchat.registry import local_dir, resolve
+
+    return tuple(load_tokenizer(local_dir(resolve(model))).eos_token_ids)
+
+
+def hop(home: Path, model: str, rounds: int, tokens: int, ban_end: bool) -> None:
+    serve = Serve(home / f"hop-{model}", "-m", model, "--keep-alive", "never", "--api", "anthropic")
+    gateway = Gateway(serve.url + "/v1", model)
+    banned = end_tokens(model) if ban_end else ()
     try:
         engine = serve.held()[0]["engine_url"]
-        arms = {"direct": engine, "front": serve.url + "/v1"}
-        names = {"direct": "default_model", "front": model}  # (the engine knows its model by that name)
-        for name, url in arms.items():
-            print(f"  warm-up {name}: {streamed(url, names[name], f'[warm-up {name}] {PROMPT}', tokens)}")
+        arms = {"direct": (engine, "default_model", "chat"),  # (the engine knows its model by that name)
+                "front": (serve.url + "/v1", model, "chat"),
+                "messages": (serve.url + "/v1", model, "messages"), "two fronts": (gateway.url + "/v1", model, "chat")}
+        for name, (url, named, api) in arms.items():
+            print(f"  warm-up {name}: {streamed(url, named, f'[warm-up {name}] {PROMPT}', tokens, banned, api)}")
         runs: dict[str, list[tuple[float, float]]] = {name: [] for name in arms}
+        order = list(arms)
         for i in range(rounds):
-            for j, name in enumerate(list(arms)[i % 2:] + list(arms)[:i % 2]):
-                runs[name].append(streamed(arms[name], names[name], f"[{i:02d}-{j}] {PROMPT}", tokens))
+            for j, name in enumerate(order[i % len(order):] + order[:i % len(order)]):
+                url, named, api = arms[name]
+                runs[name].append(streamed(url, named, f"[{i:02d}-{j}] {PROMPT}", tokens, banned, api))
     finally:
+        gateway.stop()
         serve.stop()
-    pairs = list(zip(runs["direct"], runs["front"]))
-    delta = statistics.median(f[0] - d[0] for d, f in pairs) * 1e3
-    ratios = [f[1] / d[1] for d, f in pairs if f[1] == f[1] and d[1] == d[1] and d[1] > 0]
-    ratio = statistics.median(ratios) if ratios else float("nan")  # (a reply of one token has no decode)
-    print(f"\n1. the front's hop ({model}, {rounds} rounds, {tokens} tokens, streaming)")
+    print(f"\n1. the front's hop ({model}, {rounds} rounds, {tokens} tokens{', end token banned' if banned else ''}, "
+          "streaming)")
     for name, timings in runs.items():
         rates = [r for _, r in timings if r == r]
-        print(f"  {name:<7} TTFT {statistics.median(t for t, _ in timings) * 1e3:7.1f} ms · "
+        print(f"  {name:<10} TTFT {statistics.median(t for t, _ in timings) * 1e3:7.1f} ms · "
               f"{statistics.median(rates) if rates else float('nan'):6.1f} tok/s")
-    ok = delta <= 10 and (ratio != ratio or ratio >= 0.99)
-    print(f"  front − direct: TTFT {delta:+.1f} ms · decode {ratio:.3f}×  ({'met' if ok else 'NOT met'}: "
-          "≤ +10 ms, ≥ 0.99×)")
+    for name, against in (("front", "direct"), ("messages", "direct"), ("two fronts", "front")):
+        pairs = list(zip(runs[against], runs[name]))
+        delta = statistics.median(f[0] - d[0] for d, f in pairs) * 1e3
+        ratios = [f[1] / d[1] for d, f in pairs if f[1] == f[1] and d[1] == d[1] and d[1] > 0]
+        ratio = statistics.median(ratios) if ratios else float("nan")  # (a reply of one token has no decode)
+        ok = delta <= 10 and (ratio != ratio or ratio >= 0.99)
+        print(f"  {name} − {against}: TTFT {delta:+.1f} ms · decode {ratio:.3f}×  ({'met' if ok else 'NOT met'}: "
+              "≤ +10 ms, ≥ 0.99×)")
 
 
 def cold_loads_and_memory(home: Path) -> None:
@@ -175,15 +221,15 @@ def swapping(home: Path, requests: int, limit: str | None) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--requests", type=int, default=6)
     args = parser.parse_args()
     env = collect()
     print(f"hardware: {env.hardware_label} · mlx {env.mlx_version} · mlx-lm {env.mlx_lm_version}")
     home = Path(tempfile.mkdtemp(prefix="bench-router-"))
-    hop(home, "demo", 4 * args.rounds, 16)  # TTFT of tens of milliseconds: the hop is not lost in the prefill
-    hop(home, "smollm2", args.rounds, args.tokens)  # decode at ~10 tok/s: the relay's share of it
+    hop(home, "demo", args.rounds, 128, ban_end=True)  # milliseconds a token: a per-chunk cost would show
+    hop(home, "smollm2", args.rounds, args.tokens, ban_end=False)  # decode at ~10 tok/s: the relay's share of it
     cold_loads_and_memory(home)
     print(f"\n4. two users on demo, two on demo-tools, {args.requests} requests each")
     swapping(home, args.requests, None)

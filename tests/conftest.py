@@ -2,6 +2,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,9 @@ ROOT = Path(__file__).resolve().parents[1]
 DEMO_DIR = MODEL_DIR
 
 os.environ["HF_HUB_OFFLINE"] = "1"
+# No test writes to the user's data directory: the worker gets a directory of its own (what module
+# fixtures start sees it), and each test one of its own again (``own_home``).
+os.environ["LOCALCHAT_HOME"] = tempfile.mkdtemp(prefix="localchat-tests-home-")
 os.environ["COLUMNS"] = "200"  # stable Rich output
 os.environ.pop("LOCALCHAT_MODELS", None)
 # A run started in the background (`pytest &`, a CI step) begins with SIGINT ignored, and every child
@@ -27,6 +31,12 @@ LOOK_ALIKES = (["sleep", "3600"],
                [sys.executable, "-c", "import time; time.sleep(3600)", "add_server.py", "mcp_server_time",
                 "hostile_mcp.py", "localchat.mcp.guard", "mlx_lm server --model default_model",
                 "localchat.serve.engine.enforcing", "localchat.pull.fetch", "mlx_vlm.server --model demo_vision_model"])
+
+
+@pytest.fixture(autouse=True)
+def own_home(tmp_path, monkeypatch):
+    """Every test its own ``LOCALCHAT_HOME`` (a test's own fixture may set another)."""
+    monkeypatch.setenv("LOCALCHAT_HOME", str(tmp_path / "localchat-home"))
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -9,7 +9,7 @@ import httpx
 
 from localchat.registry import resolve
 from localchat.serve.front.running import RunningGateway, serve_gateway, start_gateway
-from localchat.serve.pool.lease import FixedRoute
+from localchat.serve.pool.entries import upstream_pool
 from localchat.serve.pool.upstream import Upstream, reach_upstream
 from localchat.server.launch import free_port
 
@@ -54,14 +54,14 @@ def gateway_for(base_url: str, model: str | None = None, *, api_key: str | None 
         upstream = reach_upstream(base_url, ref)
         for name, value in upstream_fields.items():
             setattr(upstream, name, value)
-        running = serve_gateway(FixedRoute(upstream), "127.0.0.1", free_port(), ("anthropic", "responses"), api_key,
+        running = serve_gateway(upstream_pool(upstream), "127.0.0.1", free_port(), ("anthropic", "responses"), api_key,
                                 logs.append, model=upstream.model_field)
     else:
         from localchat.serve.front.app import Gateway
 
         upstream = Upstream(base_url=base_url, model_field="default_model", model_id="fake", **upstream_fields)
         running = start_gateway(
-            Gateway(FixedRoute(upstream), api_key=api_key, log=logs.append), "127.0.0.1", free_port()
+            Gateway(upstream_pool(upstream), api_key=api_key, log=logs.append), "127.0.0.1", free_port()
         )
     try:
         yield TestGateway(running, upstream, logs)

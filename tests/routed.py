@@ -69,12 +69,27 @@ class Serve:
 
 
 def ended(pid: int) -> bool:
-    """Gone, or a zombie no one has reaped yet (this machine's PID 1 may not)."""
+    """Gone, or a zombie no one has reaped yet (this machine's PID 1 may not): asked of the kernel
+    (``kill -0``), then the state read from ``/proc`` or, where there is none (macOS), from ``ps``."""
     try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+        os.kill(pid, 0)
+    except ProcessLookupError:
         return True
-    return text[text.rfind(")") + 2:].split()[0] in ("Z", "X")
+    except PermissionError:
+        return False
+    return process_state(pid) in ("Z", "X", "")
+
+
+def process_state(pid: int) -> str:
+    """The process's state letter (``R``, ``S``, ``T`` stopped, ``Z`` zombie), "" when it is gone."""
+    if Path("/proc/self/stat").exists():
+        try:
+            text = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return ""
+        return text[text.rfind(")") + 2:].split()[0]
+    shown = subprocess.run(["ps", "-o", "stat=", "-p", str(pid)], capture_output=True, text=True)
+    return shown.stdout.strip()[:1]
 
 
 def wait_ended(pid: int, seconds: float = 20) -> bool:

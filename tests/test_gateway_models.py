@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import anthropic
 import httpx
@@ -22,6 +21,7 @@ import pytest
 
 from gateways import gateway_for
 from localchat.server.launch import free_port
+from routed import wait_ended
 from servers import serving
 
 QUESTION = "What is 12 plus 30?"
@@ -163,7 +163,7 @@ def test_serve_api_answers_as_chat_completions_through_both_sdks_and_sigterm_sto
         served.send_signal(signal.SIGTERM)
         assert served.wait(30) == 0  # SIGTERM stops a server cleanly, as plain serve
         assert "server stopped" in served.stdout.read() and "Traceback" not in served.stderr.read()
-        assert not Path(f"/proc/{engine}").exists() or Path(f"/proc/{engine}/stat").read_text().split(") ")[1][0] == "Z"
+        assert wait_ended(engine)
         with pytest.raises(httpx.ConnectError):
             httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
     finally:

@@ -231,9 +231,12 @@ def test_two_resumes_of_one_name_at_once_both_finish_and_leave_a_valid_session(s
                enumerate(children)]
     for child, (_, err) in zip(children, outputs):
         assert child.returncode == 0 and b"Traceback" not in err, err.decode()
-        assert b"kept 's' (2 turns)" in err
+    kept = [err for _, err in outputs if b"kept 's' (2 turns)" in err]
+    refused = [err for _, err in outputs if b"continued elsewhere" in err]
+    assert len(kept) == 1 and len(refused) == 1  # the second never writes over the first's turn
+    assert refused[0].count(b"continued elsewhere") == 2  # its turn said not kept, and its leaving says so once
     shown = runner.invoke(app, ["sessions", "show", "s"])
-    assert shown.exit_code == 0 and "Hello number" in shown.stdout
+    assert shown.exit_code == 0 and shown.stdout.count("Hello number") == 1
     assert json.loads(read_metadata(saved_home / "kv-cache" / "s.safetensors")["ids"])  # whole, readable
     assert not list((saved_home / "kv-cache" / "writing").iterdir())
 

@@ -138,3 +138,17 @@ def test_allowed_url_prefixes_and_data_urls_pass_the_check():
     check_media(json.dumps({"messages": picture("data:image/png;base64,AAAA")}).encode(), ())
     with pytest.raises(ApiError):
         check_media(body, ("https://example.com/other/",))
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_engine_names_its_model_by_the_served_id_so_the_front_relays_bytes_as_they_are(serve, stream):
+    """Asked directly, the engine child already writes ``demo-tools`` where mlx_lm writes its path:
+    the front has nothing to rewrite, and what a client gets through it names the same id."""
+    engine = next(row["engine_url"] for row in serve.held() if row["model"] == "demo-tools")
+    body = {"model": resolve("demo-tools").location, "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 4, "stream": stream, "stream_options": {"include_usage": True}}
+    direct = httpx.post(engine + "/chat/completions", json=body, timeout=60)
+    through = serve.ask("demo-tools", max_tokens=4, stream=stream, stream_options={"include_usage": True})
+    for reply in (direct, through):
+        assert reply.status_code == 200 and '"model": "demo-tools"' in reply.text, reply.text
+        assert resolve("demo-tools").location not in reply.text

@@ -9,7 +9,8 @@ import jsonschema
 import openai
 import pytest
 
-from localchat.serve.engine.enforcing import ENFORCED_HEADER, SEAM, TESTED_MLX_LM, check_seam
+from localchat.serve.engine import seam
+from localchat.serve.engine.enforcing import ENFORCED_HEADER
 from servers import openai_client, serving
 
 TOOLS = [{"type": "function", "function": {"name": "add", "description": "Add two integers.", "parameters": {
@@ -180,19 +181,15 @@ def test_naming_a_tool_that_was_not_offered_is_a_400(tools_server):
 
 
 def test_the_seam_is_where_it_was_in_the_tested_mlx_lm():
-    """If an mlx-lm upgrade moves the seam, this fails and says which part (docs/structured-output.md)."""
+    """If an mlx-lm upgrade moves a part the engine uses, this fails and says which (engine/seam.py)."""
     from importlib.metadata import version
 
-    import mlx_lm.server as server
-
-    check_seam(server)  # exits naming the part that moved
-    engine = inspect.getsource(server.ResponseGenerator)
-    assert engine.count("_make_logits_processors(args)") >= 2, f"{SEAM[1]} is no longer called in both paths"
-    assert engine.count("_make_sampler(args") >= 2, f"{SEAM[0]} is no longer called in both paths"
-    assert "handler_class" in inspect.signature(server._run_http_server).parameters, SEAM[4]
-    assert version("mlx-lm") in TESTED_MLX_LM or pytest.fail(
-        f"mlx-lm {version('mlx-lm')} is not among the versions the seam was tested with {TESTED_MLX_LM}: "
-        "run this file and scripts/bench_server_formats.py, then add it")
+    seam.check()  # exits naming the part that moved
+    engine = inspect.getsource(__import__("mlx_lm.server", fromlist=["x"]).ResponseGenerator)
+    assert engine.count("_make_logits_processors(args)") >= 2 and engine.count("_make_sampler(args") >= 2
+    assert version("mlx-lm") == seam.TESTED_MLX_LM or pytest.fail(
+        f"mlx-lm {version('mlx-lm')} is not the version the seam was tested with ({seam.TESTED_MLX_LM}): "
+        "run this file and scripts/bench_server_formats.py, then change it")
 
 
 @pytest.fixture(scope="module")

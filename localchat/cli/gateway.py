@@ -1,6 +1,6 @@
 """``gateway --upstream URL``: the gateway in front of a server already running, ready when a
 1-token request through it succeeds; Ctrl+C and SIGTERM stop it. (``serve --api`` puts the same
-gateway in front of the models it serves: ``cli.serving``.)"""
+gateway in front of the models it serves: ``serve.daemon``.)"""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from rich.console import Console
 from localchat.errors import raise_on_sigterm
 from localchat.registry import resolve
 from localchat.serve.front.running import RunningGateway, check_public, logger, serve_gateway, serve_until_stopped
-from localchat.serve.pool.lease import FixedRoute
+from localchat.serve.pool.entries import upstream_pool
 from localchat.serve.pool.upstream import reach_upstream
 
 
@@ -23,7 +23,7 @@ def run_gateway(*, upstream_url: str, model: str | None, host: str, port: int, c
     running = None
     try:
         with console.status("starting the gateway …") as status:
-            running = serve_gateway(FixedRoute(upstream), host, port, apis, api_key, logger(err), status.update,
+            running = serve_gateway(upstream_pool(upstream), host, port, apis, api_key, logger(err), status.update,
                                     origins, model=upstream.model_field, image_urls=image_urls)
         console.print(f"[green]ready[/green] {running.url} · {', '.join(apis)} · in front of {upstream_url} "
                       f"(model {upstream.model_id})")

@@ -1,4 +1,4 @@
-"""``localchat serve`` and ``localchat ps``: their options, collected and handed to ``cli.serving``
+"""``localchat serve`` and ``localchat ps``: their options, collected and handed to ``serve.daemon``
 and ``cli.ps``."""
 
 from __future__ import annotations

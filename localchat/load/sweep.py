@@ -241,12 +241,12 @@ class Target:
 
     def _launch_gateway(self) -> None:
         from localchat.serve.front.running import serve_gateway
-        from localchat.serve.pool.lease import FixedRoute
+        from localchat.serve.pool.entries import upstream_pool
         from localchat.serve.pool.upstream import reach_upstream
         from localchat.server.launch import free_port
 
         upstream = reach_upstream(self.base_url, self.ref, timeout_s=self.opts.timeout_s)
-        self.gateway = serve_gateway(FixedRoute(upstream), "127.0.0.1", free_port(), (self.opts.api or "",), None,
+        self.gateway = serve_gateway(upstream_pool(upstream), "127.0.0.1", free_port(), (self.opts.api or "",), None,
                                      log=lambda _: None, on_poll=self.on_status, model=upstream.model_field)
         self.base_url = self.gateway.url + "/v1"
 

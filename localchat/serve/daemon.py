@@ -100,11 +100,11 @@ def run_router(names: list[str], asked: ServeRequest, fit: FitSettings, smoke: S
     """The front on the public port, the first model's engine child ready behind it, the others
     loaded when first asked for (docs/router.md)."""
     from localchat.fit.budget import machine_budget
+    from localchat.processes import SERVED_ID
     from localchat.serve.front.running import serve_gateway
-    from localchat.serve.pool.entries import engine_launcher, served_models
+    from localchat.serve.pool.entries import engine_launcher, engine_upstream, served_models
     from localchat.serve.pool.keep_alive import parse_keep_alive
     from localchat.serve.pool.pool import ModelPool
-    from localchat.serve.pool.upstream import reach_upstream
     from localchat.store.prompt_files import engine_env
 
     keep_alive = parse_keep_alive(asked.keep_alive)
@@ -126,13 +126,14 @@ def run_router(names: list[str], asked: ServeRequest, fit: FitSettings, smoke: S
     try:
         with console.status("starting mlx_lm.server …") as status, shown_log_on_failure(console):
             server = start_ready(first.ref, port=free_port(), log=log_path, extra=asked.extra, fit=fit,
-                                 on_poll=heeding(terminated, status.update), plain=asked.plain, env=env)
-            pool.load_at_start(first, server, reach_upstream(server.base_url, first.ref, tokenizer=bool(asked.apis)))
+                                 on_poll=heeding(terminated, status.update), plain=asked.plain,
+                                 env=env | {SERVED_ID: first.key})
+            pool.load_at_start(first, server, engine_upstream(server, first.ref, bool(asked.apis)))
             for pinned in (m for m in models[1:] if m.pinned):
                 status.update(f"loading {pinned.key} (pinned) …")
                 pool.lease(pinned.key).release()
             status.update("starting the front …")
-            web = chat_page(pool, models, asked)
+            web = chat_page(pool, models, asked, keep_alive)
             running = serve_gateway(pool, asked.host, asked.port, asked.apis, asked.api_key, logger(err),
                                     status.update, asked.origins, model=first.key, web=web,
                                     image_urls=asked.image_urls)
@@ -156,14 +157,13 @@ def run_router(names: list[str], asked: ServeRequest, fit: FitSettings, smoke: S
         console.print("server stopped", style="dim")
 
 
-def chat_page(pool: Any, models: list, asked: ServeRequest) -> Any:
-    """The page at ``/`` and its API: conversations of the log, their turns sent to this very port."""
+def chat_page(pool: Any, models: list, asked: ServeRequest, keep_alive: float | None) -> Any:
+    """The page at ``/`` and its API: conversations of the log, each turn on its model by a lease
+    from the pool, as every API's request."""
     from localchat.serve.page.api import WebApi
     from localchat.serve.page.chats import WebChats
     from localchat.vision.support import is_vision
 
-    host = "127.0.0.1" if asked.host in ("0.0.0.0", "localhost") else "[::1]" if asked.host == "::" else \
-        f"[{asked.host}]" if ":" in asked.host else asked.host
     tools = None
     if asked.tools is not None and asked.tools.offered:
         from localchat.toolbox import open_tools
@@ -172,8 +172,7 @@ def chat_page(pool: Any, models: list, asked: ServeRequest) -> Any:
 
         def tools(ask: Any) -> Any:  # each conversation its own tool processes; calls asked in the page
             return open_tools(settings, ask if not settings.approve else approve_all(), hidden=[asked.api_key or ""])
-    chats = WebChats(front_url=f"http://{host}:{asked.port}/v1", served=pool.model_ids, api_key=asked.api_key,
-                     tools=tools)
+    chats = WebChats(lease=pool.lease, served=pool.model_ids, tools=tools, keep_alive=keep_alive, loaded=pool.loaded)
     vision = frozenset(m.key for m in models if m.ref is not None and is_vision(m.ref))
     return WebApi(chats, api_key=asked.api_key, vision=vision, results=asked.results)
 
@@ -222,7 +221,7 @@ def run_ranks(ref: ModelRef, asked: ServeRequest, ranks: Ranks, fit: FitSettings
     """One model on several ranks: mlx.launch's server on the public port, as it comes; with
     ``--api``, on a loopback port behind the gateway."""
     from localchat.serve.front.running import serve_gateway
-    from localchat.serve.pool.lease import FixedRoute
+    from localchat.serve.pool.entries import upstream_pool
     from localchat.serve.pool.upstream import reach_upstream
 
     host, port = ("127.0.0.1", free_port()) if asked.apis else (asked.host, asked.port)
@@ -240,7 +239,7 @@ def run_ranks(ref: ModelRef, asked: ServeRequest, ranks: Ranks, fit: FitSettings
     try:
         url = server.base_url
         if asked.apis:
-            front = serve_gateway(FixedRoute(reach_upstream(server.base_url, ref)), asked.host, asked.port,
+            front = serve_gateway(upstream_pool(reach_upstream(server.base_url, ref)), asked.host, asked.port,
                                   asked.apis, asked.api_key, logger(err), origins=asked.origins, model=ref.location,
                                   image_urls=asked.image_urls)
             url = front.url + "/v1"

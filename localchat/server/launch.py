@@ -26,7 +26,7 @@ from localchat.errors import LocalchatError, UsageError
 from localchat.files import private_dirs
 from localchat.fit.check import FitSettings, check_local, smaller_variants
 from localchat.log_lines import is_error
-from localchat.processes import SERVE_PID, child_preexec, stop_group
+from localchat.processes import SERVE_PID, SERVED_ID, child_preexec, stop_group
 from localchat.registry import ModelRef, local_dir
 from localchat.server.distributed import RANK_FAILED, Ranks, check_ranks, failed_rank, launch_command
 
@@ -99,6 +99,7 @@ class RunningServer:
     log_path: Path
     load_s: float = 0.0
     log_from: int = 0  # where this child's own output starts in its log (a reload appends)
+    writes_id: bool = False  # our engine, told the id it is served by (``SERVED_ID``): it names the model so
 
     def failure(self) -> str:
         """What this child's own output says went wrong (never what an earlier child left)."""
@@ -145,7 +146,8 @@ def launch(model_location: str, *, host: str = "127.0.0.1", port: int = 8080, lo
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                    env=server_env(distributed=ranks is not None) | (env or {}),
                                    start_new_session=True, preexec_fn=child_preexec())
-    return RunningServer(process, host, port, model_location, log_path, log_from=log_from)
+    return RunningServer(process, host, port, model_location, log_path, log_from=log_from,
+                         writes_id=not (plain or vision) and SERVED_ID in (env or {}))
 
 
 def server_env(*, distributed: bool) -> dict[str, str]:

@@ -18,6 +18,10 @@ from localchat.store.saved_sessions import ContinuedElsewhere, SavedSession, Ses
 from localchat.store.session_cache import CacheWrite, SessionCaches, write_cache
 
 
+CONTINUED_ELSEWHERE = ("this conversation was continued elsewhere since it was opened here: this turn was not kept; "
+                       "open it again to go on from its latest turn")
+
+
 @dataclass(frozen=True)
 class Saved:
     name: str
@@ -40,6 +44,7 @@ class SessionSaver:
     stale: bool = False  # a write was refused: the stored state moved on (another page or terminal)
     _logged: dict[int, Turn] = field(default_factory=dict, repr=False)  # the turns already logged, by identity
     _failing: bool = field(default=False, repr=False)
+    _refused: int = field(default=0, repr=False)  # the turns held when a write was last refused (stale)
 
     def start(self, session: ChatSession) -> None:
         """What the session holds when it begins (a resumed conversation's turns) is logged already,
@@ -60,6 +65,9 @@ class SessionSaver:
         if not self.logging:
             return None
         new = self._new_turns(session.conversation.turns)
+        if self.stale:  # continued elsewhere: nothing more is written from here; each new turn is said once
+            said, self._refused = self._refused, len(session.conversation.turns)
+            return CONTINUED_ELSEWHERE if len(session.conversation.turns) > said else None
         state = saved_state(session.conversation.turns, session.conversation.pins, _notes(session))
         if not new and not taken_back and state == self.saved_state:
             return None
@@ -69,8 +77,8 @@ class SessionSaver:
             written = self.store.save(self._snapshot(session, self.name), log=new, take_back=taken_back,
                                       based_on=self.revision)
         except ContinuedElsewhere as exc:
-            self.stale = True
-            return str(exc)  # (said every time: each such turn is not kept)
+            self.stale, self._refused = True, len(session.conversation.turns)
+            return str(exc)
         except LocalchatError as exc:
             said, self._failing = self._failing, True
             return None if said else f"this conversation is not being kept ({exc}); the chat goes on"

@@ -104,6 +104,10 @@ class ReplLoop:
         for ``--continue``); else turns never saved are said first: on a terminal the next
         ``/quit`` or Ctrl+D leaves; elsewhere it leaves at once, with the notice."""
         conversation = self.session.conversation
+        if self.saver is not None and self.saver.stale:
+            self.ui.notice(f"left; the turns asked here since it was continued elsewhere were not kept (localchat chat "
+                           f"--resume {self.saver.name or self.saver.uid} goes on from its latest turn)")
+            return True
         if self.saver is not None and self.saver.logging and not self.saver.unsaved(self.session):
             cache = self.saver.leave(self.session)
             self.ui.info(kept_line(self.saver.name, self.saver.uid, len(conversation.turns), cache)

@@ -4,51 +4,76 @@ as in-process (``backends.masking``). ``python -m localchat.serve.engine.enforci
 own arguments; ``localchat serve`` runs it (``serve --plain`` runs mlx_lm.server as it is).
 
 Everything else is mlx_lm.server's own engine: its request handling, prompt cache, batching and
-distributed ranks. The seam is the narrowest found in mlx-lm 0.32 (docs/structured-output.md):
+distributed ranks. What this module uses of it is listed and checked in ``seam`` (docs/structured-output.md):
 
 - ``APIHandler.handle_completion``: the request's fields are read and checked here, before anything
-  is generated (a format the grammar cannot compile is a 400 in OpenAI's error shape), and what is
-  to be enforced rides on the ``CompletionRequest`` (plain data, so ranks receive it too).
+  is generated (a format the grammar cannot compile is a 400 in OpenAI's error shape); what is to be
+  enforced travels in our own request type (``requested.EnforcedRequest``: plain data, so ranks
+  receive it too).
 - ``ResponseGenerator._tokenize``: with the prompt's ids and the tokenizer at hand, the reply's mask
-  (``MaskedDecoding``) is made and kept on the request's ``GenerationArguments``.
+  (``MaskedDecoding``) is made and kept in ``ReplyMasks``, by the request's generation arguments.
 - ``mlx_lm.server._make_sampler`` / ``_make_logits_processors``: the engine builds one sampler and one
   list of processors per request, in its batched path and its single one alike; the mask joins them.
+- ``APIHandler.generate_response`` / ``completion_usage_response``: every reply names the model by
+  the id ``serve`` gave this engine (``SERVED_ID``), so the front relays its bytes as they are.
 - ``mlx_lm.server.run``: it accepts a handler class but does not pass it on; ours does.
-
-``SEAM`` names them; ``check_seam`` refuses to start, naming what moved, on an mlx-lm that lacks one.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
+import threading
+import weakref
 from typing import Any
 
+from localchat.processes import SERVED_ID
+from localchat.serve.engine import seam
 from localchat.serve.engine.hangup import HangupWatch
-from localchat.serve.engine.requested import Enforcement, RequestRefused, enforcement_of
+from localchat.serve.engine.requested import Enforcement, RequestRefused, enforced_request, enforcement_of
 
-TESTED_MLX_LM = ("0.32.2",)
-SEAM = ("mlx_lm.server._make_sampler(args, tokenizer)", "mlx_lm.server._make_logits_processors(args)",
-        "mlx_lm.server.ResponseGenerator._tokenize(tokenizer, request, args)",
-        "mlx_lm.server.APIHandler.handle_completion(request, stop_words)", "mlx_lm.server.run(host, port, provider)")
 ENFORCED_HEADER = "X-Localchat-Enforced"
 
 
-def check_seam(server: Any) -> None:
-    """A clear refusal, naming the part, when this mlx-lm lacks a part of the seam."""
-    import inspect
+class ReplyMasks:
+    """Each request's mask, by its generation arguments (what the sampler and processors are made
+    from); an entry goes when its arguments do."""
 
-    parts = {"_make_sampler": server, "_make_logits_processors": server, "_tokenize": server.ResponseGenerator,
-             "handle_completion": server.APIHandler, "_run_http_server": server}
-    for name, owner in parts.items():
-        if not callable(getattr(owner, name, None)):
-            raise SystemExit(f"localchat serve: mlx_lm.server has no {name} (the seam the grammar mask uses moved; "
-                             f"tested with mlx-lm {', '.join(TESTED_MLX_LM)}): run serve --plain")
-    source = inspect.getsource(server.ResponseGenerator)
-    for call in ("_make_sampler(args", "_make_logits_processors(args)"):
-        if call not in source:
-            raise SystemExit(f"localchat serve: mlx_lm.server's engine no longer calls {call}…) per request "
-                             f"(tested with mlx-lm {', '.join(TESTED_MLX_LM)}): run serve --plain")
+    def __init__(self) -> None:
+        self._masks: dict[int, tuple[Any, Any]] = {}
+        self._lock = threading.Lock()
+
+    def put(self, args: Any, mask: tuple[Any, Any] | None) -> None:
+        if mask is None:
+            return
+        with self._lock:
+            self._masks[id(args)] = mask
+        weakref.finalize(args, self._forget, id(args))
+
+    def of(self, args: Any) -> tuple[Any, Any] | None:
+        with self._lock:
+            return self._masks.get(id(args))
+
+    def _forget(self, key: int) -> None:
+        with self._lock:
+            self._masks.pop(key, None)
+
+
+class Contexts:
+    """The running requests' generation contexts (what stops one), by request, for the hangup watch."""
+
+    def __init__(self) -> None:
+        self._running: dict[int, Any] = {}
+
+    def started(self, request: Any, context: Any) -> None:
+        self._running[id(request)] = context
+
+    def of(self, request: Any) -> Any:
+        return self._running.get(id(request))
+
+    def ended(self, request: Any) -> None:
+        self._running.pop(id(request), None)
 
 
 class _Masks:
@@ -105,17 +130,18 @@ def mask_for(enforcement: Enforcement, tokenizer: Any, model: Any, prompt: list[
 
 def install(server: Any) -> None:
     """Add the mask to mlx_lm.server's engine through the seam (in this process only)."""
-    check_seam(server)
     make_sampler, make_processors = server._make_sampler, server._make_logits_processors
-    masks = _Masks()
+    masks, replies, contexts = _Masks(), ReplyMasks(), Contexts()
+    request_type = enforced_request(server.CompletionRequest)
+    served_id = os.environ.get(SERVED_ID) or None
 
     def sampler(args: Any, tokenizer: Any) -> Any:
         inner = make_sampler(args, tokenizer)
-        made = getattr(args, "localchat_mask", None)
+        made = replies.of(args)
         return made[0].sampler(inner) if made and made[0] is not None else inner
 
     def processors(args: Any) -> list[Any]:
-        made = getattr(args, "localchat_mask", None)
+        made = replies.of(args)
         extra = []
         if made:
             masked, banned = made
@@ -123,17 +149,16 @@ def install(server: Any) -> None:
         return [*make_processors(args), *extra]
 
     class Generator(server.ResponseGenerator):
-        def generate(self, request, *args, **kwargs):
-            context, response = super().generate(request, *args, **kwargs)
-            request.localchat_context = context  # for the hangup watch: what stops this request
+        def generate(self, request, generation_args, progress_callback=None):
+            context, response = super().generate(request, generation_args, progress_callback)
+            contexts.started(request, context)
             return context, response
 
         def _tokenize(self, tokenizer, request, args):
             tokenized = super()._tokenize(tokenizer, request, args)
-            enforcement = getattr(request, "localchat_enforcement", None)
-            if enforcement is not None:
-                args.localchat_mask = mask_for(enforcement, tokenizer, self.model_provider.model,
-                                               list(tokenized[0]), masks)
+            if isinstance(request, request_type) and request.enforcement is not None:
+                model = self.model_provider.model
+                replies.put(args, mask_for(request.enforcement, tokenizer, model, list(tokenized[0]), masks))
             return tokenized
 
     class Handler(server.APIHandler):
@@ -147,17 +172,25 @@ def install(server: Any) -> None:
             except RequestRefused as exc:
                 return self._refuse(exc)
             if enforcement is not None:
-                request.localchat_enforcement = enforcement
+                request = request_type(**vars(request), enforcement=enforcement)
                 if enforcement.calls == "none":
                     request.tools = None  # no call can start: the template offers none
                 self.enforced = enforcement.kind
-            with HangupWatch(self.connection, lambda: getattr(request, "localchat_context", None)):
-                try:
+            try:
+                with HangupWatch(self.connection, lambda: contexts.of(request)):
                     return super().handle_completion(request, stop_words)
-                except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError):
-                    self.close_connection = True  # a client that hung up is a normal event: one line, no traceback
-                    logging.warning("localchat: the client hung up mid-reply; its reply is no longer generated")
-                    return None
+            except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError):
+                self.close_connection = True  # a client that hung up is a normal event: one line, no traceback
+                logging.warning("localchat: the client hung up mid-reply; its reply is no longer generated")
+                return None
+            finally:
+                contexts.ended(request)
+
+        def generate_response(self, *args, **kwargs):
+            return named(super().generate_response(*args, **kwargs), served_id)
+
+        def completion_usage_response(self, *args, **kwargs):
+            return named(super().completion_usage_response(*args, **kwargs), served_id)
 
         def _check_calls(self, enforcement: Enforcement | None) -> None:
             """A call that must come, from a model whose chat template takes no tools, is refused: its
@@ -196,7 +229,7 @@ def install(server: Any) -> None:
 
         group = mx.distributed.init()
         disk = disk_tier(model_provider.cli_args) if group.size() == 1 else None  # (ranks hold shards of it)
-        cache = tiered(server.LRUPromptCache, disk)(model_provider.cli_args.prompt_cache_size)
+        cache = tiered(seam.cache_files().LRUPromptCache, disk)(model_provider.cli_args.prompt_cache_size)
         response_generator = Generator(model_provider, cache)
         if group.rank() == 0:
             server._run_http_server(host, port, response_generator, server_class, handler_class)
@@ -206,9 +239,15 @@ def install(server: Any) -> None:
     server._make_sampler, server._make_logits_processors, server.run = sampler, processors, run
 
 
-def main() -> None:
-    import mlx_lm.server as server
+def named(response: dict[str, Any], served_id: str | None) -> dict[str, Any]:
+    """A reply as the engine writes it, its model named by the id ``serve`` serves it by."""
+    if served_id is not None and "model" in response:
+        response["model"] = served_id
+    return response
 
+
+def main() -> None:
+    server = seam.server()  # (one line and no start on an mlx-lm that lacks a part)
     die_with_serve()
     install(server)
     sys.argv[0] = "mlx_lm.server"

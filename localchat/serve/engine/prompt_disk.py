@@ -1,7 +1,7 @@
 """A disk tier under mlx_lm.server's prompt cache: what the engine prefilled survives an idle
 unload, a crash and a restart of ``serve``.
 
-The seam is mlx_lm's ``LRUPromptCache``, which ``serve.engine.enforcing`` already makes in ``run``:
+The seam (``seam``) is mlx_lm's ``LRUPromptCache``, which ``enforcing`` makes in ``run``:
 
 - ``fetch_nearest_cache``: when the memory tier has less of the prompt than a file on disk, the file
   is loaded (verified against the model's identity and its token ids), trimmed to the prefix the
@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from localchat.serve.engine import seam
 from localchat.store.prompt_files import FORMAT, MIN_TOKENS, PromptFiles, Stored, identity, token_ids, tokens_name
 
 REWRITE_TOKENS = 1024
@@ -120,20 +121,19 @@ class DiskTier:
         return None
 
     def _load(self, key: str, entry: Stored, usable: int) -> list[Any] | None:
-        from mlx_lm.models.cache import can_trim_prompt_cache, load_prompt_cache, trim_prompt_cache
-
+        files = seam.cache_files()
         started = time.perf_counter()
         try:
-            cache, meta = load_prompt_cache(str(entry.path), return_metadata=True)
+            cache, meta = files.load_prompt_cache(str(entry.path), return_metadata=True)
             if meta.get("format") != FORMAT or meta.get("identity") != key or \
                     token_ids(meta.get("tokens", "[]")) != entry.tokens:
                 raise ValueError("its metadata does not match its name")
             if meta.get("digest") != digest(cache):
                 raise ValueError("its tensors are not the ones written (a damaged file)")
             if len(entry.tokens) > usable:
-                if not can_trim_prompt_cache(cache):
+                if not files.can_trim_prompt_cache(cache):
                     return None
-                trim_prompt_cache(cache, len(entry.tokens) - usable)
+                files.trim_prompt_cache(cache, len(entry.tokens) - usable)
         except Exception as exc:  # a damaged or foreign file: the answer is as without it
             say(f"ignored {entry.path.name}: {type(exc).__name__}: {str(exc)[:200]}")
             with self._lock:
@@ -175,13 +175,11 @@ class DiskTier:
                 say(f"a write failed: {type(exc).__name__}: {str(exc)[:200]}")
 
     def _write(self, key: str, tokens: tuple[int, ...], cache: list[Any]) -> None:
-        from mlx_lm.models.cache import save_prompt_cache
-
         started, name = time.perf_counter(), tokens_name(tokens)
         temp = self.files.temp_path(key, name)
         try:
-            save_prompt_cache(str(temp), cache, {"format": FORMAT, "identity": key, "tokens": json.dumps(tokens),
-                                                 "digest": digest(cache)})
+            metadata = {"format": FORMAT, "identity": key, "tokens": json.dumps(tokens), "digest": digest(cache)}
+            seam.cache_files().save_prompt_cache(str(temp), cache, metadata)
             path = self.files.place(temp, key, name)
         finally:
             temp.unlink(missing_ok=True)

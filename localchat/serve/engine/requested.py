@@ -50,6 +50,23 @@ class Enforcement:
         return BanToken(ids[0]) if len(ids) == 1 else None
 
 
+def enforced_request(completion_request: type) -> type:
+    """mlx_lm's ``CompletionRequest`` with what is enforced, as a field of our own: plain data that
+    is pickled to every rank with the request. Made once, and named in this module (where pickle
+    looks for it on every rank)."""
+    made = globals().get("EnforcedRequest")
+    if made is not None and made.__bases__ == (completion_request,):
+        return made
+
+    @dataclass
+    class EnforcedRequest(completion_request):
+        enforcement: Enforcement | None = None
+
+    EnforcedRequest.__module__, EnforcedRequest.__qualname__ = __name__, "EnforcedRequest"
+    globals()["EnforcedRequest"] = EnforcedRequest
+    return EnforcedRequest
+
+
 class BanToken:
     """A processor that never lets one token through (its mask made once, at the first step)."""
 

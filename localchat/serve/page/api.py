@@ -32,6 +32,7 @@ from starlette.responses import FileResponse, JSONResponse, Response, StreamingR
 from starlette.routing import Route
 
 from localchat.errors import LocalchatError
+from localchat.sampling import check_setting
 from localchat.serve.bodies import json_body
 from localchat.serve.page.chats import WebChats
 from localchat.serve.request import ApiError, check_key
@@ -88,18 +89,25 @@ class WebApi:
         return await self._answered(request, lambda: self.chats.listed(query))
 
     async def started(self, request: Request) -> Response:
-        body = await self._body(request)
-        return await self._answered(request, lambda: self.chats.shown(self.chats.started(
-            _text(body, "model"), _text(body, "system"), _number(body, "temperature"),
-            body.get("history", True) is not False).uid))
+        async def respond() -> Response:
+            body = await self._body(request)
+            return JSONResponse(await run_in_threadpool(lambda: self.chats.shown(self.chats.started(
+                _text(body, "model"), _text(body, "system"), _temperature(body),
+                body.get("history", True) is not False).uid)))
+
+        return await self._guarded(request, respond)
 
     async def one(self, request: Request) -> Response:
         uid = request.path_params["uid"]
         if request.method == "GET":
             return await self._answered(request, lambda: self.chats.shown(uid))
-        body = await self._body(request)
-        return await self._answered(request, lambda: self.chats.settings(
-            uid, system=body.get("system"), temperature=body.get("temperature"), history=body.get("history")))
+
+        async def respond() -> Response:
+            body = await self._body(request)
+            return JSONResponse(await run_in_threadpool(lambda: self.chats.settings(
+                uid, system=body.get("system"), temperature=body.get("temperature"), history=body.get("history"))))
+
+        return await self._guarded(request, respond)
 
     async def turn(self, request: Request) -> Response:
         async def respond() -> Response:
@@ -135,13 +143,14 @@ class WebApi:
         return await self._answered(request, lambda: {"stopping": self.chats.stop(uid)})
 
     async def approval(self, request: Request) -> Response:
-        body = await self._body(request)
         uid = request.path_params["uid"]
-        def decide() -> dict:
-            self.chats.decide(uid, str(body.get("decision")))
-            return {}
 
-        return await self._answered(request, decide)
+        async def respond() -> Response:
+            body = await self._body(request)
+            await run_in_threadpool(self.chats.decide, uid, str(body.get("decision")))
+            return JSONResponse({})
+
+        return await self._guarded(request, respond)
 
     async def undo(self, request: Request) -> Response:
         uid = request.path_params["uid"]
@@ -162,11 +171,11 @@ class WebApi:
         return await self._guarded(request, respond)
 
     async def _body(self, request: Request) -> dict[str, Any]:
-        try:
-            body = await json_body(request)
-        except ApiError:
-            body = None
-        return body if isinstance(body, dict) else {}
+        """The request's JSON object; anything else (malformed, not an object) is a 400 that says so."""
+        body = await json_body(request)
+        if not isinstance(body, dict):
+            raise ApiError(400, "invalid_request_error", "the body must be a JSON object")
+        return body
 
     async def _answered(self, request: Request, work: Callable[[], Any]) -> Response:
         """``work``'s answer as JSON, in a thread."""
@@ -199,11 +208,10 @@ def _text(body: dict[str, Any], name: str) -> str | None:
     return value
 
 
-def _number(body: dict[str, Any], name: str) -> float | None:
-    value = body.get(name)
-    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 2):
-        raise LocalchatError(f"{name} is a number from 0 to 2")
-    return value
+def _temperature(body: dict[str, Any]) -> float | None:
+    """The temperature by the one rule ``chat`` and ``/set`` use (``sampling``)."""
+    value = body.get("temperature")
+    return None if value is None else check_setting("temperature", value)
 
 
 def _pictures(urls: Any) -> tuple:

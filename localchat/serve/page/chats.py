@@ -1,7 +1,12 @@
-"""The page's conversations, held in the front: each one a ``ChatSession`` talking to this very
-port through the server backend (the one client path ``chat --backend server`` takes), kept in the
-conversation log by the ``SessionSaver`` the terminal uses. A conversation started in the terminal
-is continued here by its id, and the other way round.
+"""The page's conversations, held in the front: each one a ``ChatSession`` on the server backend
+(the one client path ``chat --backend server`` takes), kept in the conversation log by the
+``SessionSaver`` the terminal uses. A conversation started in the terminal is continued here by its
+id, and the other way round.
+
+Each turn reaches its model as every API's request does: by a lease from the pool (loading the model
+first when it must, said to the page as ``loading``), given back when the turn ends. Opening or
+viewing a conversation starts nothing: its tools (and MCP servers) start with the first turn that
+offers them and stop once it has been idle for the keep-alive, or is closed.
 
 A turn runs in a worker thread and reports what happens as plain dicts (``TurnEvents``): the
 answer's text, reasoning, tool calls (each waiting for the page's approval), and at the end its
@@ -13,22 +18,29 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from localchat.backends import GenerationParams
+from localchat.backends.http import make_client
 from localchat.conversation.history import Conversation
 from localchat.conversation.result import Listeners, TurnResult
 from localchat.conversation.stats import stats_line
 from localchat.conversation.turn import ChatSession
 from localchat.errors import LocalchatError, UsageError
 from localchat.registry import ModelRef, resolve
+from localchat.sampling import check_setting
+from localchat.serve.pool.lease import Lease
+from localchat.serve.pool.upstream import Upstream
 from localchat.store.keeper import SessionSaver, saved_state
 from localchat.store.saved_sessions import KEEPING_BUSY_TIMEOUT_S, SessionNotFound, SessionStore, default_store
 
 APPROVAL_WAIT_S = 300.0  # a call the page never answers is refused after this long
 DEFAULT_MAX_TOKENS = 512
+NOWHERE = "http://127.0.0.1:9/v1"  # a conversation's backend before its first turn: each turn's lease points it
+IDLE_LOOK_S = 1.0  # how often conversations idle past the keep-alive have their tools stopped
 
 
 class Stopped(KeyboardInterrupt):
@@ -46,17 +58,25 @@ class LiveChat:
     decisions: queue.Queue = field(default_factory=queue.Queue)
     always: set[str] = field(default_factory=set)
     say: Callable[[dict[str, Any]], None] = lambda _: None  # the running turn's events (an approval asked)
+    last_used: float = field(default_factory=time.monotonic)
+    tools_refused: bool = False  # the model's template calls no tools: its conversations have none
 
 
 @dataclass
 class WebChats:
-    front_url: str  # this port, as the server backend reaches it: http://127.0.0.1:PORT/v1
+    lease: Callable[[str], Lease]  # the pool's: a model's engine for one turn (loaded first if it must be)
     served: Callable[[], list[str]]  # the models this port serves
-    api_key: str | None = None
     tools: Callable[[Callable[[str, dict[str, Any]], str | None]], Any] | None = None  # a ToolRunner, given an asker
+    keep_alive: float | None = 300.0  # a conversation's tools stop after this long idle (None: never)
+    loaded: Callable[[str], bool] = lambda _: True  # whether a model is loaded now (else a turn says it loads)
     store: SessionStore = field(default_factory=lambda: default_store(KEEPING_BUSY_TIMEOUT_S))
     live: dict[str, LiveChat] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _closing: threading.Event = field(default_factory=threading.Event)
+
+    def __post_init__(self) -> None:
+        if self.tools is not None and self.keep_alive is not None:
+            threading.Thread(target=self._stop_idle_tools, name="page-tools-idle", daemon=True).start()
 
     # --- the list and one conversation -------------------------------------------------------
 
@@ -114,9 +134,9 @@ class WebChats:
     @staticmethod
     def _closed(chat: LiveChat) -> None:
         chat.stop.set()
+        chat.decisions.put("deny")
         chat.session.backend.close()
-        if chat.session.tools is not None:
-            chat.session.tools.close()
+        _stop_tools(chat)
 
     def started(self, model: str | None, system: str | None, temperature: float | None,
                 history: bool = True) -> LiveChat:
@@ -146,28 +166,17 @@ class WebChats:
         from localchat.backends.openai_http import backend_for
 
         ref = _ref(model)
-        backend = backend_for(self.front_url, ref, name=model, api_key=self.api_key)
-        backend.model_field = model  # the front routes by the name it lists
+        backend = backend_for(NOWHERE, ref, name=model)
         backend.image_tokens = _picture_tokens(ref)
-        chat_holder: list[LiveChat] = []
-        tools = self.tools(lambda name, args: _asked(chat_holder[0], name, args)) if self.tools else None
-        if tools is not None:
-            try:
-                backend.offer_tools(tools.specs)
-            except LocalchatError:  # a model whose template calls no tools: its conversations have none
-                tools.close()
-                tools = None
         session = ChatSession(backend=backend, conversation=Conversation.for_backend(backend, system, turns),
-                              params=_params(ref, params), tools=tools)
+                              params=_params(ref, params))
         if saved is not None:
             session.conversation.pins = list(saved.pins)
         saver = SessionSaver(self.store, uid, model, name=saved.name if saved else None, logging=True,
                              revision=saved.revision if saved else 0,
                              saved_state=saved_state(saved.turns, saved.pins, saved.summary) if saved else None)
         saver.start(session)
-        chat = LiveChat(uid=uid, model=model, session=session, saver=saver)
-        chat_holder.append(chat)
-        return chat
+        return LiveChat(uid=uid, model=model, session=session, saver=saver)
 
     # --- turns -----------------------------------------------------------------------------------
 
@@ -183,7 +192,7 @@ class WebChats:
 
         def run() -> None:
             try:
-                ended = _ended(chat, self._run(chat, kind, text, pictures, events))
+                ended = _ended(chat, self._leased(chat, kind, text, pictures, events))
                 if ended.get("stale"):
                     self._dropped(chat)  # (built on an old state: the next open reads the latest)
                 events.put(ended)
@@ -204,6 +213,47 @@ class WebChats:
         finally:
             if not ended:
                 chat.stop.set()  # the page went away mid-reply: the turn is discarded, as Stop does
+                chat.decisions.put("deny")  # (a call waiting for its approval is denied at once)
+
+    def _leased(self, chat: LiveChat, kind: str, text: str, pictures: tuple, events: queue.Queue) -> TurnResult:
+        """The turn on its model's engine, leased for it (the page hears that it loads first)."""
+        if not self.loaded(chat.model):
+            events.put({"type": "loading", "model": chat.model})
+        lease = self.lease(chat.model)
+        try:
+            _point(chat.session.backend, lease.upstream, chat.model)
+            self._ready_tools(chat)
+            return self._run(chat, kind, text, pictures, events)
+        finally:
+            chat.last_used = time.monotonic()
+            lease.release()
+
+    def _ready_tools(self, chat: LiveChat) -> None:
+        """The conversation's tools, started with its first turn (again after an idle stop)."""
+        session = chat.session
+        if self.tools is None or session.tools is not None or chat.tools_refused:
+            return
+        tools = self.tools(lambda name, args: _asked(chat, name, args))
+        try:
+            session.backend.offer_tools(tools.specs)
+        except LocalchatError:  # a model whose template calls no tools: its conversations have none
+            tools.close()
+            chat.tools_refused = True
+            return
+        session.tools = tools
+
+    def _stop_idle_tools(self) -> None:
+        while not self._closing.wait(IDLE_LOOK_S):
+            now = time.monotonic()
+            with self._lock:
+                chats = list(self.live.values())
+            for chat in chats:
+                idle = self.keep_alive is not None and now - chat.last_used >= self.keep_alive
+                if idle and chat.session.tools is not None and chat.busy.acquire(blocking=False):
+                    try:
+                        _stop_tools(chat)
+                    finally:
+                        chat.busy.release()
 
     def _run(self, chat: LiveChat, kind: str, text: str, pictures: tuple, events: queue.Queue) -> TurnResult:
         session = chat.session
@@ -252,10 +302,7 @@ class WebChats:
                 raise UsageError("history is true or false")
             session.use_history = history
         if temperature is not None:
-            if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or \
-                    not 0 <= temperature <= 2:
-                raise UsageError("temperature is a number from 0 to 2")
-            session.params = replace(session.params, temperature=float(temperature))
+            session.params = replace(session.params, temperature=check_setting("temperature", temperature))
         if system is not None:
             if not isinstance(system, str) or len(system) > 20_000:
                 raise UsageError("the system message is text of at most 20,000 characters")
@@ -270,8 +317,24 @@ class WebChats:
         return chat
 
     def close(self) -> None:
+        self._closing.set()
         for chat in list(self.live.values()):
             self._closed(chat)
+
+
+def _point(backend: Any, upstream: Upstream, model: str) -> None:
+    """A conversation's backend aimed at the engine its turn leased (it may be another port than the
+    last turn's: a model unloaded when idle comes back on a port of its own)."""
+    if backend.client.base_url != upstream.base_url + "/":
+        backend.client.close()
+        backend.client = make_client(upstream.base_url, upstream.api_key, backend.timeout_s)
+    backend.model_field = upstream.model_for(model)
+
+
+def _stop_tools(chat: LiveChat) -> None:
+    tools, chat.session.tools = chat.session.tools, None
+    if tools is not None:
+        tools.close()
 
 
 def _ref(name: str | None) -> ModelRef | None:

@@ -5,15 +5,17 @@ child is started for one of them."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 from localchat.errors import LocalchatError, UsageError
 from localchat.fit.check import FitSettings, judge_shape
 from localchat.fit.shape import local_shape
-from localchat.registry import load_registry, local_dir, resolve
-from localchat.serve.pool.pool import Launcher
+from localchat.processes import SERVED_ID
+from localchat.registry import ModelRef, load_registry, local_dir, resolve
+from localchat.serve.pool.pool import Launcher, ModelPool
 from localchat.serve.pool.served import ServedModel, names_of
-from localchat.serve.pool.upstream import Upstream, reach_upstream
+from localchat.serve.pool.upstream import SERVER_DEFAULT_MODEL, Upstream, reach_upstream
 from localchat.server.launch import RunningServer, free_port, start_ready
 
 UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -64,6 +66,22 @@ def remote_model(text: str, taken: set[str]) -> ServedModel:
     return ServedModel(key=name, names=frozenset({name}), remote=upstream)
 
 
+def upstream_pool(upstream: Upstream, log: Callable[[str], None] = lambda _: None) -> ModelPool:
+    """A pool of one server that is not ours to load or unload: ``gateway --upstream URL``, a
+    ``--ranks`` group behind the front, ``load --launch --api``. Any name reaches it; its model is
+    listed by the id it was given (``-m``), else by the ids that server lists (never a path)."""
+    named = upstream.model_id if upstream.named else None
+    listed = (named,) if named else tuple(sorted(n for n in upstream.served if not n.startswith("/"))) or \
+        (SERVER_DEFAULT_MODEL,)
+    model = ServedModel(key=listed[0], names=frozenset({*listed, upstream.model_id, *upstream.served}),
+                        remote=upstream, listed=listed)
+    return ModelPool([model], launcher=_never, log=log)
+
+
+def _never(model: ServedModel) -> tuple[RunningServer, Upstream]:
+    raise LocalchatError(f"{model.key} is served elsewhere: it is never loaded here")
+
+
 def engine_launcher(first: str, port: int, first_log: Path, extra: tuple[str, ...], plain: bool,
                     tokenizers: bool, env: dict[str, str]) -> Launcher:
     """How the router starts one model's engine: our enforcing mlx_lm.server (mlx_vlm.server for a
@@ -75,14 +93,23 @@ def engine_launcher(first: str, port: int, first_log: Path, extra: tuple[str, ..
         assert model.ref is not None
         log = first_log if model.key == first else log_beside(first_log, port, model.key)
         server = start_ready(model.ref, port=free_port(), log=log, extra=extra, fit=FitSettings(force=True),
-                             plain=plain, env=env, append_log=model.key == first or model.loads > 0)
+                             plain=plain, env=env | {SERVED_ID: model.key},
+                             append_log=model.key == first or model.loads > 0)
         try:
-            return server, reach_upstream(server.base_url, model.ref, tokenizer=tokenizers)
+            return server, engine_upstream(server, model.ref, tokenizers)
         except (LocalchatError, OSError):
             server.stop()
             raise
 
     return launch
+
+
+def engine_upstream(server: RunningServer, ref: ModelRef, tokenizer: bool) -> Upstream:
+    """How the front reaches an engine child it started: our engine names the model by its id in
+    its replies, so they are relayed as they come (a plain or picture engine's are renamed)."""
+    upstream = reach_upstream(server.base_url, ref, tokenizer=tokenizer)
+    upstream.writes_id = server.writes_id
+    return upstream
 
 
 def log_beside(first_log: Path, port: int, key: str) -> Path:

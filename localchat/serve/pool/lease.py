@@ -1,6 +1,6 @@
-"""Which server answers a request: the gateway asks its routes for a lease on the model a request
-names, and gives it back when the reply has ended (a router counts what is in flight and may load
-the model first). ``FixedRoute`` is one server for every name: ``localchat gateway --upstream``."""
+"""Which server answers a request: the front asks the pool for a lease on the model a request names,
+and gives it back when the reply has ended (the pool counts what is in flight and may load the model
+first). ``Routes`` is what the front needs of the pool."""
 
 from __future__ import annotations
 
@@ -39,26 +39,3 @@ class Routes(Protocol):
 
     def status(self) -> dict[str, Any]:
         """What ``localchat ps`` shows."""
-
-
-@dataclass
-class FixedRoute:
-    """One server behind the gateway, whatever a request names (clients name models of their own)."""
-
-    upstream: Upstream
-
-    def lease(self, name: str, keep_alive: Any = None) -> Lease:
-        return Lease(upstream=self.upstream)
-
-    def model_ids(self) -> list[str]:
-        """The gateway's model, or, in front of a server whose model it was not told, the ids that
-        server lists (never a local path)."""
-        if self.upstream.named:
-            return [self.upstream.model_id]
-        return sorted(name for name in self.upstream.served if not name.startswith("/")) or ["default_model"]
-
-    def health_upstream(self) -> Upstream | None:
-        return self.upstream
-
-    def status(self) -> dict[str, Any]:
-        return {"models": [], "upstream": self.upstream.base_url}

@@ -67,13 +67,20 @@ class ModelPool:
         exact = next((m for m in self.models if name in m.names), None)
         if exact is not None or len(self.models) > 1:
             return exact
-        return self.models[0] if self.models[0].remote is None else None  # one model takes any name (clients' own)
+        return self.models[0]  # one model takes any name (clients name models of their own)
+
+    def loaded(self, name: str) -> bool:
+        """Whether the model ``name`` is ready now (a request for it then waits for no load)."""
+        model = self.find(name)
+        return model is not None and (model.remote is not None or model.state == LOADED)
 
     def model_ids(self) -> list[str]:
-        return [m.key for m in self.models]
+        return [name for m in self.models for name in (m.listed or (m.key,))]
 
     def health_upstream(self) -> Upstream | None:
-        return None
+        """The server whose ``/health`` this port relays: the one upstream of a pool of one remote
+        entry (``gateway --upstream``); else None (the front answers, whatever is loaded)."""
+        return self.models[0].remote if len(self.models) == 1 else None
 
     def lease(self, name: str, keep_alive: Any = MISSING) -> Lease:
         """The model ``name`` loaded and counted in flight until the lease is released; a 404 for
@@ -289,7 +296,8 @@ class ModelPool:
         files = self.prompt_files
         disk = {"dir": str(files.root), "bytes": files.total_bytes(), "max_bytes": files.max_bytes,
                 "hits": files.hits()} if files is not None else None
-        return {"models": rows, "served": self.model_ids(), "prompt_cache": disk,
+        upstreams = {m.key: m.remote.base_url for m in self.models if m.remote is not None}
+        return {"models": rows, "served": self.model_ids(), "prompt_cache": disk, "upstreams": upstreams,
                 "budget_bytes": self.budget.bytes if self.budget else None,
                 "budget_source": self.budget.source if self.budget else None}
 

@@ -33,6 +33,7 @@ class ServedModel:
     keep_alive: float | None = 300.0  # seconds idle before it is unloaded (the last request's); None: never
     drain_until: float = 0.0  # monotonic: new requests wait while a load waits for this one to go
     loads: int = 0
+    listed: tuple[str, ...] = ()  # the ids /v1/models shows for it (an unnamed upstream's own); () its key
 
     @property
     def holds_memory(self) -> bool:

@@ -49,6 +49,7 @@ class Upstream:
     idle_s: float = IDLE_S
     named: bool = True  # the gateway was told its model (-m); else it serves whatever the server lists
     context: int | None = None  # the model's window, from its config on this machine
+    writes_id: bool = False  # the server names the model by ``model_id`` itself (our engine): replies pass as they are
     template: ChatTemplate | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
@@ -58,8 +59,11 @@ class Upstream:
 
     def model_for(self, requested: str) -> str:
         """What the server is asked for: the client's model when the server lists it, else the
-        gateway's own (clients name models of their own, e.g. ``claude-sonnet-4-5``)."""
-        return requested if requested in self.served else self.model_field
+        gateway's own (clients name models of their own, e.g. ``claude-sonnet-4-5``), by its id
+        when the server lists that (another localchat front: its replies then name it so)."""
+        if requested in self.served:
+            return requested
+        return self.model_id if self.model_id in self.served else self.model_field
 
     def backend(self, request: GatewayRequest) -> ServerBackend:
         """A backend for one request: its own client, the request's tools, its tool choice."""

@@ -183,8 +183,9 @@ async def unless_gone(work: Awaitable[T], gone: Callable[[], Awaitable[bool]]) -
 def _own_names(upstream: Upstream) -> dict[str, str]:
     """The server's name for the model when it is a path on this machine (as JSON writes it) →
     the id every client sees."""
-    if upstream.model_field == upstream.model_id or not upstream.model_field.startswith(("/", "~", "./", "../")):
-        return {}
+    if upstream.writes_id or upstream.model_id in upstream.served or upstream.model_field == upstream.model_id or \
+            not upstream.model_field.startswith(("/", "~", "./", "../")):
+        return {}  # (the server's replies name the model by its id already: relayed as they come)
     return {json.dumps(upstream.model_field)[1:-1]: json.dumps(upstream.model_id)[1:-1]}
 
 

@@ -1,4 +1,4 @@
-// The chat page: a face on serve's own conversations. Everything goes through /api (web/api.py);
+// The chat page: a face on serve's own conversations. Everything goes through /api (serve/page/api.py);
 // text is shown with textContent or renderMarkdown (DOM nodes, never HTML).
 "use strict";
 
@@ -13,8 +13,13 @@ function headers(json) {
 }
 
 async function api(method, path, body, retried) {
-  const response = await fetch(path, { method, headers: headers(body !== undefined),
-                                        body: body === undefined ? undefined : JSON.stringify(body) });
+  let response;
+  try {
+    response = await fetch(path, { method, headers: headers(body !== undefined),
+                                   body: body === undefined ? undefined : JSON.stringify(body) });
+  } catch (error) {  // nothing answers: serve stopped, or the network is down
+    throw new Error(`cannot reach the server at ${location.host}: is localchat serve still running? (${error.message})`);
+  }
   if (response.status === 401 && !retried) {
     const key = window.prompt("This server wants its API key (kept for this tab only):");
     if (key) {
@@ -167,6 +172,7 @@ async function send(kind) {
     ended = await streamInto(response, answer, chat.id);
   } catch (error) {
     say(error.message);
+    if (kind !== "retry" && !$("composer").value) $("composer").value = text;  // the question is kept to send again
   } finally {
     busy(false);
     state.mode = "ask";
@@ -197,8 +203,9 @@ async function streamInto(response, answer, id) {
   const reader = response.body.getReader();
   const decoder = new TextDecoder();
   const body = answer.querySelector(".body");
-  let buffer = "", text = "", reasoning = null, ended = null, drawn = false;
+  let buffer = "", text = "", reasoning = null, ended = null, drawn = false, loading = null;
   const draw = () => { drawn = false; body.replaceChildren(window.renderMarkdown(text)); scrollDown(); };
+  const loaded = () => { if (loading) { clearInterval(loading); loading = null; answer.querySelector(".loading")?.remove(); } };
   for (;;) {
     const { value, done } = await reader.read();
     if (done) break;
@@ -209,6 +216,14 @@ async function streamInto(response, answer, id) {
       buffer = buffer.slice(cut + 2);
       if (!line.startsWith("data: ")) continue;
       const event = JSON.parse(line.slice(6));
+      if (event.type === "loading") {  // the model loads first: said with the seconds so far, as the terminal's spinner
+        const started = Date.now();
+        const note = node("div", { className: "loading", "data-testid": "loading", text: `loading ${event.model}… 0s` });
+        answer.insertBefore(note, body);
+        loading = setInterval(() => { note.textContent = `loading ${event.model}… ${Math.round((Date.now() - started) / 1000)}s`; }, 500);
+        continue;
+      }
+      if (event.type !== "end") loaded();
       if (event.type === "text") {
         text += event.text;
         if (!drawn) { drawn = true; requestAnimationFrame(draw); }
@@ -220,12 +235,14 @@ async function streamInto(response, answer, id) {
       } else if (event.type === "approve") {
         answer.insertBefore(approval(id, event), body);
       } else if (event.type === "end") {
+        loaded();
         ended = event;
       } else if (event.type === "error") {
         say(event.message);
       }
     }
   }
+  loaded();
   return ended;
 }
 
