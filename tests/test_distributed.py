@@ -280,8 +280,8 @@ def test_pipeline_splits_layers_where_mlx_lm_can_token_for_token(home, tiny_qwen
 def test_a_sigterm_whose_exception_was_lost_still_ends_the_wait_for_a_server():
     """Python drops an exception raised inside a finalizer (it only prints it), and a handler's
     exception can land there: the event stays set, and the next poll of a server raises it."""
-    from localchat.server.shown import heeding
     from localchat.errors import TerminationRequested, raise_on_sigterm
+    from localchat.server.shown import heeding
 
     before = signal.getsignal(signal.SIGTERM)
     try:

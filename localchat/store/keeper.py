@@ -17,7 +17,6 @@ from localchat.errors import LocalchatError
 from localchat.store.saved_sessions import ContinuedElsewhere, SavedSession, SessionStore, validate_name
 from localchat.store.session_cache import CacheWrite, SessionCaches, write_cache
 
-
 CONTINUED_ELSEWHERE = ("this conversation was continued elsewhere since it was opened here: this turn was not kept; "
                        "open it again to go on from its latest turn")
 
