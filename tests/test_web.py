@@ -5,16 +5,19 @@ no request left loopback and that the console stayed clean. .ci/run installs Chr
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
 import pytest
 
+import owned
 from routed import Serve
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -374,7 +377,11 @@ def test_the_plots_of_a_results_directory_are_shown(page, served):
     ("POST", "/api/chats/{uid}/turns", {"text": ""}),
     ("POST", "/api/chats/{uid}/approval", {"decision": "maybe"}),
     ("PATCH", "/api/chats/{uid}", {"history": "false"}),
-    ("PATCH", "/api/chats/{uid}", {"temperature": 7}),
+    ("PATCH", "/api/chats/{uid}", {"temperature": -1}),
+    ("PATCH", "/api/chats/{uid}", {"temperature": "hot"}),
+    ("PATCH", "/api/chats/{uid}", "MALFORMED"),
+    ("POST", "/api/chats", "MALFORMED"),
+    ("POST", "/api/chats/{uid}/approval", "MALFORMED"),
     ("PATCH", "/api/chats/{uid}", {"system": ["a"]}),
     ("POST", "/api/chats/{uid}/undo", {}),
     ("GET", "/api/chats/..%2F..%2Fetc", None),
@@ -384,9 +391,63 @@ def test_the_plots_of_a_results_directory_are_shown(page, served):
 ])
 def test_hostile_requests_to_the_page_api_are_one_4xx_line_each(served, method, path, body):
     uid = httpx.post(served.url + "/api/chats", json={}).json()["id"]
-    content = None if body is None else (b"[]" if body == [] else None)
+    content = {"MALFORMED": b'{"system": "a"', None: None}.get(body, b"[]") if body in ([], "MALFORMED", None) \
+        else None
     answer = httpx.request(method, served.url + path.replace("{uid}", uid), timeout=60, content=content,
-                           json=body if body not in (None, []) else None)
+                           json=body if body not in (None, [], "MALFORMED") else None)
     assert 400 <= answer.status_code < 500, answer.text
     message = answer.json()["error"]["message"]
     assert message and "\n" not in message and "Traceback" not in message
+
+
+def workers() -> set[int]:
+    """The page's conversations' tool processes (add.py's worker), this run's own."""
+    return {p.pid for p in owned.owned("localchat.tools.worker")}
+
+
+def turn_events(served, uid: str, text: str, until: str | None = None) -> list[dict]:
+    """A turn sent through the page's API, its events read to its end (or to the first ``until``
+    event, when the connection is then closed: the page went away)."""
+    events = []
+    with httpx.stream("POST", f"{served.url}/api/chats/{uid}/turns", json={"text": text}, timeout=60) as response:
+        assert response.status_code == 200, response.read()
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                events.append(json.loads(line[6:]))
+                if events[-1]["type"] in ("end", until):
+                    break
+    return events
+
+
+def test_viewing_twenty_conversations_starts_no_process(served):
+    before = workers()
+    uids = [httpx.post(served.url + "/api/chats", json={"model": "demo-tools"}).json()["id"] for _ in range(20)]
+    for uid in uids:
+        assert httpx.get(f"{served.url}/api/chats/{uid}", timeout=30).status_code == 200
+    assert workers() - before == set()
+    assert turn_events(served, uids[0], "Hello")[-1]["type"] == "end"
+    assert len(workers() - before) == 1  # the first turn that offers the tools starts them
+
+
+def test_two_tabs_on_one_conversation_share_one_live_chat(served):
+    before = workers()
+    uid = httpx.post(served.url + "/api/chats", json={"model": "demo-tools"}).json()["id"]
+    assert turn_events(served, uid, "Hello")[-1]["kept"]
+    second_tab = httpx.get(f"{served.url}/api/chats/{uid}", timeout=30).json()
+    assert len(second_tab["turns"]) == 1
+    assert turn_events(served, uid, "Hello again")[-1]["kept"]
+    assert len(workers() - before) == 1
+
+
+def test_a_page_that_goes_away_during_an_approval_denies_it_and_frees_the_conversation(served):
+    uid = httpx.post(served.url + "/api/chats", json={"model": "demo-tools"}).json()["id"]
+    asked = turn_events(served, uid, "What is 12 plus 30?", until="approve")
+    assert asked[-1]["type"] == "approve"  # the page closed the connection here
+    started = time.monotonic()
+    while True:  # free again at once, not after the approval's 300 s
+        answer = httpx.post(f"{served.url}/api/chats/{uid}/stop", timeout=10).json()
+        if not answer["stopping"] or time.monotonic() - started > 10:
+            break
+        time.sleep(0.1)
+    assert not answer["stopping"] and time.monotonic() - started < 10
+    assert turn_events(served, uid, "Hello")[-1]["status"] != "stopped"  # the next turn is its own

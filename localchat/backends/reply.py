@@ -1,6 +1,6 @@
 """A model's reply told apart: reasoning, answer and tool calls, with one parser for both backends.
 
-Text goes through mlx_lm's own ``TextStateMachine`` (read without MLX: ``backends.text_states``)
+Text goes through a ``TextStateMachine`` that behaves as mlx_lm.server's does (``backends.text_states``, no MLX)
 with the transitions of the model's reasoning format (``templates.formats``: think markers, or
 gpt-oss's harmony channels) and of its tool-call format (``templates.tool_formats``): markers are
 stripped, reasoning and answer come out as typed chunks, a call's text is never shown and comes out
@@ -20,7 +20,7 @@ import secrets
 from typing import Any
 
 from localchat.backends import ReasoningChunk, TextChunk, ToolCall, ToolCallText
-from localchat.backends.text_states import text_state_machine
+from localchat.backends.text_states import TextStateMachine
 from localchat.templates.reasoning_formats import ANSWER, REASONING, ReasoningFormat, sniffed
 from localchat.templates.tool_formats import (
     TOOL,
@@ -57,7 +57,7 @@ class ReplySplitter:
                  tool_format: ToolFormat | None = None, tools: list[dict[str, Any]] | None = None):
         reads_calls = tool_format is not None and (bool(tools) or not tool_format.whole_reply)
         self.fmt, self.tool_format, self.tools = fmt, tool_format if reads_calls else None, list(tools or [])
-        machine = text_state_machine()(merged(fmt, self.tool_format))
+        machine = TextStateMachine(merged(fmt, self.tool_format))
         self._state = machine.make_state(REASONING if opened else (fmt.start if fmt else ANSWER))
         self._counter = _ReasoningCounter(*marker_ids, inside=opened) if marker_ids else None
         self._call_text = self._call_name = self._held = ""
@@ -86,7 +86,7 @@ class ReplySplitter:
         if self._counter and token is not None:
             self._counter.add(token)
         writing = self._writing_a_call()
-        self._state, segments = text_state_machine().split(self._state, text)
+        self._state, segments = TextStateMachine.split(self._state, text)
         chunks = self._chunks(segments)
         if text and (writing or self._writing_a_call()):
             chunks.append(ToolCallText())
@@ -99,10 +99,10 @@ class ReplySplitter:
         """What was held back: dropped at a stop (it was the end token), shown when cut at length;
         then a call still open (Mistral's has no end marker) or a held whole-reply call."""
         if finish_reason == "stop":
-            self._state, state = text_state_machine().discard(self._state)
+            self._state, state = TextStateMachine.discard(self._state)
             chunks = self._chunks([(state, "")])
         else:
-            self._state, held, state = text_state_machine().flush(self._state)
+            self._state, held, state = TextStateMachine.flush(self._state)
             chunks = self._chunks([(state, held)])
         if self._in_call:
             chunks += self._read_call()

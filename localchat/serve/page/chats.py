@@ -187,7 +187,7 @@ class WebChats:
         if not chat.busy.acquire(blocking=False):
             raise UsageError("this conversation is answering already: stop it first")
         events: queue.Queue = queue.Queue()
-        chat.stop.clear()
+        stop = chat.stop = threading.Event()  # this turn's own: a stop of an abandoned turn never reaches the next
         chat.say = events.put
 
         def run() -> None:
@@ -212,7 +212,7 @@ class WebChats:
             ended = True
         finally:
             if not ended:
-                chat.stop.set()  # the page went away mid-reply: the turn is discarded, as Stop does
+                stop.set()  # the page went away mid-reply: its turn is discarded, as Stop does
                 chat.decisions.put("deny")  # (a call waiting for its approval is denied at once)
 
     def _leased(self, chat: LiveChat, kind: str, text: str, pictures: tuple, events: queue.Queue) -> TurnResult:
@@ -369,8 +369,10 @@ def _picture_tokens(ref: ModelRef | None) -> Any:
 
 
 def _listeners(chat: LiveChat, put: Callable[[dict[str, Any]], None]) -> Listeners:
+    stop = chat.stop  # (the turn's own, taken as it begins)
+
     def checked(event: dict[str, Any] | None) -> None:
-        if chat.stop.is_set():
+        if stop.is_set():
             raise Stopped()
         if event is not None:  # (progress: only a moment to look at Stop)
             put(event)

@@ -1,0 +1,108 @@
+"""serve's pure logic as units, in milliseconds (no engine, no port): admission's plans, keep-alive
+values, routing by name in the pool (and a pool of one remote entry), what a request asks to be
+enforced, and the disk tier's key. The end-to-end tests (test_router, test_serve_hostile,
+test_prompt_cache) keep showing the same behaviour through real engines."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from localchat.errors import UsageError
+from localchat.serve.engine.requested import RequestRefused, enforcement_of
+from localchat.serve.pool.admission import Resident, admit
+from localchat.serve.pool.entries import upstream_pool
+from localchat.serve.pool.keep_alive import parse_keep_alive, shown
+from localchat.serve.pool.pool import ModelPool, NotServed
+from localchat.serve.pool.served import LOADED, ServedModel
+from localchat.serve.pool.upstream import Upstream
+from localchat.store.prompt_files import identity
+
+GB = 10**9
+
+
+def resident(key: str, size: int, *, busy: bool = False, used: float = 0.0, pinned: bool = False) -> Resident:
+    return Resident(key=key, bytes=size * GB, busy=busy, last_used=used, pinned=pinned)
+
+
+def test_admission_loads_what_fits_and_unloads_the_least_recently_used_idle_first():
+    assert admit(2 * GB, [resident("a", 3)], 10 * GB) == admit(0, [], None)  # fits: nothing to do
+    plan = admit(6 * GB, [resident("old", 3, used=1), resident("new", 3, used=5)], 10 * GB)
+    assert plan.unload == ("old",) and plan.refused is None
+
+
+def test_admission_waits_for_busy_models_and_never_moves_pinned_ones():
+    assert admit(6 * GB, [resident("busy", 6, busy=True)], 10 * GB).wait_for == ("busy",)
+    assert admit(6 * GB, [resident("pinned", 6, pinned=True)], 10 * GB).refused == "pinned"
+    assert admit(11 * GB, [], 10 * GB).refused == "alone"
+    assert admit(11 * GB, [resident("a", 2)], 10 * GB, force=True).unload == ("a",)
+
+
+@pytest.mark.parametrize("value, seconds", [("5m", 300.0), ("30s", 30.0), ("1h30m", 5400.0), (0, 0.0), ("0", 0.0),
+                                            ("never", None), (-1, None), ("250ms", 0.25), (1e12, None)])
+def test_keep_alive_values_are_read_as_ollama_reads_them(value, seconds):
+    assert parse_keep_alive(value) == seconds
+
+
+@pytest.mark.parametrize("value", ["soon", "5 minutes", "", True, [5], math.nan, "1e400x", "m5"])
+def test_keep_alive_nonsense_is_one_usage_line(value):
+    with pytest.raises(UsageError, match="keep-alive"):
+        parse_keep_alive(value)
+
+
+def test_keep_alive_is_written_back_as_it_is_read():
+    assert [shown(s) for s in (None, 0.0, 30.0, 300.0, 5400.0, 3600.0)] == ["never", "0s", "30s", "5m", "1h30m", "1h"]
+
+
+def served(key: str, *names: str) -> ServedModel:
+    return ServedModel(key=key, names=frozenset({key, *names}), state=LOADED)
+
+
+def pool_of(*models: ServedModel) -> ModelPool:
+    return ModelPool(list(models), launcher=lambda model: (_ for _ in ()).throw(AssertionError("no load here")))
+
+
+def test_the_pool_routes_by_id_alias_and_path_and_one_model_takes_any_name():
+    two = pool_of(served("demo", "/models/demo", "toy"), served("smollm2", "HuggingFaceTB/SmolLM2"))
+    assert two.find("toy").key == "demo" and two.find("HuggingFaceTB/SmolLM2").key == "smollm2"
+    assert two.find("") is two.models[0] and two.find("default_model") is two.models[0]
+    assert two.find("claude-sonnet-4-5") is None
+    with pytest.raises(NotServed) as refused:
+        two.lease("gpt-5")
+    assert refused.value.status == 404 and "demo, smollm2" in refused.value.message
+    assert pool_of(served("demo")).find("claude-sonnet-4-5").key == "demo"
+
+
+def test_a_pool_of_one_remote_entry_stands_for_gateway_upstream():
+    named = Upstream(base_url="http://127.0.0.1:9/v1", model_field="/models/demo", model_id="demo",
+                     served=frozenset({"/models/demo"}))
+    pool = upstream_pool(named)
+    assert pool.model_ids() == ["demo"] and pool.health_upstream() is named and pool.loaded("anything")
+    lease = pool.lease("claude-sonnet-4-5")
+    assert lease.upstream is named and pool.models[0].in_flight == 1
+    lease.release()
+    lease.release()  # (once, whatever happens)
+    assert pool.models[0].in_flight == 0
+    unnamed = Upstream(base_url="http://127.0.0.1:9/v1", model_field="default_model", model_id="the server's model",
+                       served=frozenset({"/a/path", "org/b", "a"}), named=False)
+    assert upstream_pool(unnamed).model_ids() == ["a", "org/b"]  # what it lists, never a path
+
+
+def test_what_a_request_asks_to_be_enforced_is_read_before_anything_is_generated():
+    assert enforcement_of({"messages": []}) is None
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    asked = enforcement_of({"response_format": {"type": "json_schema", "json_schema": {"schema": schema}}})
+    assert asked is not None and asked.schema == schema and asked.kind == "json_schema"
+    with pytest.raises(RequestRefused) as refused:
+        enforcement_of({"response_format": {"type": "json_schema", "json_schema": {"schema": schema}},
+                        "stop": ["x"]})
+    assert refused.value.param == "stop"
+
+
+def test_the_disk_tiers_key_changes_with_the_model_and_every_kv_setting():
+    base = identity("weights", {"kv_bits": None, "kv_group_size": 64, "quantized_kv_start": 0})
+    assert base == identity("weights", {"kv_group_size": 64, "kv_bits": None, "quantized_kv_start": 0})
+    assert len({base, identity("other", {"kv_bits": None, "kv_group_size": 64, "quantized_kv_start": 0}),
+                identity("weights", {"kv_bits": 8, "kv_group_size": 64, "quantized_kv_start": 0}),
+                identity("weights", {"kv_bits": None, "kv_group_size": 32, "quantized_kv_start": 0})}) == 4
