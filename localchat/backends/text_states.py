@@ -15,6 +15,7 @@ next state is ``None`` ends the matching: what follows is held, never split agai
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 Trie = dict[Any, Any]
@@ -54,7 +55,7 @@ def build_trie(markers: list[str] | tuple[str, ...]) -> Trie:
 class TextStateMachine:
     """``transitions``: state → [(marker, next state)]; a state not named there has no markers."""
 
-    def __init__(self, transitions: dict[str, list[tuple[str, str | None]]] | None = None):
+    def __init__(self, transitions: Mapping[str, Sequence[tuple[str, str | None]]] | None = None):
         self._states: dict[str | None, tuple[Trie, list[str | None]]] = {}
         for state, edges in (transitions or {}).items():
             self._states[state] = (build_trie([marker for marker, _ in edges]), [target for _, target in edges])
