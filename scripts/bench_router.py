@@ -224,12 +224,19 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--requests", type=int, default=6)
+    parser.add_argument("--models", default="demo,smollm2", help="the models whose hop is measured")
+    parser.add_argument("--hop-only", action="store_true", help="measure the hop alone (part 1)")
     args = parser.parse_args()
     env = collect()
     print(f"hardware: {env.hardware_label} · mlx {env.mlx_version} · mlx-lm {env.mlx_lm_version}")
     home = Path(tempfile.mkdtemp(prefix="bench-router-"))
-    hop(home, "demo", args.rounds, 128, ban_end=True)  # milliseconds a token: a per-chunk cost would show
-    hop(home, "smollm2", args.rounds, args.tokens, ban_end=False)  # decode at ~10 tok/s: the relay's share of it
+    for model in args.models.split(","):
+        if model == "demo":
+            hop(home, "demo", args.rounds, 128, ban_end=True)  # milliseconds a token: a per-chunk cost would show
+        else:
+            hop(home, model, args.rounds, args.tokens, ban_end=False)  # seconds a reply: the relay's share of it
+    if args.hop_only:
+        return
     cold_loads_and_memory(home)
     print(f"\n4. two users on demo, two on demo-tools, {args.requests} requests each")
     swapping(home, args.requests, None)

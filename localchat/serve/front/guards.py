@@ -123,12 +123,12 @@ async def _preflight(send: Callable, origin: str) -> None:
 
 
 def header_deadline_protocol() -> type:
-    """uvicorn's h11 protocol, closing a connection whose next request's headers are not whole
-    within ``HEADERS_S`` (uvicorn itself waits for them forever: slowloris)."""
-    import h11
-    from uvicorn.protocols.http.h11_impl import H11Protocol
+    """uvicorn's httptools protocol (a C parser: the front relays a reply's chunks with the least
+    work a chunk), closing a connection whose next request's headers are not whole within
+    ``HEADERS_S`` (uvicorn itself waits for them forever: slowloris)."""
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-    class HeaderDeadline(H11Protocol):
+    class HeaderDeadline(HttpToolsProtocol):
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
             self._arm()
@@ -141,7 +141,7 @@ def header_deadline_protocol() -> type:
             self.loop.call_later(HEADERS_S, self._late)
 
         def _late(self) -> None:
-            waiting = self.conn.their_state is h11.IDLE and (self.cycle is None or self.cycle.response_complete)
+            waiting = (self.cycle is None or self.cycle.response_complete) and not self.pipeline
             if waiting and not self.transport.is_closing():
                 self.transport.close()
 

@@ -24,42 +24,28 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from localchat.backends import GenerationParams
-from localchat.backends.http import make_client
 from localchat.conversation.history import Conversation
 from localchat.conversation.result import Listeners, TurnResult
-from localchat.conversation.stats import stats_line
 from localchat.conversation.turn import ChatSession
 from localchat.errors import LocalchatError, UsageError
 from localchat.registry import ModelRef, resolve
 from localchat.sampling import check_setting
+from localchat.serve.page.live import (
+    LiveChat,
+    approval_asked,
+    ended_event,
+    point,
+    stop_tools,
+    turn_listeners,
+    turn_shown,
+)
 from localchat.serve.pool.lease import Lease
-from localchat.serve.pool.upstream import Upstream
 from localchat.store.keeper import SessionSaver, saved_state
 from localchat.store.saved_sessions import KEEPING_BUSY_TIMEOUT_S, SessionNotFound, SessionStore, default_store
 
-APPROVAL_WAIT_S = 300.0  # a call the page never answers is refused after this long
 DEFAULT_MAX_TOKENS = 512
 NOWHERE = "http://127.0.0.1:9/v1"  # a conversation's backend before its first turn: each turn's lease points it
 IDLE_LOOK_S = 1.0  # how often conversations idle past the keep-alive have their tools stopped
-
-
-class Stopped(KeyboardInterrupt):
-    """The page pressed Stop: the turn ends as Ctrl+C ends it (discarded)."""
-
-
-@dataclass
-class LiveChat:
-    uid: str
-    model: str
-    session: ChatSession
-    saver: SessionSaver
-    busy: threading.Lock = field(default_factory=threading.Lock)
-    stop: threading.Event = field(default_factory=threading.Event)
-    decisions: queue.Queue = field(default_factory=queue.Queue)
-    always: set[str] = field(default_factory=set)
-    say: Callable[[dict[str, Any]], None] = lambda _: None  # the running turn's events (an approval asked)
-    last_used: float = field(default_factory=time.monotonic)
-    tools_refused: bool = False  # the model's template calls no tools: its conversations have none
 
 
 @dataclass
@@ -97,7 +83,7 @@ class WebChats:
         session = chat.session
         return {"id": chat.uid, "model": chat.model, "system": session.conversation.system,
                 "temperature": session.params.temperature, "history": session.use_history,
-                "turns": [_turn(t) for t in session.conversation.turns]}
+                "turns": [turn_shown(t) for t in session.conversation.turns]}
 
     def opened(self, uid: str) -> LiveChat:
         """A conversation of this page, or one of the log (a terminal's), brought back; a live one
@@ -136,7 +122,7 @@ class WebChats:
         chat.stop.set()
         chat.decisions.put("deny")
         chat.session.backend.close()
-        _stop_tools(chat)
+        stop_tools(chat)
 
     def started(self, model: str | None, system: str | None, temperature: float | None,
                 history: bool = True) -> LiveChat:
@@ -192,7 +178,7 @@ class WebChats:
 
         def run() -> None:
             try:
-                ended = _ended(chat, self._leased(chat, kind, text, pictures, events))
+                ended = ended_event(chat, self._leased(chat, kind, text, pictures, events))
                 if ended.get("stale"):
                     self._dropped(chat)  # (built on an old state: the next open reads the latest)
                 events.put(ended)
@@ -221,7 +207,7 @@ class WebChats:
             events.put({"type": "loading", "model": chat.model})
         lease = self.lease(chat.model)
         try:
-            _point(chat.session.backend, lease.upstream, chat.model)
+            point(chat.session.backend, lease.upstream, chat.model)
             self._ready_tools(chat)
             return self._run(chat, kind, text, pictures, events)
         finally:
@@ -233,7 +219,7 @@ class WebChats:
         session = chat.session
         if self.tools is None or session.tools is not None or chat.tools_refused:
             return
-        tools = self.tools(lambda name, args: _asked(chat, name, args))
+        tools = self.tools(lambda name, args: approval_asked(chat, name, args))
         try:
             session.backend.offer_tools(tools.specs)
         except LocalchatError:  # a model whose template calls no tools: its conversations have none
@@ -251,24 +237,24 @@ class WebChats:
                 idle = self.keep_alive is not None and now - chat.last_used >= self.keep_alive
                 if idle and chat.session.tools is not None and chat.busy.acquire(blocking=False):
                     try:
-                        _stop_tools(chat)
+                        stop_tools(chat)
                     finally:
                         chat.busy.release()
 
     def _run(self, chat: LiveChat, kind: str, text: str, pictures: tuple, events: queue.Queue) -> TurnResult:
         session = chat.session
-        listeners = _listeners(chat, events.put)
+        heard = turn_listeners(chat, events.put)
         if kind == "retry":
-            return session.retry(listeners)
+            return session.retry(heard)
         if kind == "edit":
             if not session.conversation.turns:
                 raise UsageError("nothing to edit: no question has been answered and kept yet")
             last = session.conversation.take_back()
-            result = self._asked(session, text, pictures or last.images, listeners)
+            result = self._asked(session, text, pictures or last.images, heard)
             if not result.committed:
                 session.conversation.put_back(last)
             return result
-        return self._asked(session, text, pictures, listeners)
+        return self._asked(session, text, pictures, heard)
 
     def _asked(self, session: ChatSession, text: str, pictures: tuple, listeners: Listeners) -> TurnResult:
         count = getattr(session.backend, "image_tokens", None)
@@ -322,21 +308,6 @@ class WebChats:
             self._closed(chat)
 
 
-def _point(backend: Any, upstream: Upstream, model: str) -> None:
-    """A conversation's backend aimed at the engine its turn leased (it may be another port than the
-    last turn's: a model unloaded when idle comes back on a port of its own)."""
-    if backend.client.base_url != upstream.base_url + "/":
-        backend.client.close()
-        backend.client = make_client(upstream.base_url, upstream.api_key, backend.timeout_s)
-    backend.model_field = upstream.model_for(model)
-
-
-def _stop_tools(chat: LiveChat) -> None:
-    tools, chat.session.tools = chat.session.tools, None
-    if tools is not None:
-        tools.close()
-
-
 def _ref(name: str | None) -> ModelRef | None:
     try:
         return resolve(name) if name else None
@@ -366,58 +337,6 @@ def _picture_tokens(ref: ModelRef | None) -> Any:
         return local_picture_tokens(local_dir(ref))
     except LocalchatError:
         return None
-
-
-def _listeners(chat: LiveChat, put: Callable[[dict[str, Any]], None]) -> Listeners:
-    stop = chat.stop  # (the turn's own, taken as it begins)
-
-    def checked(event: dict[str, Any] | None) -> None:
-        if stop.is_set():
-            raise Stopped()
-        if event is not None:  # (progress: only a moment to look at Stop)
-            put(event)
-
-    return Listeners(on_text=lambda t: checked({"type": "text", "text": t}),
-                     on_reasoning=lambda t: checked({"type": "reasoning", "text": t}),
-                     on_tool_call=lambda c: checked({"type": "tool_call", "name": c.name, "arguments": c.arguments}),
-                     on_progress=lambda p: checked(None))
-
-
-def _asked(chat: LiveChat, name: str, arguments: dict[str, Any]) -> str | None:
-    """The page's answer to a tool call (approve, deny, always): None runs it, else the refusal."""
-    if name in chat.always:
-        return None
-    while not chat.decisions.empty():
-        chat.decisions.get_nowait()  # (a Stop's or a stale answer)
-    if chat.stop.is_set():
-        return "the user stopped the reply"
-    chat.say({"type": "approve", "name": name, "arguments": arguments})
-    try:
-        decision = chat.decisions.get(timeout=APPROVAL_WAIT_S)
-    except queue.Empty:
-        return "the user did not answer in time"
-    if decision == "always":
-        chat.always.add(name)
-    return None if decision in ("approve", "always") else "the user denied this call"
-
-
-def _ended(chat: LiveChat, result: TurnResult) -> dict[str, Any]:
-    stopped = chat.stop.is_set()
-    revision = chat.saver.revision
-    note = chat.saver.kept(chat.session) if result.committed else None
-    stale = note is not None and chat.saver.stale
-    return {"type": "end", "status": "not kept" if stale else "stopped" if stopped else result.status.value,
-            "kept": result.committed and not stale, "error": note if stale else result.error, "stale": stale,
-            "figures": stats_line(result.stats) if result.stats.ttft_s is not None else None,
-            "note": None if stale else note, "turns": len(chat.session.conversation.turns),
-            "revision": chat.saver.revision if not stale else revision}
-
-
-def _turn(turn: Any) -> dict[str, Any]:
-    return {"user": turn.user, "assistant": turn.assistant, "reasoning": turn.reasoning or None,
-            "figures": stats_line(turn.stats) if turn.stats is not None and turn.stats.ttft_s is not None else None,
-            "calls": [call for step in turn.steps for call in step.calls],
-            "images": [p.ref.label() for p in turn.images]}
 
 
 def _unique(hits: list[Any]) -> list[Any]:

@@ -129,6 +129,11 @@ async def relay(request_method: str, path: str, query: Any, content: bytes | Non
     client that hangs up before the answer starts closes the request upstream (``gone``), so the
     server stops generating it."""
     started, upstream = time.perf_counter(), lease.upstream
+    if upstream.writes_id and upstream.api_key is None:  # our own engine: its bytes as they come
+        from localchat.serve.apis.chat_completions.engine_relay import engine_relay
+
+        return await engine_relay(request_method, path, str(query or ""), content, content_type, lease, log,
+                                  lambda work: unless_gone(work, gone))
     headers = {"content-type": content_type}
     if upstream.api_key:
         headers["authorization"] = f"Bearer {upstream.api_key}"
