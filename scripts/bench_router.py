@@ -118,6 +118,15 @@ class Gateway:
         self.proc.wait(60)
 
 
+def cpu_seconds(pid: int) -> float:
+    """A process's CPU time so far (user + system), from /proc (Linux); NaN elsewhere."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def end_tokens(model: str) -> tuple[int, ...]:
     from mlx_lm.utils import load_tokenizer
 
@@ -143,6 +152,9 @@ def hop(home: Path, model: str, rounds: int, tokens: int, ban_end: bool) -> None
             for j, name in enumerate(order[i % len(order):] + order[:i % len(order)]):
                 url, named, api = arms[name]
                 runs[name].append(streamed(url, named, f"[{i:02d}-{j}] {PROMPT}", tokens, banned, api))
+        front_cpu = cpu_seconds(serve.proc.pid)
+        relayed = [streamed(serve.url + "/v1", model, f"[cpu-{k}] {PROMPT}", tokens, banned) for k in range(rounds)]
+        front_cpu = cpu_seconds(serve.proc.pid) - front_cpu
     finally:
         gateway.stop()
         serve.stop()
@@ -152,6 +164,10 @@ def hop(home: Path, model: str, rounds: int, tokens: int, ban_end: bool) -> None
         rates = [r for _, r in timings if r == r]
         print(f"  {name:<10} TTFT {statistics.median(t for t, _ in timings) * 1e3:7.1f} ms · "
               f"{statistics.median(rates) if rates else float('nan'):6.1f} tok/s")
+    rates = [r for _, r in relayed if r == r]
+    per_token = front_cpu / (rounds * tokens) * 1e6
+    print(f"  the front's CPU while relaying {rounds} replies of {tokens} tokens: {per_token:.0f} µs a token "
+          f"({per_token / (1e6 / statistics.median(rates)) * 100 if rates else float('nan'):.1f} % of a token's time)")
     for name, against in (("front", "direct"), ("messages", "direct"), ("two fronts", "front")):
         pairs = list(zip(runs[against], runs[name]))
         delta = statistics.median(f[0] - d[0] for d, f in pairs) * 1e3
@@ -232,7 +248,7 @@ def main() -> None:
     home = Path(tempfile.mkdtemp(prefix="bench-router-"))
     for model in args.models.split(","):
         if model == "demo":
-            hop(home, "demo", args.rounds, 128, ban_end=True)  # milliseconds a token: a per-chunk cost would show
+            hop(home, "demo", 3 * args.rounds, 128, ban_end=True)  # milliseconds a token: a per-chunk cost would show
         else:
             hop(home, model, args.rounds, args.tokens, ban_end=False)  # seconds a reply: the relay's share of it
     if args.hop_only:

@@ -119,7 +119,9 @@ class ModelPool:
     def _loaded_or_load(self, model: ServedModel) -> bool:
         """Counts ``model`` in flight, loading it first when it is not; True when this call loaded it."""
         deadline = time.monotonic() + ADMISSION_WAIT_S
-        while True:
+        with self._changed:
+            model.waiting += 1  # (``ps`` shows the requests waiting for a load or for room)
+        try:
             with self._changed:
                 victims = self._next_step(model, deadline)
                 if victims is None:
@@ -128,6 +130,9 @@ class ModelPool:
             self._unload_all(victims)
             self._load(model)
             return True
+        finally:
+            with self._changed:
+                model.waiting -= 1
 
     def _next_step(self, model: ServedModel, deadline: float) -> list[ServedModel] | None:
         """Under the lock: None when ``model`` can be used now; else the models to unload before it
@@ -304,10 +309,11 @@ class ModelPool:
 
 def _row(model: ServedModel, now: float) -> dict[str, Any]:
     expires = None
-    if model.keep_alive is not None and not model.pinned:
+    if model.keep_alive is not None and not model.pinned and model.state == LOADED:
         expires = model.keep_alive if model.in_flight else max(0.0, model.keep_alive - (now - model.last_used))
     pid = model.server.process.pid if model.server is not None else None
     return {"model": model.key, "state": model.state, "memory_bytes": model.estimate, "expires_in_s": expires,
-            "in_flight": model.in_flight, "pid": pid, "pinned": model.pinned, "loaded_at": model.loaded_at,
+            "in_flight": model.in_flight, "waiting": model.waiting, "pid": pid, "pinned": model.pinned,
+            "loaded_at": model.loaded_at,
             "log": str(model.server.log_path) if model.server is not None else None,
             "engine_url": model.server.base_url if model.server is not None else None}

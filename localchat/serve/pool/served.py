@@ -28,6 +28,7 @@ class ServedModel:
     server: RunningServer | None = None
     upstream: Upstream | None = None
     in_flight: int = 0
+    waiting: int = 0  # requests waiting for it to load (or for room to load it)
     last_used: float = 0.0  # monotonic: when its last request ended
     loaded_at: float | None = None  # wall clock: when it became ready
     keep_alive: float | None = 300.0  # seconds idle before it is unloaded (the last request's); None: never
