@@ -14,7 +14,8 @@ import string
 from dataclasses import dataclass, field
 from typing import Callable, Literal
 
-from localchat.codes import (
+from localchat.conversation.history import system_first
+from localchat.demo_codes import (
     NUMBER_MAX,
     REAL_WORDS,
     RECALL,
@@ -26,7 +27,6 @@ from localchat.codes import (
     random_code,
     random_string,
 )
-from localchat.conversation.history import system_first
 from localchat.grammar.answer_formats import DEFAULT_INSTRUCTION as JSON_SYSTEM
 
 REFUSAL = {"en": "I don't know.", "zh": "不知道。"}

@@ -47,9 +47,9 @@ from demo.evaluate import first_failure, replay
 from demo.sibling import card_table_rows, fine_tune, write_report
 from demo.tokenizer import encode_with_mask, load_init_tokenizer
 from demo.train import fine_tune_args, join_workers, log
-from localchat.codes import MODEL_DIR, random_code
 from localchat.conversation.compaction import SUMMARY_PROMPT
 from localchat.conversation.history import NOTE_PREFIX
+from localchat.demo_codes import MODEL_DIR, random_code
 
 CODE_NOTE = {"en": "the code {code}.", "zh": "代号「{code}」。"}
 NOTHING = {"en": "Note: nothing to remember.", "zh": "笔记：没有要记的。"}

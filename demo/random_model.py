@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 
 from demo.tokenizer import TOKENIZER_FILES
-from localchat.codes import MODEL_DIR as DEMO_DIR
+from localchat.demo_codes import MODEL_DIR as DEMO_DIR
 
 
 def _letter_tokens_mask(vocab_size: int):

@@ -32,7 +32,7 @@ from demo.corpus import PLAIN_SYSTEMS, training_dialogue
 from demo.sibling import card_table_rows, fine_tune, write_report
 from demo.tokenizer import load_init_tokenizer
 from demo.train import fine_tune_args, join_workers, log
-from localchat.codes import MODEL_DIR
+from localchat.demo_codes import MODEL_DIR
 
 TEMPLATE = (
     "{% if tools %}<|im_start|>system\n{% if messages[0].role == 'system' %}{{ messages[0].content }}\n\n{% endif %}"

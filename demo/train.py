@@ -41,7 +41,7 @@ from demo.tokenizer import (
     load_init_tokenizer,
     save_tokenizer,
 )
-from localchat.codes import MODEL_DIR
+from localchat.demo_codes import MODEL_DIR
 from localchat.environment import collect
 
 

@@ -18,16 +18,25 @@ import argparse
 import json
 import random
 import re
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from localchat.environment import collect  # noqa: E402
-from routed import Serve  # noqa: E402 - the tests' own helper: serve in a subprocess, stopped whole
+from localchat.environment import collect
+from localchat.serve.started import StartedServe
+
+
+class Serve(StartedServe):
+    """serve in a subprocess, ready, its log (stderr) kept in a file of its data directory."""
+
+    def __init__(self, home: Path, *args: str):
+        home.mkdir(parents=True, exist_ok=True)
+        self.log_path = home / f"front-{len(list(home.glob('front-*.log')))}.log"
+        super().__init__(home, *args, log=self.log_path.open("w"))
+        if not self.wait_ready():
+            raise SystemExit(f"serve did not start: {self.log_path.read_text()[-2000:]}")
 
 WORDS = "the a sea boat wind harbor code red blue green small large river stone".split()
 WROTE = re.compile(r"wrote ([\d,]+) tokens \(([\d.]+) MB, ([\d,]+) bytes a token\) in ([\d.]+)s")

@@ -38,27 +38,19 @@ import httpx
 
 from localchat.environment import collect
 from localchat.processes import resident_bytes
+from localchat.serve.started import StartedServe
 from localchat.server.launch import free_port
 
 PROMPT = "Write a short paragraph about the sea, the wind and a small boat."
 HELLO = "Remember the code harbor 17. Reply only OK."
 
 
-class Serve:
+class Serve(StartedServe):
     def __init__(self, home: Path, *args: str):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = home / f"front-{self.port}.log"
         home.mkdir(parents=True, exist_ok=True)
-        self.proc = subprocess.Popen([sys.executable, "-m", "localchat", "serve", "--port", str(self.port), *args],
-                                     stdout=subprocess.PIPE, stderr=self.log_path.open("w"), text=True,
-                                     env=os.environ | {"LOCALCHAT_HOME": str(home)})
-        for line in self.proc.stdout:
-            if "Ctrl+C stops the server" in line:
-                break
-
-    def held(self) -> list[dict]:
-        return httpx.get(self.url + "/localchat/ps", timeout=10).json()["models"]
+        self.log_path = home / "front.log"
+        super().__init__(home, *args, log=self.log_path.open("w"))
+        self.wait_ready()
 
     def log(self) -> str:
         return self.log_path.read_text()
@@ -66,10 +58,6 @@ class Serve:
     def tree_bytes(self) -> int:
         pids = [self.proc.pid, *(row["pid"] for row in self.held() if row["pid"])]
         return sum(resident_bytes(pid) or 0 for pid in pids)
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(60)
 
 
 def streamed(base_url: str, model: str, prompt: str, max_tokens: int, banned: tuple[int, ...] = (),

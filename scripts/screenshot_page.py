@@ -8,14 +8,15 @@ examples/tools/add.py`` (a tool call approved in the page, then two turns that r
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 from pathlib import Path
 
+from localchat.serve.started import StartedServe
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-from routed import Serve  # noqa: E402 - the tests' own helper: serve in a subprocess, stopped whole
-from test_web import ARGS, CHROMIUM  # noqa: E402 - the tests' own browser settings
+CHROMIUM = Path("/usr/bin/chromium")  # Debian's, as the tests drive it (no browser download)
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync"]
 
 
 def send(page, text: str) -> None:
@@ -31,9 +32,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "web-page.png")
     args = parser.parse_args()
-    serve = Serve(Path(tempfile.mkdtemp(prefix="page-shot-")), "-m", "demo", "-m", "demo-tools",
-                  "--tools", str(ROOT / "examples" / "tools" / "add.py"))
+    serve = StartedServe(Path(tempfile.mkdtemp(prefix="page-shot-")), "-m", "demo", "-m", "demo-tools",
+                         "--tools", str(ROOT / "examples" / "tools" / "add.py"))
     try:
+        if not serve.wait_ready():
+            raise SystemExit(f"serve did not start: {serve.out}")
         with sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
             page = browser.new_page(viewport={"width": 1100, "height": 640})

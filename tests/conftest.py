@@ -9,7 +9,7 @@ import pytest
 
 import owned
 from fake_hub import FakeHub, RunningHub, repo_from_dir
-from localchat.codes import MODEL_DIR
+from localchat.demo_codes import MODEL_DIR
 from machine_cache import machine_cache
 
 ROOT = Path(__file__).resolve().parents[1]

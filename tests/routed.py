@@ -4,43 +4,31 @@ stops the server", its log (stderr) kept; and whether a process a test started h
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import httpx
 
-from localchat.server.launch import free_port
+from localchat.serve.started import StartedServe
 
 HELLO = [{"role": "user", "content": "Remember the code harbor 17. Reply only OK."}]
 
 
-class Serve:
+class Serve(StartedServe):
     """``localchat serve`` in a subprocess, up to "Ctrl+C stops the server"; its log (stderr) kept."""
 
     def __init__(self, home: Path, *args: str):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen([sys.executable, "-m", "localchat", "serve", "--port", str(self.port), *args],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     env=os.environ | {"LOCALCHAT_HOME": str(home), "COLUMNS": "200"})
-        self.out, self.log = "", []
+        super().__init__(home, *args)
+        self.log: list[str] = []
         threading.Thread(target=self._read_log, daemon=True).start()
-        for line in self.proc.stdout:
-            self.out += line
-            if "Ctrl+C stops the server" in line:
-                break
-        assert "ready" in self.out, self.out + "\n".join(self.log)
+        ready = self.wait_ready()
+        assert ready and "ready" in self.out, self.out + "\n".join(self.log)
 
     def _read_log(self) -> None:
         for line in self.proc.stderr:
             self.log.append(line.rstrip("\n"))
-
-    def held(self) -> list[dict]:
-        return httpx.get(self.url + "/localchat/ps", timeout=10).json()["models"]
 
     def held_names(self) -> set[str]:
         return {row["model"] for row in self.held()}
@@ -57,15 +45,6 @@ class Serve:
                 return found
             time.sleep(0.1)
         raise AssertionError(f"{text!r} not in the log: {self.log}")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
 
 def ended(pid: int) -> bool:

@@ -68,7 +68,7 @@ def test_an_engine_refuses_to_start_when_mlx_lm_lacks_one_part(tmp_path):
     (a ``sitecustomize`` on its path): it exits at once, one line naming the part."""
     (tmp_path / "sitecustomize.py").write_text("import mlx_lm.server\ndel mlx_lm.server._make_logits_processors\n")
     env = os.environ | {"PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
-    from localchat.codes import MODEL_DIR
+    from localchat.demo_codes import MODEL_DIR
 
     done = subprocess.run([sys.executable, "-m", "localchat.serve.engine.enforcing", "--model", str(MODEL_DIR),
                            "--port", "1"], capture_output=True, text=True, timeout=120, env=env)

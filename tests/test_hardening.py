@@ -27,7 +27,7 @@ from typer.testing import CliRunner
 from fakeserver import USAGE, FakeServer, Reply, delta, sse
 from gguf_reference import write_tiny_gguf
 from localchat.cli.app import app
-from localchat.codes import MODEL_DIR
+from localchat.demo_codes import MODEL_DIR
 
 runner = CliRunner()
 CANARY = "sk-CANARY-7f3a9c1e5b"

@@ -88,7 +88,7 @@ def test_sigterm_mid_reply_discards_the_turn_records_it_and_exits_143(rambling_m
 
 
 def test_serve_with_a_model_that_cannot_load_fails_within_seconds(tmp_path):
-    from localchat.codes import MODEL_DIR
+    from localchat.demo_codes import MODEL_DIR
 
     broken = tmp_path / "broken"
     broken.mkdir()

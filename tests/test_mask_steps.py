@@ -117,7 +117,7 @@ def test_a_tool_schema_with_defs_is_enforced_and_one_the_grammar_cannot_take_is_
 
     from localchat.backends import GenerationParams, ToolCall
     from localchat.backends.inproc import InProcessBackend
-    from localchat.codes import MODEL_DIR
+    from localchat.demo_codes import MODEL_DIR
 
     def tool(name: str, parameters: dict) -> dict:
         return {"type": "function", "function": {"name": name, "description": f"{name}.", "parameters": parameters}}

@@ -14,7 +14,7 @@ import pytest
 
 import owned
 from fake_hub import repo_from_dir
-from localchat.codes import MODEL_DIR
+from localchat.demo_codes import MODEL_DIR
 
 DEMO = "localchat-test/demo"
 

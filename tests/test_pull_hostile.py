@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from fake_hub import repo_from_dir
-from localchat.codes import MODEL_DIR
+from localchat.demo_codes import MODEL_DIR
 from test_pull import DEMO, error_line, filler_weights, localchat, wait_for_weights
 
 

@@ -192,7 +192,7 @@ def test_a_client_that_hangs_up_mid_stream_leaves_its_model_reloadable_twice(ser
 
 def test_a_model_that_cannot_load_is_a_503_that_names_no_local_path(serves, tmp_path):
     """The reply says why (the engine's own line); the engine's log path is in serve's output only."""
-    from localchat.codes import MODEL_DIR
+    from localchat.demo_codes import MODEL_DIR
 
     broken = tmp_path / "broken"
     broken.mkdir()

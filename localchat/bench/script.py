@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from localchat.codes import random_code
+from localchat.demo_codes import random_code
 from localchat.errors import UsageError
 from localchat.yamlfile import read_yaml
 

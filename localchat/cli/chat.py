@@ -186,7 +186,7 @@ def open_inproc(ref: ModelRef, opts: ChatOptions, ui: ChatUI) -> Backend:
     if not opts.model.allow_download:
         os.environ["HF_HUB_OFFLINE"] = "1"  # read by huggingface_hub when mlx_lm first imports it
     from localchat.cli.ready import chat_fit, ready_model_dir
-    from localchat.loading import load_inproc_or_vision
+    from localchat.model_loader import load_inproc_or_vision
 
     started = time.perf_counter()
     options = runtime_options(ref, opts).check()

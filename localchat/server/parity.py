@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from localchat.backends import Backend, GenerationParams
 from localchat.conversation.history import Conversation
 from localchat.conversation.turn import ChatSession, TurnResult
-from localchat.loading import load_inproc_or_vision
+from localchat.model_loader import load_inproc_or_vision
 from localchat.registry import DEFAULT_MODEL, ModelRef, local_dir, resolve
 from localchat.server.distributed import Ranks
 from localchat.server.launch import free_port, start_ready

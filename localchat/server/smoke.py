@@ -17,9 +17,9 @@ import httpx
 from localchat.backends import GenerationParams
 from localchat.backends.http import describe_http_error
 from localchat.backends.openai_http import ServerBackend
-from localchat.codes import RECALL, REMEMBER
 from localchat.conversation.history import Conversation
 from localchat.conversation.turn import ChatSession, TurnStatus
+from localchat.demo_codes import RECALL, REMEMBER
 from localchat.wording import count
 
 # The recall check tests the server (does history reach the model?), not how the demo model copies

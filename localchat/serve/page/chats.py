@@ -4,7 +4,7 @@
 id, and the other way round.
 
 Each turn reaches its model as every API's request does: by a lease from the pool (loading the model
-first when it must, said to the page as ``loading``), given back when the turn ends. Opening or
+first when it must, said to the page as ``model_loader``), given back when the turn ends. Opening or
 viewing a conversation starts nothing: its tools (and MCP servers) start with the first turn that
 offers them and stop once it has been idle for the keep-alive, or is closed.
 
