@@ -12,34 +12,30 @@ on the one clock (``[TTFT 0.21s · 38.5 tok/s · in 274 (cached 256) · out 52 �
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.applications import Starlette
-from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from localchat.backends import Event
-from localchat.conversation.stats import TurnClock, stats_line
+from localchat.conversation.stats import TurnClock
 from localchat.serve.apis.anthropic import messages as anthropic_api
 from localchat.serve.apis.chat_completions import passthrough
 from localchat.serve.apis.names import APIS
+from localchat.serve.apis.replying import Replies
 from localchat.serve.apis.responses import responses as responses_api
 from localchat.serve.apis.responses.stored import ResponseStore
-from localchat.serve.bodies import json_body, raw_body, sse
+from localchat.serve.bodies import json_body, raw_body
 from localchat.serve.pool.lease import Lease, Routes
-from localchat.serve.pool.upstream import Upstream
-from localchat.serve.request import MISSING, ApiError, Ended, GatewayRequest, Idle, aclose, check_key
+from localchat.serve.request import MISSING, ApiError, Ended, check_key
 
 PS_PATH = "/localchat/ps"  # what ``localchat ps`` reads: the models this port holds
-LOOK_S = 1.0  # how often a whole reply in the making looks whether its client is still there
 
 
 @dataclass
@@ -52,7 +48,10 @@ class Gateway:
     extra: list[Route] = field(default_factory=list)  # the chat page's API (``serve.page.api``), on ``serve``
     page: Callable[[Request], Awaitable[Response]] | None = None  # ``/`` to a browser, on ``serve``
     image_urls: tuple[str, ...] = ()  # --allow-image-urls: URL prefixes a picture may name (else data: only)
-    _said: set[str] = field(default_factory=set)
+    replies: Replies = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.replies = Replies(log=lambda line: self.log(line))  # (the log is set once the port is ready)
 
     def app(self) -> Starlette:
         routes = [Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
@@ -82,12 +81,12 @@ class Gateway:
             lease = await self._lease(wanted.model, body)
             reply = anthropic_api.MessagesReply(model=wanted.model)
             upstream = lease.upstream
-            counting = asyncio.ensure_future(self._estimate(upstream, wanted)) if wanted.stream else None
+            counting = asyncio.ensure_future(self.replies.estimate(upstream, wanted)) if wanted.stream else None
 
             async def counted() -> None:  # message_start's estimate, counted while the server prefills
                 reply.input_estimate = await counting if counting is not None else 0
 
-            return await self._reply(request, lease, wanted, reply, reply.message, clock, before_start=counted)
+            return await self.replies.reply(request, lease, wanted, reply, reply.message, clock, before_start=counted)
         except ApiError as exc:
             if lease is not None:
                 lease.release()
@@ -101,7 +100,7 @@ class Gateway:
             body = await json_body(request)
             wanted = anthropic_api.read_request(body, counting=True)
             lease = await self._lease(wanted.model, body)
-            tokens = await self._counted_while_connected(request, lease.upstream, wanted)
+            tokens = await self.replies.counted_while_connected(request, lease.upstream, wanted)
             if tokens is None:
                 self.log(f"POST {request.url.path} · the client went away; the count upstream was closed")
                 return Response(status_code=499)  # (nobody reads it: the connection is gone)
@@ -112,20 +111,6 @@ class Gateway:
                 lease.release()
         self.log(f"POST {request.url.path} 200 · {tokens} input tokens · {time.perf_counter() - started:.2f}s")
         return JSONResponse({"input_tokens": tokens})
-
-    async def _counted_while_connected(self, request: Request, upstream: Upstream,
-                                       wanted: GatewayRequest) -> int | None:
-        """The prompt's tokens; None when the client went away first (the count upstream is closed)."""
-        backend = await run_in_threadpool(upstream.backend, wanted)
-        counting = asyncio.ensure_future(run_in_threadpool(upstream.count_tokens, wanted, backend))
-        while not counting.done():
-            await asyncio.wait([counting], timeout=LOOK_S)
-            if not counting.done() and await request.is_disconnected():
-                backend.close()  # the thread's request fails at once
-                with contextlib.suppress(ApiError):
-                    await counting
-                return None
-        return counting.result()
 
     async def responses(self, request: Request) -> Response:
         clock = TurnClock()
@@ -146,7 +131,7 @@ class Gateway:
                 if ended.error is None:
                     self._keep(body, reply, reply.final(ended))
 
-            return await self._reply(request, lease, wanted, reply, final, clock, on_end=streamed)
+            return await self.replies.reply(request, lease, wanted, reply, final, clock, on_end=streamed)
         except ApiError as exc:
             if lease is not None:
                 lease.release()
@@ -161,108 +146,6 @@ class Gateway:
         ``keep_alive`` in the body, as ollama takes it, sets how long it stays loaded after."""
         keep_alive = body.get("keep_alive", MISSING) if isinstance(body, dict) else MISSING
         return await run_in_threadpool(self.routes.lease, name, keep_alive)
-
-    async def _estimate(self, upstream: Upstream, wanted: GatewayRequest) -> int:
-        """The prompt's tokens counted here for ``message_start`` (the server's count comes last)."""
-        if upstream.template is None:
-            return 0
-        try:
-            return await run_in_threadpool(upstream.count_tokens, wanted)
-        except ApiError:
-            return 0  # the request itself says what is wrong, in a moment
-
-    async def _reply(self, request: Request, lease: Lease, wanted: GatewayRequest, reply: Any,
-                     final: Callable[[Ended], dict], clock: TurnClock, on_end: Callable[[Ended], None] = lambda _: None,
-                     before_start: Callable[[], Awaitable[None]] | None = None) -> Response:
-        """The reply, streamed or whole; ``lease`` is given back when it has ended, however it ends.
-        A stream's first item is awaited before the answer begins, so that a server that is down is
-        an error status, not a stream that fails at once. Nothing slow runs on the event loop (a
-        request's client and template are made in a thread), so that every other stream's deltas go
-        out as they come."""
-        self._say_dropped(wanted)
-        upstream, streaming = lease.upstream, False
-        try:
-            await run_in_threadpool(upstream.check_window, wanted)
-            backend = await run_in_threadpool(upstream.backend, wanted)
-            items = upstream.replies(wanted, backend, clock)
-            first = await anext(items)
-            if before_start is not None:
-                await before_start()
-            if isinstance(first, Ended) and first.error is not None:
-                await aclose(items)
-                raise ApiError(502, "api_error", first.error)
-            if not wanted.stream:
-                return await self._whole(request, lease, reply, first, items, final, clock.submitted)
-            streaming = True
-            return StreamingResponse(self._stream(request, lease, reply, first, items, on_end, clock),
-                                     media_type="text/event-stream", headers={"cache-control": "no-cache"},
-                                     background=BackgroundTask(lease.release))
-        finally:
-            if not streaming:
-                lease.release()
-
-    async def _whole(self, request: Request, lease: Lease, reply: Any, first: Event | Idle | Ended,
-                     items: AsyncIterator[Event | Idle | Ended], final: Callable[[Ended], dict],
-                     started: float) -> Response:
-        ended = await self._gathered(request, reply, first, items)
-        if ended is None:
-            self.log(f"POST {request.url.path} · the client went away after {time.perf_counter() - started:.2f}s "
-                     "(a whole reply); the request to the server was closed")
-            return Response(status_code=499)  # (nobody reads it: the connection is gone)
-        self._figures(request, lease, ended, started)
-        return JSONResponse(final(ended))
-
-    async def _gathered(self, request: Request, reply: Any, first: Event | Idle | Ended,
-                        items: AsyncIterator[Event | Idle | Ended]) -> Ended | None:
-        """A whole reply's events gathered into ``reply``, and its end; None when its client went away
-        first (looked at every ``LOOK_S`` and at each idle moment: a long prefill, a long answer),
-        and the request upstream is closed then, as it is for a stream."""
-        item, looked = first, time.monotonic()
-        while not isinstance(item, Ended):
-            if isinstance(item, Idle) or time.monotonic() - looked > LOOK_S:
-                looked = time.monotonic()
-                if await request.is_disconnected():
-                    await aclose(items)
-                    return None
-            if not isinstance(item, Idle):
-                reply.events(item)
-            item = await anext(items)
-        return item
-
-    async def _stream(self, request: Request, lease: Lease, reply: Any, first: Event | Idle | Ended,
-                      items: AsyncIterator[Event | Idle | Ended], on_end: Callable[[Ended], None],
-                      clock: TurnClock) -> AsyncIterator[str]:
-        started, ended = clock.submitted, None
-        try:
-            for event in reply.start():
-                yield sse(event)
-            item: Any = first
-            while True:
-                if isinstance(item, Idle):
-                    yield sse({"type": "ping"}) if isinstance(reply, anthropic_api.MessagesReply) else ": ping\n\n"
-                elif isinstance(item, Ended):
-                    ended = item
-                    for event in reply.end(item):
-                        yield sse(event)
-                    on_end(item)  # after the end's events: what it keeps is the response they closed
-                    return
-                else:
-                    for event in reply.events(item):
-                        yield sse(event)
-                item = await anext(items)
-        except Exception as exc:  # a bug must not leave a traceback or a stream without its end
-            line = f"unexpected {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-            ended = Ended(stats=clock.finish(None), finish_reason=None, error=line)
-            for event in reply.end(ended):
-                yield sse(event)
-        finally:
-            await aclose(items)  # also when the client went away: the upstream request is closed
-            lease.release()
-            if ended is None:
-                self.log(f"POST {request.url.path} · the client went away after {time.perf_counter() - started:.2f}s;"
-                         " the request to the server was closed")
-            else:
-                self._figures(request, lease, ended, started)
 
     async def root(self, request: Request) -> Response:
         """The chat page to a browser; to other clients what this port serves."""
@@ -323,18 +206,6 @@ class Gateway:
 
     def _authorized(self, request: Request) -> None:
         check_key(request.headers, self.api_key)
-
-    def _say_dropped(self, wanted: GatewayRequest) -> None:
-        new = [name for name in wanted.dropped_tools if name not in self._said]
-        if new:
-            self._said.update(new)
-            self.log(f"tools left out (no local model runs them; said once): {', '.join(new)}")
-
-    def _figures(self, request: Request, lease: Lease, ended: Ended, started: float) -> None:
-        how = f" · stop sequence {ended.stop_sequence!r}" if ended.stop_sequence else ""
-        if lease.loaded_s is not None:
-            how += f" · the model loaded first ({lease.loaded_s:.1f}s, counted in TTFT)"
-        self.log(f"POST {request.url.path} 200 · {lease.upstream.model_id} · {stats_line(ended.stats)}{how}")
 
     def _error(self, request: Request, error: ApiError, shape: Callable[[ApiError], dict], started: float) -> Response:
         self.log(f"{request.method} {request.url.path} {error.status} · {error.message} · "
