@@ -140,9 +140,6 @@ def hop(home: Path, model: str, rounds: int, tokens: int, ban_end: bool) -> None
             for j, name in enumerate(order[i % len(order):] + order[:i % len(order)]):
                 url, named, api = arms[name]
                 runs[name].append(streamed(url, named, f"[{i:02d}-{j}] {PROMPT}", tokens, banned, api))
-        front_cpu = cpu_seconds(serve.proc.pid)
-        relayed = [streamed(serve.url + "/v1", model, f"[cpu-{k}] {PROMPT}", tokens, banned) for k in range(rounds)]
-        front_cpu = cpu_seconds(serve.proc.pid) - front_cpu
     finally:
         gateway.stop()
         serve.stop()
@@ -152,10 +149,6 @@ def hop(home: Path, model: str, rounds: int, tokens: int, ban_end: bool) -> None
         rates = [r for _, r in timings if r == r]
         print(f"  {name:<10} TTFT {statistics.median(t for t, _ in timings) * 1e3:7.1f} ms · "
               f"{statistics.median(rates) if rates else float('nan'):6.1f} tok/s")
-    rates = [r for _, r in relayed if r == r]
-    per_token = front_cpu / (rounds * tokens) * 1e6
-    print(f"  the front's CPU while relaying {rounds} replies of {tokens} tokens: {per_token:.0f} µs a token "
-          f"({per_token / (1e6 / statistics.median(rates)) * 100 if rates else float('nan'):.1f} % of a token's time)")
     for name, against in (("front", "direct"), ("messages", "direct"), ("two fronts", "front")):
         pairs = list(zip(runs[against], runs[name]))
         delta = statistics.median(f[0] - d[0] for d, f in pairs) * 1e3
@@ -164,6 +157,27 @@ def hop(home: Path, model: str, rounds: int, tokens: int, ban_end: bool) -> None
         ok = delta <= 10 and (ratio != ratio or ratio >= 0.99)
         print(f"  {name} − {against}: TTFT {delta:+.1f} ms · decode {ratio:.3f}×  ({'met' if ok else 'NOT met'}: "
               "≤ +10 ms, ≥ 0.99×)")
+
+
+def relay_cpu(home: Path, replies: int = 20) -> None:
+    """The front's own CPU a request and a token, side by side: our engine's reply relayed as it comes,
+    and mlx_lm.server's as it is (``--plain``: every chunk parsed for the path to rename)."""
+    banned = end_tokens("demo")
+    print("\n1b. the front's CPU (demo, end token banned): a request, and each token of its reply")
+    for label, args in (("relayed as it comes (our engine)", ()), ("parsed and renamed (serve --plain)", ("--plain",))):
+        serve = Serve(home / f"cpu{len(args)}", "-m", "demo", "--keep-alive", "never", *args)
+        try:
+            for k in range(3):
+                streamed(serve.url + "/v1", "demo", f"[warm-{k}] {PROMPT}", 128, banned)
+            spent = {}
+            for tokens in (1, 128):
+                before = cpu_seconds(serve.proc.pid)
+                for k in range(replies):
+                    streamed(serve.url + "/v1", "demo", f"[{tokens}-{k}] {PROMPT}", tokens, banned)
+                spent[tokens] = (cpu_seconds(serve.proc.pid) - before) / replies
+        finally:
+            serve.stop()
+        print(f"  {label:<36} {spent[1] * 1e3:5.1f} ms a request + {(spent[128] - spent[1]) / 127 * 1e6:4.0f} µs a token")
 
 
 def cold_loads_and_memory(home: Path) -> None:
@@ -239,6 +253,7 @@ def main() -> None:
             hop(home, "demo", 3 * args.rounds, 128, ban_end=True)  # milliseconds a token: a per-chunk cost would show
         else:
             hop(home, model, args.rounds, args.tokens, ban_end=False)  # seconds a reply: the relay's share of it
+    relay_cpu(home)
     if args.hop_only:
         return
     cold_loads_and_memory(home)

@@ -133,9 +133,9 @@ def test_allowed_url_prefixes_and_data_urls_pass_the_check():
     from localchat.serve.apis.chat_completions.passthrough import check_media
     from localchat.serve.request import ApiError
 
-    body = json.dumps({"messages": picture("https://example.com/img/a.png")}).encode()
+    body = {"messages": picture("https://example.com/img/a.png")}
     check_media(body, ("https://example.com/img/",))
-    check_media(json.dumps({"messages": picture("data:image/png;base64,AAAA")}).encode(), ())
+    check_media({"messages": picture("data:image/png;base64,AAAA")}, ())
     with pytest.raises(ApiError):
         check_media(body, ("https://example.com/other/",))
 

@@ -27,6 +27,7 @@ from starlette.routing import Route
 from localchat.conversation.stats import TurnClock
 from localchat.serve.apis.anthropic import messages as anthropic_api
 from localchat.serve.apis.chat_completions import passthrough
+from localchat.serve.apis.chat_completions.checked import checked_body
 from localchat.serve.apis.names import APIS
 from localchat.serve.apis.replying import Replies
 from localchat.serve.apis.responses import responses as responses_api
@@ -55,6 +56,7 @@ class Gateway:
 
     def app(self) -> Starlette:
         routes = [Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
+                  Route("/v1/completions", self.chat_completions, methods=["POST"]),  # (the engine serves it too)
                   Route("/health", self.health, methods=["GET"]),
                   Route("/v1/models", self.models, methods=["GET"]),
                   Route("/v1/models/{model_id:path}", self.models, methods=["GET"]),
@@ -173,12 +175,14 @@ class Gateway:
         try:
             self._authorized(request)
             raw = await raw_body(request)
-            passthrough.check_media(raw, self.image_urls)
-            name, keep_alive = passthrough.routing_fields(raw)
+            parsed = checked_body(raw, "prompt" if request.url.path.endswith("/completions") and
+                                  "/chat/" not in request.url.path else "messages")
+            passthrough.check_media(parsed, self.image_urls)
+            name, keep_alive = passthrough.routing_fields(parsed)
             lease = await run_in_threadpool(self.routes.lease, name, keep_alive)
         except ApiError as exc:
             return self._error(request, exc, responses_api.error_body, started)
-        return await self._passed(request, passthrough.renamed(raw, lease.upstream), lease)
+        return await self._passed(request, passthrough.renamed(raw, parsed, lease.upstream), lease)
 
     async def _passed(self, request: Request, body: bytes | None, lease: Lease) -> Response:
         try:

@@ -21,7 +21,6 @@ import httpx
 from starlette.background import BackgroundTask
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from localchat import bounded_json
 from localchat.backends.http import Redactor, shared_ssl_context
 from localchat.serve.pool.pool import not_found_body
 from localchat.serve.pool.upstream import Upstream
@@ -48,18 +47,9 @@ def model_list(ids: list[str]) -> dict[str, Any]:
             "last_id": ids[-1]}
 
 
-def _parsed(body: bytes) -> dict[str, Any] | None:
-    try:
-        parsed = bounded_json.loads(body)
-    except ValueError:
-        return None
-    return parsed if isinstance(parsed, dict) else None
-
-
-def routing_fields(body: bytes) -> tuple[str, Any]:
-    """What routes a chat completion: its ``model`` (``""`` when it names none) and its
-    ``keep_alive`` (``MISSING`` when it has none)."""
-    parsed = _parsed(body) or {}
+def routing_fields(parsed: dict[str, Any]) -> tuple[str, Any]:
+    """What routes a chat completion (checked: ``checked.checked_body``): its ``model`` (``""``
+    when it names none) and its ``keep_alive`` (``MISSING`` when it has none)."""
     model = parsed.get("model")
     return (model if isinstance(model, str) else ""), parsed.get("keep_alive", MISSING)
 
@@ -80,11 +70,10 @@ def _references(part: dict[str, Any]) -> list[Any]:
     return found
 
 
-def check_media(body: bytes, allowed: tuple[str, ...]) -> None:
+def check_media(parsed: dict[str, Any], allowed: tuple[str, ...]) -> None:
     """A 400 for a picture (or video, audio, file) given by a URL or a path rather than its data: the
     server behind would fetch a URL on this machine's network (loopback too) or open a local file
     for whoever asks. ``data:`` URLs pass, and URLs starting with a prefix of ``--allow-image-urls``."""
-    parsed = _parsed(body) or {}
     messages = parsed.get("messages")
     for number, message in enumerate(messages if isinstance(messages, list) else []):
         content = message.get("content") if isinstance(message, dict) else None
@@ -106,12 +95,9 @@ def check_media(body: bytes, allowed: tuple[str, ...]) -> None:
                 )
 
 
-def renamed(body: bytes, upstream: Upstream) -> bytes:
+def renamed(body: bytes, parsed: dict[str, Any], upstream: Upstream) -> bytes:
     """A chat completion's body with its model as the server knows it, and without the router's
-    own ``keep_alive``; a body that is not a JSON object goes as it is (the server answers for it)."""
-    parsed = _parsed(body)
-    if parsed is None:
-        return body
+    own ``keep_alive`` (the bytes as they came when neither changes)."""
     wanted = upstream.model_for(parsed["model"]) if isinstance(parsed.get("model"), str) else parsed.get("model")
     if wanted == parsed.get("model") and "keep_alive" not in parsed:
         return body
