@@ -177,7 +177,8 @@ def relay_cpu(home: Path, replies: int = 20) -> None:
                 spent[tokens] = (cpu_seconds(serve.proc.pid) - before) / replies
         finally:
             serve.stop()
-        print(f"  {label:<36} {spent[1] * 1e3:5.1f} ms a request + {(spent[128] - spent[1]) / 127 * 1e6:4.0f} µs a token")
+        per_token = (spent[128] - spent[1]) / 127 * 1e6
+        print(f"  {label:<36} {spent[1] * 1e3:5.1f} ms a request + {per_token:4.0f} µs a token")
 
 
 def cold_loads_and_memory(home: Path) -> None:
