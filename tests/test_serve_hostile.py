@@ -152,3 +152,39 @@ def test_the_engine_names_its_model_by_the_served_id_so_the_front_relays_bytes_a
     for reply in (direct, through):
         assert reply.status_code == 200 and '"model": "demo-tools"' in reply.text, reply.text
         assert resolve("demo-tools").location not in reply.text
+
+
+FRONT_REFUSALS = [
+    (b'{"model": "demo-tools", "messages": [', None),
+    (b'{"model": null, "messages": []}', "model"),
+    (b'{"model": 5, "messages": []}', "model"),
+    (b'{"model": ["a"], "messages": []}', "model"),
+    (b'{"model": "demo-tools", "messages": ' + b"[" * 1000 + b"]" * 1000 + b"}", None),
+    (b'{"model": "demo-tools", "messages": [], "top_p": 2}', "top_p"),
+    (b'{"model": "demo-tools", "messages": [], "temperature": "hot"}', "temperature"),
+    (b'{"model": "demo-tools", "messages": [], "temperature": NaN}', None),
+    (b'{"model": "demo-tools", "messages": [], "max_tokens": -1}', "max_tokens"),
+    (b'{"model": "demo-tools", "messages": [], "stream": "yes"}', "stream"),
+    (b'{"model": "demo-tools", "messages": "hi"}', "messages"),
+    (b"[1, 2]", None),
+]
+
+
+@pytest.mark.parametrize("body, param", FRONT_REFUSALS, ids=[f"refusal-{i}" for i in range(len(FRONT_REFUSALS))])
+def test_the_front_refuses_a_malformed_chat_completion_in_openais_shape(serve, body, param):
+    reply = httpx.post(serve.url + "/v1/chat/completions", content=body, timeout=60,
+                       headers={"content-type": "application/json"})
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert set(error) >= {"message", "type", "param", "code"} and error["type"] == "invalid_request_error"
+    assert error["param"] == param and "\n" not in error["message"]
+    assert serve.ask("demo-tools").status_code == 200  # and the engine is still there
+
+
+def test_completions_are_relayed_and_a_request_without_a_model_names_the_served_one(serve):
+    text = httpx.post(serve.url + "/v1/completions", timeout=60,
+                      json={"model": "demo-tools", "prompt": "Hello", "max_tokens": 4})
+    assert text.status_code == 200 and text.json()["model"] == "demo-tools", text.text
+    nameless = httpx.post(serve.url + "/v1/chat/completions", timeout=60,
+                          json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+    assert nameless.status_code == 200 and nameless.json()["model"] == "demo-tools", nameless.text

@@ -43,8 +43,9 @@ def checked_body(raw: bytes, messages_field: str = "messages") -> dict[str, Any]
         raise invalid("the body must be a JSON object")
     if "model" in body and not isinstance(body["model"], str):
         raise invalid("model must be a string: a model this server serves (GET /v1/models lists them)", "model")
-    if messages_field in body and not isinstance(body[messages_field], (list, str)):
-        raise invalid(f"{messages_field} must be a list", messages_field)
+    kinds = (list,) if messages_field == "messages" else (list, str)  # (a completion's prompt may be text)
+    if messages_field in body and not isinstance(body[messages_field], kinds):
+        raise invalid(f"{messages_field} must be a list" + (" or a string" if str in kinds else ""), messages_field)
     for name in FLAGS:
         if name in body and body[name] is not None and not isinstance(body[name], bool):
             raise invalid(f"{name} must be true or false", name)
