@@ -30,6 +30,8 @@ def tool(parameters) -> list[dict]:
 CYCLE = {"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}}
 HOSTILE = [
     ({"guided_regex": "a{1000000000}"}, "guided_regex"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"schema": {
+        "type": "integer", "minimum": 9223372036854775808}}}}, "response_format"),
     ({"guided_regex": "((a{100}){100}){100}"}, "guided_regex"),
     ({"tools": 5}, "tools"),
     ({"tools": "add"}, "tools"),
@@ -188,3 +190,13 @@ def test_completions_are_relayed_and_a_request_without_a_model_names_the_served_
     nameless = httpx.post(serve.url + "/v1/chat/completions", timeout=60,
                           json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
     assert nameless.status_code == 200 and nameless.json()["model"] == "demo-tools", nameless.text
+
+
+def test_a_prompt_past_the_models_window_is_refused_with_the_counts(serve):
+    long_text = "harbor boat wind " * 4000
+    reply = httpx.post(serve.url + "/v1/chat/completions", timeout=120, json={
+        "model": "demo-tools", "messages": [{"role": "user", "content": long_text}], "max_tokens": 4})
+    assert reply.status_code == 400, reply.text[:300]
+    error = reply.json()["error"]
+    assert error["param"] == "messages" and "tokens, over demo-tools's context window of" in error["message"]
+    assert serve.ask("demo-tools").status_code == 200

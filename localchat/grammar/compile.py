@@ -256,6 +256,9 @@ def check(fmt: AnswerFormat, llg: Any | None) -> None:
 
     if fmt.schema is not None and not admits_a_value(fmt.schema):
         raise GrammarError(f"{fmt.described()} cannot be enforced: {NO_VALUE}")
+    if fmt.schema is not None and (where := beyond_64_bits(fmt.schema)):
+        raise GrammarError(f"{fmt.described()} cannot be enforced: {where} is past what the grammar can hold "
+                           "(integers within ±2^63)")
     body = LLMatcher.grammar_from_lark(f"start: {body_rule(fmt)}")
     error = LLMatcher.validate_grammar(body, llg)
     if error:
@@ -268,6 +271,27 @@ def check(fmt: AnswerFormat, llg: Any | None) -> None:
         raise GrammarError(f"{fmt.described()} cannot be enforced: {_first_line(matcher.get_error())}")
     if matcher.is_error() or (not matcher.is_accepting() and not any(mask)):
         raise GrammarError(f"{fmt.described()} matches no text at all: no answer could ever be written")
+
+
+BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "const")
+LIMIT = 2**63 - 1
+
+
+def beyond_64_bits(schema: Any, path: str = "the schema") -> str | None:
+    """Where a schema holds a number bound past ±2^63 (llguidance's integers are 64-bit: it would
+    enforce the clamped bound, not the one asked), or None."""
+    if isinstance(schema, dict):
+        for key, value in schema.items():
+            numbers = value if key == "enum" and isinstance(value, list) else [value] if key in BOUNDS else []
+            if any(isinstance(n, (int, float)) and not isinstance(n, bool) and abs(n) > LIMIT for n in numbers):
+                return f"{path}'s {key}"
+            if (found := beyond_64_bits(value, f"{path}.{key}")) is not None:
+                return found
+    elif isinstance(schema, list):
+        for number, item in enumerate(schema):
+            if (found := beyond_64_bits(item, f"{path}[{number}]")) is not None:
+                return found
+    return None
 
 
 def _first_line(text: str) -> str:

@@ -21,11 +21,13 @@ distributed ranks. What this module uses of it is listed and checked in ``seam``
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
 import threading
 import weakref
+from pathlib import Path
 from typing import Any
 
 from localchat.processes import SERVED_ID
@@ -58,6 +60,22 @@ class ReplyMasks:
     def _forget(self, key: int) -> None:
         with self._lock:
             self._masks.pop(key, None)
+
+
+class Windows:
+    """The served model's context window, from its config (read once)."""
+
+    def __init__(self) -> None:
+        self._known: dict[str, int | None] = {}
+
+    def of(self, model: str) -> int | None:
+        if model not in self._known:
+            from localchat.registry import context_length, hub_snapshot, read_config
+
+            local = Path(model).expanduser()
+            directory = local if local.is_dir() else hub_snapshot(model)
+            self._known[model] = context_length(read_config(directory)) if directory is not None else None
+        return self._known[model]
 
 
 class Contexts:
@@ -131,7 +149,7 @@ def mask_for(enforcement: Enforcement, tokenizer: Any, model: Any, prompt: list[
 def install(server: Any) -> None:
     """Add the mask to mlx_lm.server's engine through the seam (in this process only)."""
     make_sampler, make_processors = server._make_sampler, server._make_logits_processors
-    masks, replies, contexts = _Masks(), ReplyMasks(), Contexts()
+    masks, replies, contexts, windows = _Masks(), ReplyMasks(), Contexts(), Windows()
     request_type = enforced_request(server.CompletionRequest)
     served_id = os.environ.get(SERVED_ID) or None
 
@@ -169,6 +187,7 @@ def install(server: Any) -> None:
             try:
                 enforcement = enforcement_of(self.body)
                 self._check_calls(enforcement)
+                self._check_window(request)
             except RequestRefused as exc:
                 return self._refuse(exc)
             if enforcement is not None:
@@ -203,9 +222,28 @@ def install(server: Any) -> None:
                 raise RequestRefused("the served model's chat template takes no tools, so no call can be enforced: "
                                      "serve a model that calls tools (e.g. localchat serve -m demo-tools)", "tools")
 
-        def _refuse(self, exc: RequestRefused) -> None:
-            import json
+        def _check_window(self, request) -> None:
+            """A prompt longer than the model's window is refused with the counts (the engine would
+            answer past it with noise). Counted only when it could be: a prompt's tokens are never
+            more than its bytes (and the template's)."""
+            provider = self.response_generator.model_provider
+            tokenizer, window = getattr(provider, "tokenizer", None), windows.of(provider.cli_args.model)
+            if tokenizer is None or window is None or len(json.dumps(self.body)) + 4096 <= window:
+                return
+            try:
+                if request.request_type == "chat":
+                    tokens = tokenizer.apply_chat_template(request.messages, tools=request.tools, tokenize=True,
+                                                           add_generation_prompt=True)
+                else:
+                    tokens = tokenizer.encode(request.prompt)
+            except Exception:  # noqa: BLE001 - a prompt the template refuses: the engine says why itself
+                return
+            if len(tokens) > window:
+                raise RequestRefused(f"the prompt is {len(tokens):,} tokens, over {served_id or 'the model'}'s "
+                                     f"context window of {window:,}: shorten it, or serve a model with a longer "
+                                     "window", "messages" if request.request_type == "chat" else "prompt")
 
+        def _refuse(self, exc: RequestRefused) -> None:
             self._set_completion_headers(400)
             self.end_headers()
             self.wfile.write(json.dumps({"error": {"message": str(exc), "type": "invalid_request_error",

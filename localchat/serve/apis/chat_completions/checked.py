@@ -37,6 +37,8 @@ def checked_body(raw: bytes, messages_field: str = "messages") -> dict[str, Any]
         body = bounded_json.loads(raw, strict=True)
     except UnicodeDecodeError:
         raise invalid("the body is not UTF-8 text") from None
+    except bounded_json.TooDeep as exc:
+        raise invalid(f"the body is {exc}", deepest_field(raw)) from None
     except ValueError as exc:
         raise invalid(f"the body is not valid JSON: {str(exc)[:200]}") from None
     if not isinstance(body, dict):
@@ -53,6 +55,30 @@ def checked_body(raw: bytes, messages_field: str = "messages") -> dict[str, Any]
         if name in body and body[name] is not None and not (name == "logprobs" and isinstance(body[name], bool)):
             _number(name, body[name], *rule)
     return body
+
+
+def deepest_field(raw: bytes) -> str | None:
+    """The top-level field that nests deepest in a body too deep to take (a schema, tools), when
+    Python's own parser can still read it; None otherwise."""
+    import json
+
+    try:
+        body = json.loads(raw)
+    except (RecursionError, ValueError):
+        return None
+    if not isinstance(body, dict) or not body:
+        return None
+    return max(body, key=lambda name: _depth(body[name]))
+
+
+def _depth(value: Any) -> int:
+    deepest, waiting = 0, [(value, 1)]
+    while waiting:
+        item, level = waiting.pop()
+        deepest = max(deepest, level)
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        waiting.extend((child, level + 1) for child in children)
+    return deepest
 
 
 def _number(name: str, value: Any, kind: type, low: float, high: float, low_allowed: bool) -> None:
