@@ -20,6 +20,7 @@ from localchat.errors import LocalchatError, UsageError
 from localchat.files import read_text
 from localchat.gguf.package import PACKAGE_GGUF_PREFIX, ensure_imported
 from localchat.sampling import SETTINGS, check_setting
+from localchat.wording import run_as
 from localchat.yamlfile import read_yaml
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -252,10 +253,10 @@ def local_dir(ref: ModelRef) -> Path:
     snapshot = hub_snapshot(ref.location)
     if snapshot is None:
         raise LocalchatError(f"{ref.location} is not in the local Hugging Face cache; fetch it with: "
-                             f"uv run localchat pull {ref.id} (or rerun with --allow-download)")
+                             f"{run_as()} pull {ref.id} (or rerun with --allow-download)")
     if not any(snapshot.glob("*.safetensors")):
         raise LocalchatError(f"{ref.location} is only partly in the Hugging Face cache (no weights yet); finish "
-                             f"it with: uv run localchat pull {ref.id}")
+                             f"it with: {run_as()} pull {ref.id}")
     return check_model_dir(snapshot, ref.id)
 
 

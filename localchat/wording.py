@@ -20,3 +20,16 @@ def ago(stamp: str) -> str:
             n = int(seconds // size)
             return f"{count(n, unit) if unit == 'day' else f'{n} {unit}'} ago"
     return "just now"
+
+
+def run_as() -> str:
+    """The command as the user ran it, for the hints that say what to type next: ``uv run localchat``
+    under ``uv run``, ``python -m localchat`` when run so, else ``localchat``."""
+    import os
+    import sys
+
+    if os.environ.get("UV_RUN_RECURSION_DEPTH"):
+        return "uv run localchat"
+    if sys.argv and sys.argv[0].endswith("__main__.py"):
+        return "python -m localchat"
+    return "localchat"

@@ -58,7 +58,7 @@ def test_pull_shows_the_plan_and_the_verdict_downloads_and_then_the_model_answer
     assert f"{DEMO} at " in pulled.stderr and "7 files" in pulled.stderr and "free disk" in pulled.stderr
     assert "tokens of context" in pulled.stderr and ": fits" in pulled.stderr
     assert "100%" in pulled.stderr and "MB/s" in pulled.stderr  # progress lines in a pipe
-    assert pulled.stdout.strip() == f"uv run localchat chat -m {DEMO}"
+    assert pulled.stdout.strip() in (f"uv run localchat chat -m {DEMO}", f"python -m localchat chat -m {DEMO}")
     answered = localchat(env, "chat", "-m", DEMO, "-s", "You are a helpful assistant.",
                          "Remember the code harbor 17. Reply only OK.")
     assert answered.returncode == 0, answered.stderr

@@ -174,6 +174,9 @@ def test_a_client_that_hangs_up_mid_stream_leaves_its_model_reloadable_twice(ser
     child left in the log they share."""
     name = str(rambling_model)
     serve = serves("-m", name, "--keep-alive", "1s")
+    assert f"the chat page: {serve.url}/" in serve.out and "unloads after 1s idle" in serve.out  # said as it starts
+    root = httpx.get(serve.url + "/", timeout=10).json()
+    assert root["page"].startswith(serve.url + "/") and "browser" in root["page"]  # curl / says where the page is
     for round_ in (1, 2):
         row = serve.held()[0]
         with httpx.stream("POST", serve.url + "/v1/chat/completions", timeout=60,

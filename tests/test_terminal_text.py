@@ -176,3 +176,17 @@ def test_status_lines_and_help_wrap_at_words_on_a_terminal_at_60_columns_and_sta
     piped = io.StringIO()
     console(piped, soft_wrap=None, width=60).print(line, markup=False)
     assert piped.getvalue() == line + "\n"
+
+
+def test_hints_name_the_command_as_it_was_run():
+    """``uv run localchat`` under uv run, ``python -m localchat`` when run so: a hint is typed as is."""
+    import os
+    import subprocess
+    import sys
+
+    probe = "from localchat.wording import run_as; print(run_as())"
+    env = {k: v for k, v in os.environ.items() if k != "UV_RUN_RECURSION_DEPTH"}
+    plain = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True)
+    under_uv = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                              env=env | {"UV_RUN_RECURSION_DEPTH": "1"})
+    assert plain.stdout.strip() == "localchat" and under_uv.stdout.strip() == "uv run localchat"

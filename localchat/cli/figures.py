@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from localchat.store.keeper import Saved
 from localchat.store.session_cache import CacheWrite
-from localchat.wording import count
+from localchat.wording import count, run_as
 
 
 def saved_line(saved: Saved, turns: int) -> str:
     """What ``/save`` (or leaving a resumed session) did, and how to continue."""
     cache = f" {saved.cache.describe()}" if saved.cache else ""
     return (f"{'updated' if saved.replaced else 'saved'} '{saved.name}' ({count(turns, 'turn')}){cache}; "
-            f"continue later with: localchat chat --resume {saved.name}")
+            f"continue later with: {run_as()} chat --resume {saved.name}")
 
 
 def kept_line(name: str | None, uid: str, turns: int, cache: CacheWrite | None) -> str:
@@ -20,4 +20,4 @@ def kept_line(name: str | None, uid: str, turns: int, cache: CacheWrite | None) 
     again = f"--resume {name}" if name else "--continue"
     written = f" {cache.describe()}" if cache else ""
     return (f"kept {repr(name) if name else uid} ({count(turns, 'turn')}){written}; continue later with: "
-            f"localchat chat {again}")
+            f"{run_as()} chat {again}")

@@ -14,6 +14,7 @@ from localchat.cli import outcomes
 from localchat.errors import UsageError, raise_on_sigterm
 from localchat.gguf.convert import ImportReport, import_gguf
 from localchat.home import home_dir
+from localchat.wording import run_as
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # whole names only: fullmatch
 
@@ -83,4 +84,4 @@ def show_report(console: Console, report: ImportReport, seconds: float) -> None:
     for tensor, error in report.max_error.items():
         console.print(f"[yellow]{tensor}: stored as 8-bit groups of 32 (MLX has no groups of 16); largest "
                       f"error {error:.3g}[/yellow]")
-    console.print(f"chat with: localchat chat -m {report.name}", markup=False, overflow="ignore", crop=False)
+    console.print(f"chat with: {run_as()} chat -m {report.name}", markup=False, overflow="ignore", crop=False)

@@ -14,7 +14,7 @@ from localchat.errors import UsageError
 from localchat.store import conversation_log as log
 from localchat.store.kv_files import cache_files
 from localchat.store.saved_sessions import SessionNotFound, default_store
-from localchat.wording import ago, count
+from localchat.wording import ago, count, run_as
 
 
 def _store():
@@ -48,7 +48,7 @@ def show_log(*, console: Console, query: str | None, model: str | None, since: s
             table.add_row(c.name or c.uid, first[:70] + ("…" if len(first) > 70 else ""), c.model or "-",
                           str(c.turns), ago(c.updated))
         console.print(table)
-        console.print("continue one: localchat chat --resume ID · see it: localchat log show ID", style="dim")
+        console.print(f"continue one: {run_as()} chat --resume ID · see it: {run_as()} log show ID", style="dim")
         return
     for hit in found:
         console.print(f"[bold]{escape(hit.uid)}[/bold] · {escape(hit.time)} · {escape(hit.model or '-')} · "

@@ -18,6 +18,7 @@ from localchat.pull.plan import PullPlan, endpoint, make_plan
 from localchat.pull.transfer import PlainLines, Transfer, download
 from localchat.registry import ModelRef, resolve
 from localchat.sizes import shown_size
+from localchat.wording import run_as
 
 
 def hub_ref(model: str) -> ModelRef:
@@ -39,7 +40,7 @@ def how_it_arrives(ref: ModelRef) -> str:
             package_file(ref.entry.source if ref.entry else "")
         except LocalchatError:
             return f"it is imported from the {dist} package on first use; {install_hint(extra_of(dist))}"
-        return f"it is imported from the {dist} package on first use: uv run localchat chat -m {ref.id}"
+        return f"it is imported from the {dist} package on first use: {run_as()} chat -m {ref.id}"
     return f"it is the local directory {ref.location}"
 
 
@@ -125,7 +126,7 @@ def run_pull(*, model: str, dry_run: bool, memory_limit: int | None, context: in
         from localchat.registry import local_dir
 
         local_dir(ref)  # the snapshot is a loadable model directory
-        sys.stdout.write(f"uv run localchat chat -m {ref.id if ref.entry else ref.location}\n")
+        sys.stdout.write(f"{run_as()} chat -m {ref.id if ref.entry else ref.location}\n")
 
 
 def fetch_missing(ref: ModelRef, settings: FitSettings, err: Console) -> None:

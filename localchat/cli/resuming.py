@@ -16,7 +16,7 @@ from localchat.conversation.turn import ChatSession
 from localchat.errors import UsageError
 from localchat.store.saved_sessions import SavedSession, SessionNotFound, default_store
 from localchat.store.session_cache import SessionCaches, restore_cache
-from localchat.wording import ago, count
+from localchat.wording import ago, count, run_as
 
 if TYPE_CHECKING:
     from localchat.tools.runner import ToolRunner
@@ -59,7 +59,7 @@ def pick(ui: ChatUI) -> SavedSession:
         ui.info(f"{number:>3}. {first[:60] + ('…' if len(first) > 60 else '')} · {c.model or 'the server’s model'} · "
                 f"{count(c.turns, 'turn')} · {ago(c.updated)} · {c.name or c.uid}")
     if not (sys.stdin.isatty() and sys.stderr.isatty()):
-        raise UsageError("--resume needs a name or an id here (no terminal to pick on): localchat chat --resume ID, "
+        raise UsageError(f"--resume needs a name or an id here (no terminal to pick on): {run_as()} chat --resume ID, "
                          "or --continue for the latest")
     while True:
         try:
@@ -67,7 +67,7 @@ def pick(ui: ChatUI) -> SavedSession:
         except EOFError:
             answer = ""
         if not answer:
-            raise UsageError("nothing was chosen: localchat chat --resume ID, or --continue for the latest")
+            raise UsageError(f"nothing was chosen: {run_as()} chat --resume ID, or --continue for the latest")
         if answer.isdigit() and 1 <= int(answer) <= len(choices):
             chosen = choices[int(answer) - 1]
             return store.load(chosen.name or chosen.uid)

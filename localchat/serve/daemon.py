@@ -32,6 +32,7 @@ from localchat.server.launch import (
 )
 from localchat.server.shown import ended_line, heeding, show_log_tail, shown_log_on_failure
 from localchat.store.prompt_files import DEFAULT_MAX_BYTES
+from localchat.wording import run_as
 
 
 @dataclass(frozen=True)
@@ -142,7 +143,8 @@ def run_router(names: list[str], asked: ServeRequest, fit: FitSettings, smoke: S
         if asked.open_page:
             import webbrowser
 
-            webbrowser.open(running.url + "/")
+            if not webbrowser.open(running.url + "/"):
+                console.print(f"no browser to open here: the chat page is at {running.url}/", markup=False)
         if smoke is not None:
             return smoke(running.url + "/v1", first.ref)
         return serve_until_stopped(running, terminated, "the server's front stopped")
@@ -204,8 +206,13 @@ def show_ready(console: Console, url: str, models: list, server: RunningServer, 
         later = ", ".join(m.key + (" (pinned)" if m.pinned else " (elsewhere)" if m.remote else "") for m in models[1:])
         console.print(f"also served, loaded when first asked for: {escape(later)} · idle models unload after "
                       f"{shown(keep_alive)}", style="dim")
+    else:
+        console.print(f"{escape(first.key)} unloads after {shown(keep_alive)} idle and loads again when next asked for "
+                      "(--keep-alive)" if keep_alive is not None else f"{escape(first.key)} stays loaded (--keep-alive "
+                      "never)", style="dim")
+    console.print(f"the chat page: {url}/", markup=False, overflow="ignore", crop=False)
     console.print("chat with:", style="dim")
-    console.print(f"  localchat chat --backend server --base-url {url}/v1 -m {first.key}",
+    console.print(f"  {run_as()} chat --backend server --base-url {url}/v1 -m {first.key}",
                   markup=False, overflow="ignore", crop=False)
     if "anthropic" in asked.apis:
         console.print(f"  ANTHROPIC_BASE_URL={url}  (Claude Code, the anthropic SDK)", markup=False,
@@ -248,7 +255,7 @@ def run_ranks(ref: ModelRef, asked: ServeRequest, ranks: Ranks, fit: FitSettings
         if smoke is not None:
             return smoke(url, ref)
         console.print("chat with:", style="dim")
-        console.print(f"  localchat chat --backend server --base-url {url} -m {ref.id}",
+        console.print(f"  {run_as()} chat --backend server --base-url {url} -m {ref.id}",
                       markup=False, overflow="ignore", crop=False)
         console.print("Ctrl+C stops the server.", style="dim")
         while server.process.poll() is None and (front is None or front.alive):

@@ -19,7 +19,7 @@ from localchat.conversation.result import TurnResult
 from localchat.conversation.turn import ChatSession
 from localchat.errors import TerminationRequested, UsageError
 from localchat.store.keeper import SessionSaver
-from localchat.wording import count
+from localchat.wording import count, run_as
 
 MULTILINE = '"""'
 HOW_TO_LEAVE = "Ctrl+C clears the line; /quit or Ctrl+D leaves"
@@ -105,8 +105,9 @@ class ReplLoop:
         ``/quit`` or Ctrl+D leaves; elsewhere it leaves at once, with the notice."""
         conversation = self.session.conversation
         if self.saver is not None and self.saver.stale:
-            self.ui.notice(f"left; the turns asked here since it was continued elsewhere were not kept (localchat chat "
-                           f"--resume {self.saver.name or self.saver.uid} goes on from its latest turn)")
+            again = f"{run_as()} chat --resume {self.saver.name or self.saver.uid}"
+            self.ui.notice(f"left; the turns asked here since it was continued elsewhere were not kept ({again} "
+                           "goes on from its latest turn)")
             return True
         if self.saver is not None and self.saver.logging and not self.saver.unsaved(self.session):
             cache = self.saver.leave(self.session)
@@ -123,7 +124,7 @@ class ReplLoop:
             return True
         if self.interactive and not self._warned_unsaved:
             self._warned_unsaved = True
-            self.ui.notice(f"{count(turns, 'turn')} not saved: /save NAME keeps them (localchat chat --resume NAME "
+            self.ui.notice(f"{count(turns, 'turn')} not saved: /save NAME keeps them ({run_as()} chat --resume NAME "
                            "continues); /quit or Ctrl+D again leaves without saving")
             return False
         self.ui.notice(f"left without saving {count(turns, 'turn')} (/save NAME before /quit keeps them)")

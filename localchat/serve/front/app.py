@@ -154,7 +154,10 @@ class Gateway:
         if self.page is not None and "text/html" in request.headers.get("accept", ""):
             return await self.page(request)
         ids = self.routes.model_ids()
-        return JSONResponse({"name": "localchat gateway", "apis": list(self.apis), "model": ids[0], "models": ids})
+        answer = {"name": "localchat gateway", "apis": list(self.apis), "model": ids[0], "models": ids}
+        if self.page is not None:
+            answer["page"] = f"{request.base_url}  (the chat page: open it in a browser)"
+        return JSONResponse(answer)
 
     async def held(self, request: Request) -> Response:
         """``GET /localchat/ps``: the models this port holds (``localchat ps``)."""
