@@ -181,8 +181,9 @@ def test_smoke_json_never_shows_the_key(server):
 def test_smoke_against_nothing_names_the_url_and_never_the_key():
     result = runner.invoke(app, ["smoke", "--base-url", "http://127.0.0.1:9/v1", "--api-key", CANARY, "--json"])
     assert result.exit_code == 1 and CANARY not in result.stdout + result.stderr
-    detail = json.loads(result.stdout)["checks"][0]["detail"]
-    assert "http://127.0.0.1:9/health" in detail and "nothing is listening" in detail
+    checks = json.loads(result.stdout)["checks"]
+    assert len(checks) == 1  # said once, not once a check
+    assert "http://127.0.0.1:9/health" in checks[0]["detail"] and "nothing is listening" in checks[0]["detail"]
 
 
 def test_smoke_reports_a_failed_stream_as_failed(server):

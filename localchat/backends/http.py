@@ -72,7 +72,9 @@ def serve_command(url: str) -> str:
         port = httpx.URL(url).port
     except (httpx.InvalidURL, ValueError):
         port = None
-    return "localchat serve" + (f" --port {port}" if port and port != 8080 else "")
+    from localchat.wording import run_as
+
+    return f"{run_as()} serve" + (f" --port {port}" if port and port != 8080 else "")
 
 
 def iter_lines_watched(response: httpx.Response, deadline: Callable[[], None]) -> Iterator[str]:

@@ -90,6 +90,9 @@ def run_smoke(backend: ServerBackend, judge_recall: bool, api: str | None = None
     client, root = backend.client, backend.url.removesuffix("/v1")
     report = SmokeReport(backend.url, backend.model_id)
     params = GenerationParams(temperature=0.0, max_tokens=32)
+    if (nobody := _unreachable(client, root)) is not None:  # said once, not once a check
+        report.checks = [Check("the server answers", False, 0.0, nobody, True)]
+        return report
 
     def health():
         r = client.get(f"{root}/health")
@@ -209,6 +212,17 @@ def run_smoke(backend: ServerBackend, judge_recall: bool, api: str | None = None
     rows += [_timed(name, url, run, required) for name, url, run, required in api_checks]
     report.checks = [_redacted(row, backend) for row in rows]
     return report
+
+
+def _unreachable(client: httpx.Client, root: str) -> str | None:
+    """Why nothing can be checked at ``root`` (nothing listens, no answer to connect), or None."""
+    try:
+        client.get(f"{root}/health")
+    except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+        return describe_http_error(exc, f"{root}/health")
+    except httpx.HTTPError:
+        return None  # (something answers: the checks say what is wrong)
+    return None
 
 
 def _redacted(check: Check, backend: ServerBackend) -> Check:
