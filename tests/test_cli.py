@@ -127,6 +127,17 @@ def test_doctor_is_honest_about_the_cpu():
     assert "nothing answers" in result.stdout
 
 
+@pytest.mark.parametrize("content", ["log: [oops\n", "nonsense: 1\n", "- a list\n", "memory_limit: lots\n"])
+def test_doctor_reports_a_bad_config_file_with_its_path_rather_than_refusing(tmp_path, monkeypatch, content):
+    monkeypatch.setenv("LOCALCHAT_HOME", str(tmp_path))
+    (tmp_path / "config.yaml").write_text(content)
+    result = runner.invoke(app, ["doctor", "--base-url", "http://127.0.0.1:9/v1"])
+    assert result.exit_code == 1 and "Traceback" not in result.stdout + result.stderr
+    shown = " ".join(result.stdout.split())
+    assert "config.yaml" in shown and ("NOT READ" in shown or "memory" in shown), result.stdout
+    assert "mlx / mlx-lm" in result.stdout  # the rest of the diagnosis is still there
+
+
 @pytest.mark.parametrize("command, says, never", [
     (["serve"], "The model to serve", "--backend server"),
     (["parity"], "The model to serve", "--backend server"),

@@ -118,6 +118,25 @@ def distributed_backends() -> str:
     return f"{', '.join(have) or 'none'} available" + (f"; not in this build: {', '.join(missing)}" if missing else "")
 
 
+def config_text() -> tuple[bool, str]:
+    """The config file, where it is (on a Mac: ~/Library/Application Support/localchat/), and
+    whether it reads: doctor is the tool for diagnosing a bad one, so it runs whatever the file holds."""
+    from localchat.errors import LocalchatError
+    from localchat.home import home_dir, load_config
+
+    try:
+        path = home_dir() / "config.yaml"
+    except LocalchatError as exc:
+        return False, f"no data directory: {exc}"
+    if not path.exists():
+        return True, f"none ({path} may set records_dir, cache_max_bytes, log, memory_limit)"
+    try:
+        settings = load_config()
+    except LocalchatError as exc:
+        return False, f"NOT READ: {exc}"
+    return True, f"{path}: {', '.join(sorted(settings)) or 'no settings'}"
+
+
 def budget_text() -> str:
     """What a model may take here, and where that figure comes from."""
     from localchat.fit.budget import machine_budget
@@ -136,7 +155,7 @@ def prompt_cache_text() -> str:
     return f"{shown_size(files.total_bytes())} on disk, {files.hits()} served from disk ({files.root})"
 
 
-def run_doctor(console: Console, base_url: str) -> None:
+def run_doctor(console: Console, base_url: str) -> int:
     from huggingface_hub import constants
 
     env = collect()
@@ -149,11 +168,21 @@ def run_doctor(console: Console, base_url: str) -> None:
     table.add_row("distributed", distributed_backends())
     table.add_row("localchat", env.localchat_version + (f" ({env.git_commit})" if env.git_commit else ""))
     table.add_row("HF cache", str(constants.HF_HUB_CACHE))
-    table.add_row("memory budget", budget_text())
+    config_ok, config_line = config_text()
+    table.add_row("config.yaml", config_line)
+    try:
+        budget = budget_text() if config_ok else "unknown until config.yaml reads (above)"
+    except LocalchatError as exc:  # (a setting of config.yaml that is not what it takes)
+        config_ok, budget = False, f"NOT READ: {exc}"
+    table.add_row("memory budget", budget)
     table.add_row(
         "HF offline", os.environ.get("HF_HUB_OFFLINE", "unset") + " (localchat sets 1 unless --allow-download)"
     )
     table.add_row("server", server_answers(base_url))
     table.add_row("prompt caches", prompt_cache_text())
     console.print(table)
-    show_model_list(console)
+    if config_ok:
+        show_model_list(console)
+        return 0
+    console.print("models: not listed until config.yaml reads (above)", style="dim", markup=False)
+    return 1
