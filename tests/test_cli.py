@@ -182,3 +182,18 @@ def test_bench_help_shows_the_usage_a_user_types():
     for args in (["bench", "--help"], ["bench", "run", "--help"]):
         shown = runner.invoke(app, args).stdout
         assert shown.startswith("Usage: localchat bench [OPTIONS]"), shown[:80]
+
+
+def test_the_removal_prompts_say_what_to_type(monkeypatch):
+    """``[y/N]`` is shown as it is (Rich would take it for markup and drop it)."""
+    import io
+
+    from rich.console import Console
+
+    from localchat.cli.remove import confirm
+
+    shown = io.StringIO()
+    monkeypatch.setattr("sys.stdin.isatty", lambda: True)
+    monkeypatch.setattr("builtins.input", lambda prompt="": (shown.write(prompt), "n")[1])
+    assert confirm(Console(file=shown, force_terminal=False), "smollm2 at /x", 10, yes=False) is False
+    assert "[y/N]" in shown.getvalue()

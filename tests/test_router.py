@@ -213,6 +213,19 @@ def test_a_model_that_cannot_load_is_a_503_that_names_no_local_path(serves, tmp_
     assert serve.ask("demo").status_code == 200
 
 
+def test_rm_refuses_a_model_a_serve_is_serving_and_says_where(serves, rambling_model):
+    serve = serves("-m", str(rambling_model))
+    env = os.environ | {"LOCALCHAT_HOME": str(serve.home)}
+    refused = subprocess.run([sys.executable, "-m", "localchat", "rm", str(rambling_model), "--yes"],
+                             capture_output=True, text=True, timeout=60, env=env)
+    assert refused.returncode == 1 and f"port {serve.port}" in refused.stderr and "stop it first" in refused.stderr
+    assert Path(rambling_model).is_dir()
+    serve.stop()
+    after = subprocess.run([sys.executable, "-m", "localchat", "rm", str(rambling_model), "--yes"],
+                           capture_output=True, text=True, timeout=60, env=env)
+    assert "being served" not in after.stderr and not list((serve.home / "serving").glob("*.json"))
+
+
 def test_no_child_outlives_a_front_killed_with_sigkill(serves):
     serve = serves("-m", "demo", "-m", "demo-tools")
     serve.ask("demo-tools")

@@ -195,6 +195,6 @@ def _confirm_bulk(console: Console, older_than: str | None) -> None:
     what = f"every conversation last kept more than {older_than} ago" if older_than else "every conversation"
     if not sys.stdin.isatty():
         raise UsageError(f"log rm would remove {what}: add --yes (there is no terminal to ask on)")
-    answer = console.input(f"remove {what} from the log, with their KV caches? [y/N] ")
+    answer = console.input(f"remove {what} from the log, with their KV caches? [y/N] ", markup=False)
     if answer.strip().lower() not in ("y", "yes"):
         raise UsageError("nothing removed")

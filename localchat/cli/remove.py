@@ -25,7 +25,7 @@ def confirm(console: Console, what: str, size: int, yes: bool) -> bool:
         return True
     if not sys.stdin.isatty():
         raise UsageError(f"rm would free {shown_size(size)} ({what}): add --yes (there is no terminal to ask on)")
-    answer = console.input(f"remove {what} ({shown_size(size)})? [y/N] ")
+    answer = console.input(f"remove {what} ({shown_size(size)})? [y/N] ", markup=False)
     if answer.strip().lower() in ("y", "yes"):
         return True
     console.print("kept", style="dim")
@@ -91,7 +91,12 @@ def remove_imported(ref: ModelRef, yes: bool, console: Console) -> None:
 
 
 def run_rm(*, model: str, yes: bool, console: Console) -> None:
+    from localchat.serve.in_use import serving
+
     ref = resolve(model)
+    if users := serving(ref.location):
+        where = ", ".join(f"port {s.port} (pid {s.pid})" for s in users)
+        raise LocalchatError(f"{ref.id} is being served by localchat serve on {where}: stop it first, then remove it")
     if ref.kind == "hub":
         remove_pulled(ref, yes, console)
     elif ref.kind == "package-gguf" or (ref.entry is not None and ref.entry.imported is not None):

@@ -103,6 +103,7 @@ def run_router(names: list[str], asked: ServeRequest, fit: FitSettings, smoke: S
     from localchat.fit.budget import machine_budget
     from localchat.processes import SERVED_ID
     from localchat.serve.front.running import serve_gateway
+    from localchat.serve.in_use import mark, unmark
     from localchat.serve.pool.entries import engine_launcher, engine_upstream, served_models
     from localchat.serve.pool.keep_alive import parse_keep_alive
     from localchat.serve.pool.pool import ModelPool
@@ -124,6 +125,7 @@ def run_router(names: list[str], asked: ServeRequest, fit: FitSettings, smoke: S
                      log=logger(err), prompt_files=prompt_files_of(asked))
     terminated = raise_on_sigterm()
     running = web = None
+    record = mark(asked.port, [m.ref.location for m in models if m.ref is not None])  # (what rm asks about)
     try:
         with console.status("starting mlx_lm.server …") as status, shown_log_on_failure(console):
             server = start_ready(first.ref, port=free_port(), log=log_path, extra=asked.extra, fit=fit,
@@ -156,6 +158,7 @@ def run_router(names: list[str], asked: ServeRequest, fit: FitSettings, smoke: S
         if web is not None:
             web.chats.close()
         pool.close()
+        unmark(record)
         console.print("server stopped", style="dim")
 
 
