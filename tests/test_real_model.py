@@ -51,6 +51,9 @@ def test_smollm2_needs_no_import_step(tmp_path, monkeypatch):
     result = runner.invoke(app, ["chat", "-m", "smollm2", "--max-tokens", "8", "What is the capital of France?"])
     assert result.exit_code == 0, result.stderr
     assert "Paris" in result.stdout and (tmp_path / "models" / "smollm2" / "config.json").is_file()
+    assert "imported smollm2 from its package into" in result.stderr  # (said: first use, or again after rm)
+    again = runner.invoke(app, ["chat", "-m", "smollm2", "--max-tokens", "8", "What is the capital of France?"])
+    assert again.exit_code == 0 and "imported" not in again.stderr
 
 
 def test_the_templates_own_system_prompt_is_used_when_the_registry_sends_none(loaded):

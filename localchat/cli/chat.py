@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import sys
-import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import replace
@@ -36,7 +34,7 @@ from localchat.grammar.answer_formats import (
     with_instruction,
 )
 from localchat.home import keeps_conversations, records_dir
-from localchat.registry import DEFAULT_MODEL, ModelRef, quantization_bits, resolve
+from localchat.registry import DEFAULT_MODEL, ModelRef, resolve
 from localchat.store.keeper import SessionSaver, saved_state
 from localchat.store.kv_files import cache_files
 from localchat.store.saved_sessions import KEEPING_BUSY_TIMEOUT_S, SavedSession, default_store
@@ -180,35 +178,6 @@ def open_server(ref: ModelRef | None, opts: ChatOptions, ui: ChatUI) -> Backend:
     return backend
 
 
-def open_inproc(ref: ModelRef, opts: ChatOptions, ui: ChatUI) -> Backend:
-    """Load the model in this process (fetched first with ``--allow-download``, checked against the
-    machine's memory), behind a spinner."""
-    if not opts.model.allow_download:
-        os.environ["HF_HUB_OFFLINE"] = "1"  # read by huggingface_hub when mlx_lm first imports it
-    from localchat.cli.ready import chat_fit, ready_model_dir
-    from localchat.model_loader import load_inproc_or_vision
-
-    started = time.perf_counter()
-    options = runtime_options(ref, opts).check()
-    drafts = (resolve(options.draft_model),) if options.draft_model else ()
-    path = ready_model_dir(ref, chat_fit(opts, options), allow_download=opts.model.allow_download, err=ui.err,
-                           also=drafts)
-    with ui.err.status(f"Loading {ref.id} …"):
-        backend = load_inproc_or_vision(ref, path, cache_reuse=opts.model.cache_reuse, options=options)
-    bits = quantization_bits(path)
-    quant = f", {bits}-bit" if bits else ""
-    group = backend.options.kv_group_size  # the user's, or the one that fits the model's heads
-    chosen = f", groups of {group}" + (" (64 does not divide the head dimension)" if group != 64 else "")
-    extras = [f"adapter {options.adapter_path}" if options.adapter_path else "",
-              f"drafting with {options.draft_model} ({options.num_draft_tokens} a step)" if options.draft_model else "",
-              f"KV cache {options.kv_bits}-bit from {options.quantized_kv_start} tokens"
-              + (chosen if options.kv_group_size is None else "") if options.kv_bits else "",
-              f"rotating KV cache of {options.max_kv_size} tokens" if options.max_kv_size else ""]
-    extra = "".join(f"; {e}" for e in extras if e)
-    ui.info(f"loaded {ref.id} ({ref.kind}{quant}) in {time.perf_counter() - started:.2f}s{extra}")
-    return backend
-
-
 def open_backend(opts: ChatOptions, ui: ChatUI, pictures: tuple = ()) -> tuple[ModelRef | None, Backend]:
     server = opts.model.backend == "server"
     ref = _known_model(opts.model.model) if server else resolve(opts.model.model or DEFAULT_MODEL)
@@ -216,7 +185,9 @@ def open_backend(opts: ChatOptions, ui: ChatUI, pictures: tuple = ()) -> tuple[M
     if server:
         return ref, open_server(ref, opts, ui)
     assert ref is not None  # (resolve always names one)
-    return ref, open_inproc(ref, opts, ui)
+    from localchat.cli.ready import open_inproc
+
+    return ref, open_inproc(ref, opts, ui, runtime_options(ref, opts))
 
 
 def tool_runner(options: ToolSettings, ui: ChatUI, hidden: list[str]) -> ToolRunner | None:
