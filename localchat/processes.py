@@ -29,10 +29,10 @@ SERVE_PID = "LOCALCHAT_SERVE_PID"  # what an engine child of ``serve`` watches: 
 SERVED_ID = "LOCALCHAT_SERVED_ID"  # the id ``serve`` serves an engine's model by: the engine writes it in replies
 
 
-def die_with_parent() -> None:
-    """``preexec_fn`` of a child (Linux): SIGTERM when localchat ends, however it ends."""
+def die_with_parent(death_signal: int = signal.SIGTERM) -> None:
+    """``preexec_fn`` of a child (Linux): ``death_signal`` when localchat ends, however it ends."""
     try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, death_signal)
     except (OSError, AttributeError):
         pass
 
@@ -48,9 +48,13 @@ def become_subreaper() -> bool:
         return False
 
 
-def child_preexec() -> Callable[[], None] | None:
-    """What a child runs before it starts: the parent-death signal where there is one."""
-    return die_with_parent if sys.platform == "linux" else None
+def child_preexec(death_signal: int = signal.SIGTERM) -> Callable[[], None] | None:
+    """What a child runs before it starts: the parent-death signal where there is one. An engine
+    child gets SIGKILL: a child that is stopped (SIGSTOP, Ctrl+Z) takes no other signal until it
+    is continued, and would outlive a front killed meanwhile, holding its model's memory."""
+    import functools
+
+    return functools.partial(die_with_parent, death_signal) if sys.platform == "linux" else None
 
 
 def _stat_fields(pid: str) -> tuple[str, int, int] | None:

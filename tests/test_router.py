@@ -231,6 +231,7 @@ def test_no_child_outlives_a_front_killed_with_sigkill(serves):
     serve.ask("demo-tools")
     pids = [row["pid"] for row in serve.held()]
     assert len(pids) == 2 and all(p in {o.pid for o in owned.owned("localchat.serve.engine.enforcing")} for p in pids)
+    os.kill(pids[1], signal.SIGSTOP)  # a stopped child takes no signal but SIGKILL until it is continued
     serve.proc.kill()
     serve.proc.wait(10)
     assert all(wait_ended(pid) for pid in pids)

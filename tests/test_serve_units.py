@@ -106,3 +106,22 @@ def test_the_disk_tiers_key_changes_with_the_model_and_every_kv_setting():
     assert len({base, identity("other", {"kv_bits": None, "kv_group_size": 64, "quantized_kv_start": 0}),
                 identity("weights", {"kv_bits": 8, "kv_group_size": 64, "quantized_kv_start": 0}),
                 identity("weights", {"kv_bits": None, "kv_group_size": 32, "quantized_kv_start": 0})}) == 4
+
+
+def test_upstream_names_are_each_served_once_and_urls_parsed_before_anything_is_reached():
+    from fakeserver import FakeServer, Reply
+
+    from localchat.fit.check import FitSettings
+    from localchat.serve.pool.entries import served_models
+
+    server = FakeServer()
+    server.replies["/v1/models"] = Reply(chunks=[b'{"data": [{"id": "m"}]}'], headers={"Content-Type": "application/json"})
+    try:
+        assert [m.key for m in served_models([], [], [f"big={server.base_url}"], FitSettings())] == ["big"]
+        with pytest.raises(UsageError, match="already served"):
+            served_models([], [], [f"big={server.base_url}", f"big={server.base_url}"], FitSettings())
+    finally:
+        server.close()
+    for bad in ("big=http://[::1/v1", "big=http://host:99999/v1", "big", "=http://x/v1", "big=ftp://x"):
+        with pytest.raises(UsageError, match="--upstream"):
+            served_models([], [], [bad], FitSettings())

@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import signal
 import socket
 import stat
 import subprocess
@@ -145,7 +146,7 @@ def launch(model_location: str, *, host: str = "127.0.0.1", port: int = 8080, lo
         log_from = log.tell()
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                    env=server_env(distributed=ranks is not None) | (env or {}),
-                                   start_new_session=True, preexec_fn=child_preexec())
+                                   start_new_session=True, preexec_fn=child_preexec(signal.SIGKILL))
     return RunningServer(process, host, port, model_location, log_path, log_from=log_from,
                          writes_id=not (plain or vision) and SERVED_ID in (env or {}))
 

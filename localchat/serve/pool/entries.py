@@ -8,6 +8,8 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx
+
 from localchat.errors import LocalchatError, UsageError
 from localchat.fit.check import FitSettings, judge_shape
 from localchat.fit.shape import local_shape
@@ -48,7 +50,8 @@ def served_models(names: list[str], pins: list[str], upstreams: list[str], fit: 
         if found is None:
             raise UsageError(f"--pin {pin}: not one of the models served ({', '.join(m.key for m in models)})")
         found.pinned = True
-    models += [remote_model(text, taken={n for m in models for n in m.names}) for text in upstreams]
+    for text in upstreams:  # (each name once: a second --upstream of a name is refused)
+        models.append(remote_model(text, taken={n for m in models for n in m.names}))
     return models
 
 
@@ -60,6 +63,12 @@ def remote_model(text: str, taken: set[str]) -> ServedModel:
         raise UsageError(f"--upstream {text!r}: write NAME=URL, e.g. big=http://192.168.1.20:8080/v1")
     if name in taken:
         raise UsageError(f"--upstream {name}: that name is already served here")
+    try:
+        port = httpx.URL(url).port  # (parsed whole: an unclosed bracket is refused here)
+    except (httpx.InvalidURL, ValueError) as exc:
+        raise UsageError(f"--upstream {text!r}: {url!r} is not a URL ({exc})") from None
+    if port is not None and not 0 < port < 65536:
+        raise UsageError(f"--upstream {text!r}: port {port} is not a port (1 to 65535)")
     base = url.rstrip("/")
     upstream = reach_upstream(base if base.endswith("/v1") else base + "/v1", None)
     upstream.model_id = name
