@@ -110,7 +110,6 @@ def test_the_disk_tiers_key_changes_with_the_model_and_every_kv_setting():
 
 def test_upstream_names_are_each_served_once_and_urls_parsed_before_anything_is_reached():
     from fakeserver import FakeServer, Reply
-
     from localchat.fit.check import FitSettings
     from localchat.serve.pool.entries import served_models
 
