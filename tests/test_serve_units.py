@@ -114,7 +114,8 @@ def test_upstream_names_are_each_served_once_and_urls_parsed_before_anything_is_
     from localchat.serve.pool.entries import served_models
 
     server = FakeServer()
-    server.replies["/v1/models"] = Reply(chunks=[b'{"data": [{"id": "m"}]}'], headers={"Content-Type": "application/json"})
+    server.replies["/v1/models"] = Reply(chunks=[b'{"data": [{"id": "m"}]}'],
+                                         headers={"Content-Type": "application/json"})
     try:
         assert [m.key for m in served_models([], [], [f"big={server.base_url}"], FitSettings())] == ["big"]
         with pytest.raises(UsageError, match="already served"):
