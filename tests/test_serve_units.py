@@ -125,3 +125,17 @@ def test_upstream_names_are_each_served_once_and_urls_parsed_before_anything_is_
     for bad in ("big=http://[::1/v1", "big=http://host:99999/v1", "big", "=http://x/v1", "big=ftp://x"):
         with pytest.raises(UsageError, match="--upstream"):
             served_models([], [], [bad], FitSettings())
+
+
+def test_only_regular_pictures_inside_the_results_directory_are_listed_or_served(tmp_path):
+    from localchat.serve.page.api import _plot_file
+
+    results, outside = tmp_path / "res", tmp_path / "secret.png"
+    results.mkdir()
+    outside.write_bytes(b"\x89PNG")
+    (results / "bench.png").write_bytes(b"\x89PNG")
+    (results / "linked.png").symlink_to(outside)
+    (results / "dir.png").mkdir()
+    assert _plot_file(results, "bench.png") == results / "bench.png"
+    for name in ("linked.png", "dir.png", "x" * 300 + ".png", "../secret.png", "a\x00.png", "bench.txt", ".png"):
+        assert _plot_file(results, name) is None, name

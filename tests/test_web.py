@@ -388,6 +388,7 @@ def test_the_plots_of_a_results_directory_are_shown(page, served):
     ("GET", "/api/chats/nosuch", None),
     ("GET", "/static/..%2F..%2Fapi.py", None),
     ("GET", "/api/results/..%2F..%2Fpyproject.toml", None),
+    ("GET", "/api/results/" + "x" * 300 + ".png", None),
 ])
 def test_hostile_requests_to_the_page_api_are_one_4xx_line_each(served, method, path, body):
     uid = httpx.post(served.url + "/api/chats", json={}).json()["id"]

@@ -157,14 +157,15 @@ class WebApi:
         return await self._answered(request, lambda: self.chats.undo(uid))
 
     async def plots(self, request: Request) -> Response:
-        return await self._answered(request, lambda: sorted(p.name for p in self.results.glob("*.png"))
-                                    if self.results else [])
+        results = self.results
+        return await self._answered(request, lambda: sorted(
+            p.name for p in results.glob("*.png") if _plot_file(results, p.name)) if results else [])
 
     async def plot(self, request: Request) -> Response:
         async def respond() -> Response:
             name = request.path_params["name"]
-            path = self.results / name if self.results else None
-            if path is None or "/" in name or not name.endswith(".png") or not path.is_file() or path.is_symlink():
+            path = _plot_file(self.results, name) if self.results else None
+            if path is None:
                 return _error(404, f"no plot {name[:80]!r}")
             return FileResponse(path, media_type="image/png", headers={"cache-control": "no-cache"})
 
@@ -195,6 +196,21 @@ class WebApi:
             return _error(404, str(exc))
         except LocalchatError as exc:
             return _error(400, str(exc))
+
+
+def _plot_file(results: Path, name: str) -> Path | None:
+    """``results/name`` when it is a regular PNG file directly inside ``results`` (no link, no
+    directory, no name that leaves it or that no file system takes), else None."""
+    import os
+    import stat
+
+    if not name.endswith(".png") or len(name) > 200 or any(c in name for c in "/\\\0") or name.startswith("."):
+        return None
+    path = results / name
+    try:
+        return path if stat.S_ISREG(os.lstat(path).st_mode) else None
+    except OSError:
+        return None
 
 
 def _error(status: int, message: str) -> Response:
