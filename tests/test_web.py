@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -17,7 +18,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-import owned
 from routed import Serve
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -392,8 +392,7 @@ def test_the_plots_of_a_results_directory_are_shown(page, served):
 ])
 def test_hostile_requests_to_the_page_api_are_one_4xx_line_each(served, method, path, body):
     uid = httpx.post(served.url + "/api/chats", json={}).json()["id"]
-    content = {"MALFORMED": b'{"system": "a"', None: None}.get(body, b"[]") if body in ([], "MALFORMED", None) \
-        else None
+    content = b'{"system": "a"' if body == "MALFORMED" else b"[]" if body == [] else None
     answer = httpx.request(method, served.url + path.replace("{uid}", uid), timeout=60, content=content,
                            json=body if body not in (None, [], "MALFORMED") else None)
     assert 400 <= answer.status_code < 500, answer.text
@@ -401,9 +400,21 @@ def test_hostile_requests_to_the_page_api_are_one_4xx_line_each(served, method, 
     assert message and "\n" not in message and "Traceback" not in message
 
 
-def workers() -> set[int]:
-    """The page's conversations' tool processes (add.py's worker), this run's own."""
-    return {p.pid for p in owned.owned("localchat.tools.worker")}
+def workers(served) -> set[int]:
+    """The page's conversations' tool processes (add.py's worker): children of the serve this
+    module started (their environment is kept minimal, so they carry no test mark of their own)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+                command = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+            except OSError:
+                continue
+            fields = stat[stat.rfind(")") + 2:].split()
+            if int(fields[1]) == served.proc.pid and fields[0] not in "ZX" and b"localchat.tools.worker" in command:
+                found.add(int(entry.name))
+    return found
 
 
 def turn_events(served, uid: str, text: str, until: str | None = None) -> list[dict]:
@@ -421,23 +432,23 @@ def turn_events(served, uid: str, text: str, until: str | None = None) -> list[d
 
 
 def test_viewing_twenty_conversations_starts_no_process(served):
-    before = workers()
+    before = workers(served)
     uids = [httpx.post(served.url + "/api/chats", json={"model": "demo-tools"}).json()["id"] for _ in range(20)]
     for uid in uids:
         assert httpx.get(f"{served.url}/api/chats/{uid}", timeout=30).status_code == 200
-    assert workers() - before == set()
+    assert workers(served) - before == set()
     assert turn_events(served, uids[0], "Hello")[-1]["type"] == "end"
-    assert len(workers() - before) == 1  # the first turn that offers the tools starts them
+    assert len(workers(served) - before) == 1  # the first turn that offers the tools starts them
 
 
 def test_two_tabs_on_one_conversation_share_one_live_chat(served):
-    before = workers()
+    before = workers(served)
     uid = httpx.post(served.url + "/api/chats", json={"model": "demo-tools"}).json()["id"]
     assert turn_events(served, uid, "Hello")[-1]["kept"]
     second_tab = httpx.get(f"{served.url}/api/chats/{uid}", timeout=30).json()
     assert len(second_tab["turns"]) == 1
     assert turn_events(served, uid, "Hello again")[-1]["kept"]
-    assert len(workers() - before) == 1
+    assert len(workers(served) - before) == 1
 
 
 def test_a_page_that_goes_away_during_an_approval_denies_it_and_frees_the_conversation(served):
@@ -452,3 +463,18 @@ def test_a_page_that_goes_away_during_an_approval_denies_it_and_frees_the_conver
         time.sleep(0.1)
     assert not answer["stopping"] and time.monotonic() - started < 10
     assert turn_events(served, uid, "Hello")[-1]["status"] != "stopped"  # the next turn is its own
+
+
+def test_the_model_picker_switches_the_open_conversation_and_the_list_says_when_and_how_long(page, served):
+    say(page, REMEMBER)
+    uid = page.evaluate("location.hash.slice(1)")
+    page.get_by_test_id("model").select_option("demo-tools")
+    page.wait_for_function(f"() => fetch('/api/chats/{uid}').then(r => r.json()).then(c => c.model === 'demo-tools')")
+    assert page.evaluate("location.hash.slice(1)") == uid and len(answers(page)) == 1  # the same, still shown
+    say(page, "Hello")
+    shown = httpx.get(f"{served.url}/api/chats/{uid}", timeout=30).json()
+    assert shown["model"] == "demo-tools" and len(shown["turns"]) == 2
+    logged = localchat(served.home, "log", "show", uid)
+    assert "demo-tools" in logged.stdout and "demo" in logged.stdout  # which model said what
+    meta = page.locator(f"[data-testid=conversation][data-id='{uid}'] [data-testid=conversation-meta]").inner_text()
+    assert "2 turns" in meta and re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d", meta), meta

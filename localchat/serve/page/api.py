@@ -6,7 +6,7 @@
     GET  /api/chats?q=                  the conversation log, the latest first (or searched)
     POST /api/chats                     a new conversation {model, system, temperature, history}
     GET  /api/chats/{id}                one conversation: its settings and accepted turns
-    PATCH /api/chats/{id}               {system, temperature, history}
+    PATCH /api/chats/{id}               {system, temperature, history, model}
     POST /api/chats/{id}/turns          {kind: ask|retry|edit, text, images: [data URLs]}: the turn streamed
                                         as server-sent events (text, reasoning, tool_call, approve, end)
     POST /api/chats/{id}/stop           the reply in progress discarded, as Ctrl+C does
@@ -105,7 +105,8 @@ class WebApi:
         async def respond() -> Response:
             body = await self._body(request)
             return JSONResponse(await run_in_threadpool(lambda: self.chats.settings(
-                uid, system=body.get("system"), temperature=body.get("temperature"), history=body.get("history"))))
+                uid, system=body.get("system"), temperature=body.get("temperature"), history=body.get("history"),
+                model=body.get("model"))))
 
         return await self._guarded(request, respond)
 

@@ -20,6 +20,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -28,13 +29,15 @@ from localchat.conversation.history import Conversation
 from localchat.conversation.result import Listeners, TurnResult
 from localchat.conversation.turn import ChatSession
 from localchat.errors import LocalchatError, UsageError
-from localchat.registry import ModelRef, resolve
+from localchat.registry import ModelRef
 from localchat.sampling import check_setting
 from localchat.serve.page.live import (
     LiveChat,
     approval_asked,
     ended_event,
+    model_backend,
     point,
+    served_ref,
     stop_tools,
     turn_listeners,
     turn_shown,
@@ -44,7 +47,6 @@ from localchat.store.keeper import SessionSaver, saved_state
 from localchat.store.saved_sessions import KEEPING_BUSY_TIMEOUT_S, SessionNotFound, SessionStore, default_store
 
 DEFAULT_MAX_TOKENS = 512
-NOWHERE = "http://127.0.0.1:9/v1"  # a conversation's backend before its first turn: each turn's lease points it
 IDLE_LOOK_S = 1.0  # how often conversations idle past the keep-alive have their tools stopped
 
 
@@ -59,6 +61,9 @@ class WebChats:
     live: dict[str, LiveChat] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _closing: threading.Event = field(default_factory=threading.Event)
+    # tool processes are started from one long-lived thread: on Linux a child's parent-death signal
+    # fires when the *thread* that started it ends, and a turn's thread ends with the turn
+    _starter: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, "page-tools-starter"))
 
     def __post_init__(self) -> None:
         if self.tools is not None and self.keep_alive is not None:
@@ -129,7 +134,7 @@ class WebChats:
         from localchat.conversation.records import new_session_id
 
         name = self._served_name(model)
-        ref = _ref(name)
+        ref = served_ref(name)
         system = system if system is not None else (ref.default("system") if ref else None)
         params = {"temperature": temperature} if temperature is not None else {}
         chat = self._made(new_session_id(), name, system or None, params, (), None)
@@ -142,18 +147,14 @@ class WebChats:
         served = self.served()
         if model in served or model is None and served:
             return model or served[0]
-        ref = _ref(model) if model else None
+        ref = served_ref(model) if model else None
         if ref is not None and ref.id in served:
             return ref.id
         raise UsageError(f"model {model!r} is not served here: {', '.join(served)}")
 
     def _made(self, uid: str, model: str, system: str | None, params: dict[str, Any], turns: tuple,
               saved: Any) -> LiveChat:
-        from localchat.backends.openai_http import backend_for
-
-        ref = _ref(model)
-        backend = backend_for(NOWHERE, ref, name=model)
-        backend.image_tokens = _picture_tokens(ref)
+        ref, backend = model_backend(model)
         session = ChatSession(backend=backend, conversation=Conversation.for_backend(backend, system, turns),
                               params=_params(ref, params))
         if saved is not None:
@@ -219,7 +220,7 @@ class WebChats:
         session = chat.session
         if self.tools is None or session.tools is not None or chat.tools_refused:
             return
-        tools = self.tools(lambda name, args: approval_asked(chat, name, args))
+        tools = self._starter.submit(self.tools, lambda name, args: approval_asked(chat, name, args)).result()
         try:
             session.backend.offer_tools(tools.specs)
         except LocalchatError:  # a model whose template calls no tools: its conversations have none
@@ -280,8 +281,11 @@ class WebChats:
         chat.saver.kept(chat.session, taken_back=1)
         return self.shown(uid)
 
-    def settings(self, uid: str, *, system: Any = None, temperature: Any = None, history: Any = None) -> dict:
+    def settings(self, uid: str, *, system: Any = None, temperature: Any = None, history: Any = None,
+                 model: Any = None) -> dict:
         chat = self._idle(uid)
+        if model is not None:
+            self._switched(chat, model)
         session = chat.session
         if history is not None:
             if not isinstance(history, bool):
@@ -296,6 +300,22 @@ class WebChats:
             chat.saver.kept(session)
         return self.shown(uid)
 
+    def _switched(self, chat: LiveChat, model: Any) -> None:
+        """The open conversation goes on with another served model: its turns kept (the log keeps
+        which model said each), its tools offered again with the next turn."""
+        name = self._served_name(model if isinstance(model, str) else None) if model else self._served_name(None)
+        if name == chat.model:
+            return
+        _, backend = model_backend(name)
+        old = chat.session.conversation
+        conversation = Conversation.for_backend(backend, old.system, old.turns)
+        conversation.pins, conversation.summary = old.pins, old.summary
+        stop_tools(chat)
+        chat.session.backend.close()
+        chat.session.backend, chat.session.conversation, chat.tools_refused = backend, conversation, False
+        chat.model = chat.saver.model = name
+        chat.saver.kept(chat.session)
+
     def _idle(self, uid: str) -> LiveChat:
         chat = self.opened(uid)
         if chat.busy.locked():
@@ -304,15 +324,9 @@ class WebChats:
 
     def close(self) -> None:
         self._closing.set()
+        self._starter.shutdown(wait=False, cancel_futures=True)
         for chat in list(self.live.values()):
             self._closed(chat)
-
-
-def _ref(name: str | None) -> ModelRef | None:
-    try:
-        return resolve(name) if name else None
-    except LocalchatError:
-        return None
 
 
 def _params(ref: ModelRef | None, saved: dict[str, Any]) -> GenerationParams:
@@ -322,21 +336,6 @@ def _params(ref: ModelRef | None, saved: dict[str, Any]) -> GenerationParams:
 
     return GenerationParams(temperature=given("temperature", 0.0), top_p=given("top_p", 1.0),
                             max_tokens=given("max_tokens", DEFAULT_MAX_TOKENS))
-
-
-def _picture_tokens(ref: ModelRef | None) -> Any:
-    """A vision model's pictures counted by its processor, when it is on this machine."""
-    from localchat.registry import local_dir
-    from localchat.vision.support import has_extra, is_vision
-
-    if ref is None or not has_extra() or not is_vision(ref):
-        return None
-    try:
-        from localchat.vision.counting import local_picture_tokens
-
-        return local_picture_tokens(local_dir(ref))
-    except LocalchatError:
-        return None
 
 
 def _unique(hits: list[Any]) -> list[Any]:

@@ -15,10 +15,13 @@ from localchat.backends.http import make_client
 from localchat.conversation.result import Listeners, TurnResult
 from localchat.conversation.stats import stats_line
 from localchat.conversation.turn import ChatSession
+from localchat.errors import LocalchatError
+from localchat.registry import ModelRef, resolve
 from localchat.serve.pool.upstream import Upstream
 from localchat.store.keeper import SessionSaver
 
 APPROVAL_WAIT_S = 300.0  # a call the page never answers is refused after this long
+NOWHERE = "http://127.0.0.1:9/v1"  # a conversation's backend before its first turn: each turn's lease points it
 
 
 class Stopped(KeyboardInterrupt):
@@ -105,3 +108,37 @@ def turn_shown(turn: Any) -> dict[str, Any]:
             "figures": stats_line(turn.stats) if turn.stats is not None and turn.stats.ttft_s is not None else None,
             "calls": [call for step in turn.steps for call in step.calls],
             "images": [p.ref.label() for p in turn.images]}
+
+
+def model_backend(name: str) -> tuple[ModelRef | None, Any]:
+    """A conversation's server backend for the served model ``name`` (its template and tokenizer
+    when the model is on this machine), aimed at no port until a turn's lease points it."""
+    from localchat.backends.openai_http import backend_for
+
+    ref = served_ref(name)
+    backend = backend_for(NOWHERE, ref, name=name)
+    backend.image_tokens = _picture_tokens(ref)
+    return ref, backend
+
+
+def served_ref(name: str | None) -> ModelRef | None:
+    """The registry's model of a served name, when it is one (a remote name is not)."""
+    try:
+        return resolve(name) if name else None
+    except LocalchatError:
+        return None
+
+
+def _picture_tokens(ref: ModelRef | None) -> Any:
+    """A vision model's pictures counted by its processor, when it is on this machine."""
+    from localchat.registry import local_dir
+    from localchat.vision.support import has_extra, is_vision
+
+    if ref is None or not has_extra() or not is_vision(ref):
+        return None
+    try:
+        from localchat.vision.counting import local_picture_tokens
+
+        return local_picture_tokens(local_dir(ref))
+    except LocalchatError:
+        return None

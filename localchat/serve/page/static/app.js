@@ -70,7 +70,9 @@ async function loadList() {
   $("conversations").replaceChildren(...items.map((c) => {
     const entry = node("button", { type: "button", className: "conversation", "data-testid": "conversation",
                                    "data-id": c.id, text: c.title || "(untitled)" });
-    entry.append(node("small", { text: ` ${c.model || ""}` }));
+    const when = c.updated ? ` · ${String(c.updated).slice(0, 16)}` : "";
+    const turns = c.turns !== undefined ? ` · ${c.turns} turn${c.turns === 1 ? "" : "s"}` : "";
+    entry.append(node("small", { className: "when", "data-testid": "conversation-meta", text: ` ${c.model || ""}${when}${turns}` }));
     if (state.chat && c.id === state.chat.id) entry.classList.add("current");
     entry.addEventListener("click", () => openChat(c.id));
     return entry;
@@ -344,7 +346,8 @@ function wire() {
   $("history").addEventListener("change", () => patch({ history: $("history").checked }));
   $("temperature").addEventListener("change", () => patch({ temperature: Number($("temperature").value) }));
   $("system-save").addEventListener("click", () => patch({ system: $("system").value }));
-  $("model").addEventListener("change", () => { showAttach(); if (state.chat) $("new-chat").click(); });
+  // the open conversation goes on with the model picked (the log keeps which model said what)
+  $("model").addEventListener("change", () => { showAttach(); if (state.chat) patch({ model: $("model").value }); });
   let typing;
   $("search").addEventListener("input", () => { clearTimeout(typing); typing = setTimeout(() => loadList(), 250); });
   $("menu").addEventListener("click", () => document.body.classList.add("side-open"));
