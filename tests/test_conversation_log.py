@@ -384,7 +384,7 @@ def test_log_rm_asks_with_its_default_shown_and_no_is_the_default(monkeypatch, a
     asked = []
 
     class Console:
-        def input(self, prompt):
+        def input(self, prompt, **_):
             asked.append(prompt)
             return answer
 

@@ -160,7 +160,7 @@ def test_import_registers_the_model_for_every_command(tmp_path, monkeypatch):
     write_tiny_gguf(tmp_path / "tiny.Q4_1.gguf", "llama", "Q4_1")
     result = runner.invoke(app, ["import", str(tmp_path / "tiny.Q4_1.gguf")])
     assert result.exit_code == 0, result.stderr
-    assert "chat with: localchat chat -m tiny.q4_1" in result.stdout
+    assert "chat with: " in result.stdout and "localchat chat -m tiny.q4_1" in result.stdout
     listed = runner.invoke(app, ["models"]).stdout
     assert "tiny.q4_1 · present" in listed and "from " + str(tmp_path / "tiny.Q4_1.gguf") in listed
     chat = runner.invoke(app, ["chat", "-m", "tiny.q4_1", "--max-tokens", "3", "--system", "", "hello"])

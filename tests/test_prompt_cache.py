@@ -20,6 +20,7 @@ import pytest
 from routed import Serve
 
 WORDS = "the a sea boat wind harbor code red blue green small large river stone".split()
+WORDS_IN_WINDOW = 230  # ~660 demo tokens (~2 MB on disk): with 80 more words, still within its window of 1,024
 
 
 def long_text(words: int, seed: int = 1) -> str:
@@ -68,7 +69,7 @@ def prefilled(home: Path, text: str, *args: str, model: str = "demo", **extra) -
 
 
 def test_a_prompt_prefilled_once_is_served_from_disk_after_a_restart(tmp_path):
-    home, text = tmp_path / "home", long_text(700)
+    home, text = tmp_path / "home", long_text(WORDS_IN_WINDOW)
     first = Serve(home, "-m", "demo")
     try:
         cold = ask(first, text)
@@ -86,7 +87,7 @@ def test_a_prompt_prefilled_once_is_served_from_disk_after_a_restart(tmp_path):
         assert warm["choices"][0]["message"]["content"] == cold["choices"][0]["message"]["content"]
         assert cached(warm) >= cold["usage"]["prompt_tokens"] - 2  # all but the last token or two
         assert "tokens from disk" in engine_log(home, again)
-        longer = ask(again, text + " " + long_text(100, seed=2))
+        longer = ask(again, text + " " + long_text(80, seed=2))
         assert cached(longer) >= cached(warm) - 8  # the shared prefix, from memory or disk; only the rest prefilled
         held = httpx.get(again.url + "/localchat/ps", timeout=10).json()["prompt_cache"]
         assert held["bytes"] > 0 and held["hits"] >= 1
@@ -98,7 +99,7 @@ def test_a_prompt_prefilled_once_is_served_from_disk_after_a_restart(tmp_path):
 
 
 def test_other_kv_bits_never_read_them_and_0_keeps_none(tmp_path):
-    home, text = tmp_path / "home", long_text(700)
+    home, text = tmp_path / "home", long_text(WORDS_IN_WINDOW)
     prefilled(home, text)
     other = Serve(home, "-m", "demo", "--", "--kv-bits", "8")  # (another model: the next test)
     try:
@@ -118,11 +119,11 @@ def test_other_kv_bits_never_read_them_and_0_keeps_none(tmp_path):
 
 def test_the_bound_removes_the_least_recently_used_first(tmp_path):
     home = tmp_path / "home"
-    serve = Serve(home, "-m", "demo", "--prompt-cache-disk", "9MB")  # one 2k-token prefix of the demo (6 MB)
+    serve = Serve(home, "-m", "demo", "--prompt-cache-disk", "3MB")  # one ~660-token prefix of the demo (2 MB)
     try:
-        ask(serve, long_text(700, seed=1))
+        ask(serve, long_text(WORDS_IN_WINDOW, seed=1))
         first = wait_files(home)
-        ask(serve, long_text(700, seed=3))
+        ask(serve, long_text(WORDS_IN_WINDOW, seed=3))
         import time
 
         deadline = time.monotonic() + 30
@@ -136,8 +137,8 @@ def test_the_bound_removes_the_least_recently_used_first(tmp_path):
 
 
 def test_an_idle_unload_keeps_the_prefix_and_models_share_the_bound(tmp_path):
-    home, text = tmp_path / "home", long_text(700)
-    serve = Serve(home, "-m", "demo", "-m", "demo-notes", "--keep-alive", "1s", "--prompt-cache-disk", "13MB")
+    home, text = tmp_path / "home", long_text(WORDS_IN_WINDOW)
+    serve = Serve(home, "-m", "demo", "-m", "demo-notes", "--keep-alive", "1s", "--prompt-cache-disk", "5MB")
     try:
         cold = ask(serve, text)
         wait_files(home)
@@ -146,7 +147,7 @@ def test_an_idle_unload_keeps_the_prefix_and_models_share_the_bound(tmp_path):
         assert cached(again) >= cold["usage"]["prompt_tokens"] - 2
         assert again["choices"][0]["message"]["content"] == cold["choices"][0]["message"]["content"]
         assert cached(ask(serve, text, model="demo-notes")) < 16  # another model never reads demo's files
-        ask(serve, long_text(700, seed=5))
+        ask(serve, long_text(WORDS_IN_WINDOW, seed=5))
         import time
 
         deadline = time.monotonic() + 30
@@ -157,11 +158,11 @@ def test_an_idle_unload_keeps_the_prefix_and_models_share_the_bound(tmp_path):
         serve.stop()
     left = files_of(home)
     assert len({p.parent for p in left}) == 2  # both models' caches, in one root
-    assert sum(p.stat().st_size for p in left) <= 13 * 10**6  # under the one bound: the oldest went
+    assert sum(p.stat().st_size for p in left) <= 5 * 10**6  # under the one bound: the oldest went
 
 
 def test_damaged_foreign_and_half_written_files_are_ignored(tmp_path):
-    home, text = tmp_path / "home", long_text(700)
+    home, text = tmp_path / "home", long_text(WORDS_IN_WINDOW)
     first = Serve(home, "-m", "demo")
     try:
         expected = ask(first, text)["choices"][0]["message"]["content"]
@@ -201,7 +202,7 @@ def test_damaged_foreign_and_half_written_files_are_ignored(tmp_path):
 
 def test_log_rm_all_clears_them(tmp_path):
     home = tmp_path / "home"
-    prefilled(home, long_text(700))
+    prefilled(home, long_text(WORDS_IN_WINDOW))
     assert files_of(home)
     done = subprocess.run([sys.executable, "-m", "localchat", "log", "rm", "--all", "--yes"], capture_output=True,
                           text=True, timeout=60, env=os.environ | {"LOCALCHAT_HOME": str(home)})

@@ -478,3 +478,28 @@ def test_the_model_picker_switches_the_open_conversation_and_the_list_says_when_
     assert "demo-tools" in logged.stdout and "demo" in logged.stdout  # which model said what
     meta = page.locator(f"[data-testid=conversation][data-id='{uid}'] [data-testid=conversation-meta]").inner_text()
     assert "2 turns" in meta and re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d", meta), meta
+
+
+def test_a_model_that_loads_says_so_and_a_server_that_is_gone_keeps_the_question(browser, tmp_path):
+    """A turn whose model is not loaded yet shows "loading demo-tools… Ns" until its text comes; when
+    serve is gone, the page says the server cannot be reached and the typed question stays."""
+    serve = Serve(tmp_path / "home", "-m", "demo", "-m", "demo-tools")
+    context = browser.new_context(viewport={"width": 1100, "height": 760})
+    page = context.new_page()
+    try:
+        page.goto(serve.url + "/")
+        page.get_by_test_id("model").locator("option").nth(1).wait_for(state="attached")
+        page.get_by_test_id("model").select_option("demo-tools")
+        page.get_by_test_id("composer").fill("Hello")
+        page.get_by_test_id("send").click()
+        assert page.get_by_test_id("loading").inner_text().startswith("loading demo-tools…")
+        page.get_by_test_id("figures").first.wait_for()
+        assert page.get_by_test_id("loading").count() == 0
+        serve.stop()
+        page.get_by_test_id("composer").fill("Are you still there?")
+        page.get_by_test_id("send").click()
+        page.wait_for_function("() => document.getElementById('notice').textContent.includes('cannot reach')")
+        assert page.get_by_test_id("composer").input_value() == "Are you still there?"
+    finally:
+        context.close()
+        serve.stop()
