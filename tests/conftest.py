@@ -126,3 +126,9 @@ def env(hub, tmp_path):
     out |= {"HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path / "hf"), "LOCALCHAT_HOME": str(tmp_path / "home"),
             "HF_HUB_DISABLE_TELEMETRY": "1"}
     return out
+
+
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: a worker a core and one more. Much of the suite waits (a model loading in a
+    child, an idle unload, a server's start), so a third worker on two cores fills those waits."""
+    return (os.cpu_count() or 1) + 1

@@ -6,14 +6,14 @@ at 60 columns (or piped) a long name is wrapped, never cut, and a model that loa
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
+from dataclasses import dataclass
 
 import pytest
+from typer.testing import CliRunner
 
 from fakeserver import FakeServer, Reply
+from localchat.cli.app import app
 
 GOOD_ROW = {"model": "demo-tools-with-a-rather-long-name-for-sixty-columns", "state": "loaded",
             "memory_bytes": 33_300_000, "resident_bytes": 120_000_000, "loaded_at": 1_765_000_000.0,
@@ -27,11 +27,19 @@ def fake():
     server.close()
 
 
-def ps(fake: FakeServer, body: bytes | str, *args: str, columns: int = 200) -> subprocess.CompletedProcess:
+@dataclass
+class Shown:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def ps(fake: FakeServer, body: bytes | str, *args: str, columns: int = 200) -> Shown:
+    """``localchat ps`` in this process (as a pipe shows it, ``columns`` wide)."""
     fake.replies["/localchat/ps"] = Reply(chunks=[body.encode() if isinstance(body, str) else body],
                                           headers={"Content-Type": "application/json"})
-    return subprocess.run([sys.executable, "-m", "localchat", "ps", "--base-url", fake.base_url, *args],
-                          capture_output=True, text=True, timeout=60, env=os.environ | {"COLUMNS": str(columns)})
+    result = CliRunner().invoke(app, ["ps", "--base-url", fake.base_url, *args], env={"COLUMNS": str(columns)})
+    return Shown(result.exit_code, result.stdout, result.stderr)
 
 
 def rows(*changed: dict) -> str:
