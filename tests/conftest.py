@@ -130,5 +130,19 @@ def env(hub, tmp_path):
 
 def pytest_xdist_auto_num_workers(config):
     """``-n auto``: a worker a core and one more. Much of the suite waits (a model loading in a
-    child, an idle unload, a server's start), so a third worker on two cores fills those waits."""
+    child, an idle unload, a server's start), so a third worker on two cores fills those waits
+    (11:00 with three on this 2-core machine, 12:52 with two)."""
     return (os.cpu_count() or 1) + 1
+
+
+LONGEST_FIRST = ("test_web.py", "test_router.py", "test_distributed.py", "test_real_model.py",
+                 "test_server_enforcing.py", "test_prompt_cache.py", "test_grammar.py", "test_serve_hostile.py",
+                 "test_gateway_models.py", "test_wheel.py", "test_vision.py", "test_vision_circuit.py",
+                 "test_trainer.py", "test_bench.py", "test_load.py", "test_mcp.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    """The files that take longest run first (each file stays on one worker: ``--dist loadfile``),
+    so the run does not end waiting on one long file started last."""
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(Path(str(item.fspath)).name, len(rank)))
