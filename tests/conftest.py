@@ -77,6 +77,20 @@ def demo_backend(demo):
     return InProcessBackend(model, tokenizer, "demo")
 
 
+@pytest.fixture
+def broken_model(tmp_path):
+    """The demo model with a model type no mlx_lm knows: its engine fails to load it, saying why."""
+    import json
+
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for f in DEMO_DIR.iterdir():
+        (broken / f.name).write_bytes(f.read_bytes())
+    config = json.loads((broken / "config.json").read_text())
+    (broken / "config.json").write_text(json.dumps(config | {"model_type": "nosucharch"}))
+    return broken
+
+
 @pytest.fixture(scope="session")
 def rambling_model(tmp_path_factory):
     """A tiny random-weight model that never ends its reply (for Ctrl+C and length tests)."""

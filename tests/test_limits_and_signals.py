@@ -87,15 +87,8 @@ def test_sigterm_mid_reply_discards_the_turn_records_it_and_exits_143(rambling_m
     assert not response["committed"] and next(tmp_path.glob("*-request.json"))
 
 
-def test_serve_with_a_model_that_cannot_load_fails_within_seconds(tmp_path):
-    from localchat.demo_codes import MODEL_DIR
-
-    broken = tmp_path / "broken"
-    broken.mkdir()
-    for f in MODEL_DIR.iterdir():
-        (broken / f.name).write_bytes(f.read_bytes())
-    config = json.loads((broken / "config.json").read_text())
-    (broken / "config.json").write_text(json.dumps(config | {"model_type": "nosucharch"}))
+def test_serve_with_a_model_that_cannot_load_fails_within_seconds(tmp_path, broken_model):
+    broken = broken_model
     started = time.monotonic()
     proc = spawn("serve", "-m", str(broken), "--port", str(free_port()),
                  env={**os.environ, "LOCALCHAT_HOME": str(tmp_path / "home")})

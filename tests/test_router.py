@@ -193,16 +193,9 @@ def test_a_client_that_hangs_up_mid_stream_leaves_its_model_reloadable_twice(ser
     assert "client hung up" in engine_log and "Traceback" not in engine_log
 
 
-def test_a_model_that_cannot_load_is_a_503_that_names_no_local_path(serves, tmp_path):
+def test_a_model_that_cannot_load_is_a_503_that_names_no_local_path(serves, broken_model):
     """The reply says why (the engine's own line); the engine's log path is in serve's output only."""
-    from localchat.demo_codes import MODEL_DIR
-
-    broken = tmp_path / "broken"
-    broken.mkdir()
-    for f in MODEL_DIR.iterdir():
-        (broken / f.name).write_bytes(f.read_bytes())
-    config = json.loads((broken / "config.json").read_text())
-    (broken / "config.json").write_text(json.dumps(config | {"model_type": "nosucharch"}))
+    broken = broken_model
     serve = serves("-m", "demo", "-m", str(broken))
     for _ in range(2):  # each failed load says why, once, by its own start
         reply = serve.ask(str(broken))

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from localchat.files import private_dirs, read_text, write_atomic
 from localchat.home import home_dir
+from localchat.processes import alive
 
 DIR_NAME = "serving"
 
@@ -51,19 +52,9 @@ def serving(location: str) -> list[Serving]:
             pid, port, models = int(record["pid"]), int(record["port"]), tuple(map(str, record["models"]))
         except (OSError, ValueError, KeyError, TypeError):
             continue
-        if not _alive(pid):
+        if not alive(pid):
             path.unlink(missing_ok=True)
             continue
         if location in models:
             found.append(Serving(pid=pid, port=port, models=models))
     return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
