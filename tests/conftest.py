@@ -142,6 +142,7 @@ def env(hub, tmp_path):
     return out
 
 
+@pytest.hookimpl(optionalhook=True)  # (xdist's hook: unknown when pytest runs with -p no:xdist)
 def pytest_xdist_auto_num_workers(config):
     """``-n auto``: a worker a core and one more. Much of the suite waits (a model loading in a
     child, an idle unload, a server's start), so a third worker on two cores fills those waits

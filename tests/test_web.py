@@ -503,3 +503,17 @@ def test_a_model_that_loads_says_so_and_a_server_that_is_gone_keeps_the_question
     finally:
         context.close()
         serve.stop()
+
+
+def test_enter_twice_on_a_new_chat_sends_one_turn_and_makes_one_conversation(page, served):
+    """The composer is busy from the first moment: a second Enter while the conversation is made sends nothing."""
+    before = {c["id"] for c in httpx.get(served.url + "/api/chats", timeout=10).json()}
+    page.get_by_test_id("new-chat").click()
+    page.get_by_test_id("composer").fill("Remember the code anchor 31. Reply only OK.")
+    page.get_by_test_id("composer").press("Enter")
+    page.get_by_test_id("composer").press("Enter", no_wait_after=True)
+    page.get_by_test_id("figures").first.wait_for()
+    page.wait_for_timeout(500)
+    made = [c for c in httpx.get(served.url + "/api/chats", timeout=10).json() if c["id"] not in before]
+    assert len(made) == 1 and made[0]["turns"] == 1, made
+    assert page.locator("[data-testid=message][data-role=user]").count() == 1
