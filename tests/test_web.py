@@ -401,19 +401,21 @@ def test_hostile_requests_to_the_page_api_are_one_4xx_line_each(served, method, 
 
 
 def workers(served) -> set[int]:
-    """The page's conversations' tool processes (add.py's worker): children of the serve this
-    module started (their environment is kept minimal, so they carry no test mark of their own)."""
+    """The page's conversations' tool processes (add.py's worker): the children of the serve this
+    module started, as the kernel lists that one process's children (their environment is kept
+    minimal, so they carry no test mark of their own; no other process is looked at)."""
+    children: set[int] = set()
+    for task in Path(f"/proc/{served.proc.pid}/task").iterdir():
+        children |= {int(pid) for pid in (task / "children").read_text().split()}
     found = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-                command = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
-            except OSError:
-                continue
-            fields = stat[stat.rfind(")") + 2:].split()
-            if int(fields[1]) == served.proc.pid and fields[0] not in "ZX" and b"localchat.tools.worker" in command:
-                found.add(int(entry.name))
+    for pid in children:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            command = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if stat[stat.rfind(")") + 2] not in "ZX" and b"localchat.tools.worker" in command:
+            found.add(pid)
     return found
 
 
