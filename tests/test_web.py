@@ -406,7 +406,10 @@ def workers(served) -> set[int]:
     minimal, so they carry no test mark of their own; no other process is looked at)."""
     children: set[int] = set()
     for task in Path(f"/proc/{served.proc.pid}/task").iterdir():
-        children |= {int(pid) for pid in (task / "children").read_text().split()}
+        try:
+            children |= {int(pid) for pid in (task / "children").read_text().split()}
+        except OSError:  # (a thread that ended while listed)
+            continue
     found = set()
     for pid in children:
         try:
