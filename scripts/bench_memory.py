@@ -8,7 +8,8 @@ context's length (mlx_lm's own ``generate_step``, chunked as in chat) and sample
 read ``mx.get_peak_memory()``. The estimate comes from the same directory's config.json and
 safetensors headers, never from the loaded model. Rows: the bundled toys, SmolLM2 (4-bit as
 imported, and bf16), and random-weight models of several shapes (grouped-query attention, a tied
-embedding, a large vocabulary, Gemma 3's sliding layers), with and without ``--kv-bits 8``.
+embedding, a large vocabulary, Gemma 3's sliding layers), with and without ``--kv-bits 8``, and
+``serve --kv-bits 8`` (serve's engine batch, its cache quantized as it is written).
 Target: every row within ±15 % of the measured peak.
 """
 
@@ -54,6 +55,23 @@ for _ in zip(generate_step(prompt, model, max_tokens=1, **options), range(1)):
     pass
 print(mx.get_peak_memory())
 """
+MEASURE_SERVED = r"""
+import sys
+import mlx.core as mx
+from mlx_lm.utils import load_model
+from mlx_lm.generate import BatchGenerator
+from mlx_lm.models.cache import make_prompt_cache
+from localchat.serve.engine.quantized_kv import KVQuantization, quantizing
+path, context, bits = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+mx.reset_peak_memory()
+model, _ = load_model(__import__('pathlib').Path(path))
+make = quantizing(make_prompt_cache, KVQuantization(bits=bits, group_size=32, start=0))
+batch = BatchGenerator(model, prefill_step_size=2048)
+batch.insert_segments(segments=[[[(7 * i) % 1000 + 3 for i in range(context)]]], max_tokens=[1], caches=[make(model)])
+while not batch.next()[1]:
+    pass
+print(mx.get_peak_memory())
+"""
 
 
 def random_model(root: Path, name: str) -> Path:
@@ -90,20 +108,25 @@ def bf16_copy(root: Path, source: Path) -> Path:
     return path
 
 
-def measured_peak(path: Path, context: int, kv_bits: int | None) -> int:
-    out = subprocess.run([sys.executable, "-c", MEASURE, str(path), str(context), json.dumps(kv_bits)],
+def measured_peak(path: Path, context: int, kv_bits: int | None, served: bool = False) -> int:
+    script, bits = (MEASURE_SERVED, str(kv_bits)) if served else (MEASURE, json.dumps(kv_bits))
+    out = subprocess.run([sys.executable, "-c", script, str(path), str(context), bits],
                          capture_output=True, text=True, check=True)
     return int(out.stdout.split()[-1])
 
 
-def row(label: str, path: Path, context: int, kv_bits: int | None, peaks: dict[str, int]) -> float:
+def row(label: str, path: Path, context: int, kv_bits: int | None, peaks: dict[str, int],
+        served: bool = False) -> float:
+    """One row: mlx_lm's own generation (``chat``), or serve's engine batch with its quantizing
+    caches (``served``: ``serve --kv-bits``, quantized from the first token)."""
     shape = local_shape(path)
-    guess = estimate(shape, context, KVSettings(bits=kv_bits, group_size=32))
-    key = f"{label} {context} {kv_bits}"
-    peak = peaks[key] = peaks.get(key) or measured_peak(path, context, kv_bits)
+    guess = estimate(shape, context, KVSettings(bits=kv_bits, group_size=32, on_write=served))
+    key = f"{label} {context} {kv_bits}" + (" serve" if served else "")
+    peak = peaks[key] = peaks.get(key) or measured_peak(path, context, kv_bits, served)
     error = guess.total / peak - 1
     mark = "ok" if abs(error) <= TARGET else "OFF"
-    print(f"{label:<22} {context:>6} {('kv ' + str(kv_bits)) if kv_bits else '':>6} "
+    arm = (("serve " if served else "kv ") + str(kv_bits)) if kv_bits else ""
+    print(f"{label:<22} {context:>6} {arm:>8} "
           f"{guess.weights / 2**20:>9.1f} {guess.kv_cache / 2**20:>8.1f} {guess.prefill / 2**20:>9.1f} "
           f"{guess.total / 2**20:>9.1f} {peak / 2**20:>9.1f} {error:>+7.1%} {mark}", flush=True)
     return error
@@ -127,7 +150,7 @@ def main() -> int:
     contexts = [int(c) for c in args.contexts.split(",")]
     env = collect()
     print(f"# {env.chip or env.machine} · {env.os} · MLX on {env.mlx_device} · mlx {env.mlx_version}")
-    print(f"{'model':<22} {'ctx':>6} {'':>6} {'weights':>9} {'kv':>8} {'prefill':>9} {'estimate':>9} "
+    print(f"{'model':<22} {'ctx':>6} {'':>8} {'weights':>9} {'kv':>8} {'prefill':>9} {'estimate':>9} "
           f"{'peak':>9} {'error':>7}   (MiB)")
     errors = []
     peaks = json.loads(args.peaks.read_text()) if args.peaks and args.peaks.is_file() else {}
@@ -135,8 +158,8 @@ def main() -> int:
         for label, path in models(Path(tmp), args.quick, args.only):
             sliding = local_shape(path).sliding_window is not None  # mlx_lm cannot quantize a rotating cache
             for context in contexts:
-                for kv_bits in (None,) if sliding else (None, 8):
-                    errors.append(row(label, path, context, kv_bits, peaks))
+                for kv_bits, served in ((None, False),) if sliding else ((None, False), (8, False), (8, True)):
+                    errors.append(row(label, path, context, kv_bits, peaks, served))
                     if args.peaks:
                         args.peaks.write_text(json.dumps(peaks, indent=1))
     worst = max(errors, key=abs)

@@ -151,7 +151,8 @@ def pytest_xdist_auto_num_workers(config):
 
 
 LONGEST_FIRST = ("test_web.py", "test_router.py", "test_distributed.py", "test_real_model.py",
-                 "test_server_enforcing.py", "test_prompt_cache.py", "test_grammar.py", "test_serve_hostile.py",
+                 "test_server_enforcing.py", "test_prompt_cache.py", "test_kv_bits.py", "test_grammar.py",
+                 "test_serve_hostile.py",
                  "test_gateway_models.py", "test_wheel.py", "test_vision.py", "test_vision_circuit.py",
                  "test_trainer.py", "test_bench.py", "test_load.py", "test_mcp.py")
 

@@ -48,13 +48,21 @@ def files_of(home: Path) -> list[Path]:
     return sorted((home / "prompt-cache").glob("*/*.safetensors"))
 
 
-def wait_files(home: Path, n: int = 1) -> list[Path]:
+def wait_files(home: Path, n: int = 1, settle: float = 1.5) -> list[Path]:
+    """The files once there are ``n`` and none has come or gone for ``settle`` seconds (a reply's
+    segments are offered one after another: a longer prefix supersedes a shorter one)."""
     import time
 
     deadline = time.monotonic() + 30
     while len(files_of(home)) < n and time.monotonic() < deadline:
         time.sleep(0.1)
-    return files_of(home)
+    seen, still_since = files_of(home), time.monotonic()
+    while time.monotonic() - still_since < settle and time.monotonic() < deadline:
+        time.sleep(0.1)
+        now = files_of(home)
+        if now != seen:
+            seen, still_since = now, time.monotonic()
+    return seen
 
 
 def prefilled(home: Path, text: str, *args: str, model: str = "demo", **extra) -> dict:
@@ -74,9 +82,10 @@ def test_a_prompt_prefilled_once_is_served_from_disk_after_a_restart(tmp_path):
     try:
         cold = ask(first, text)
         assert cached(cold) < 16
-        written = wait_files(home)
+        wait_files(home)
     finally:
         first.stop()
+    written = files_of(home)  # (as the stopped engine left them)
     assert len(written) == 1
     assert oct(written[0].stat().st_mode & 0o777) == "0o600"
     for directory in (home / "prompt-cache", written[0].parent, written[0].parent / "writing"):
@@ -101,7 +110,7 @@ def test_a_prompt_prefilled_once_is_served_from_disk_after_a_restart(tmp_path):
 def test_other_kv_bits_never_read_them_and_0_keeps_none(tmp_path):
     home, text = tmp_path / "home", long_text(WORDS_IN_WINDOW)
     prefilled(home, text)
-    other = Serve(home, "-m", "demo", "--", "--kv-bits", "8")  # (another model: the next test)
+    other = Serve(home, "-m", "demo", "--kv-bits", "8")  # (another model: the next test)
     try:
         assert cached(ask(other, text)) < 16
         assert "tokens from disk" not in engine_log(home, other)

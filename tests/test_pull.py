@@ -95,6 +95,17 @@ def test_dry_run_shows_the_plan_and_fetches_nothing(env, hub):
     assert whole == {"config.json"}  # read, not kept; the weights' header by a ranged read only
 
 
+def test_dry_run_says_how_much_context_and_how_many_users_fit_at_each_kv_width(env, hub):
+    result = localchat(env, "pull", DEMO, "--dry-run", "--kv-bits", "8", "--memory-limit", "40MB",
+                       "--max-context-tokens", "1024")
+    assert result.returncode == 0, result.stderr
+    line = next(line for line in result.stderr.splitlines() if "KV cache in" in line)
+    widths = dict(part.split(": ", 1) for part in line.split(": ", 1)[1].split("; "))
+    assert set(widths) == {"unquantized", "8-bit (asked)", "4-bit"}
+    users = {name: int(text.split(", ")[-1].split()[0]) for name, text in widths.items()}
+    assert 1 <= users["unquantized"] < users["8-bit (asked)"] < users["4-bit"]  # (fewer bytes a token: more users)
+
+
 @pytest.mark.parametrize("repo, gated, needle", [("localchat-test/nothing-here", False, "no such model repo"),
                                                   ("localchat-test/gated", True, "is gated")])
 def test_a_missing_or_gated_repo_is_one_line(env, hub, repo, gated, needle):

@@ -202,7 +202,14 @@ def test_a_model_that_cannot_load_is_a_503_that_names_no_local_path(serves, brok
         message = reply.json()["error"]["message"]
         assert reply.status_code == 503 and "nosucharch" in message and "log:" not in message
         assert str(serve.url) not in message and "/logs/" not in message and "server-" not in message
-    assert sum("failed to load" in line and "(log: " in line for line in serve.log) == 2
+    serve.ask("demo")  # (serve's own lines of the failures are written by then, read by another thread)
+    def said() -> int:
+        return sum("failed to load" in line and "(log: " in line for line in serve.log)
+
+    deadline = time.monotonic() + 10
+    while said() < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert said() == 2
     assert serve.ask("demo").status_code == 200
 
 

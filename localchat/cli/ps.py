@@ -27,7 +27,7 @@ from localchat.sizes import shown_size
 PS_PATH = "/localchat/ps"
 MAX_BYTES = 4 * 1024**2  # far past what any serve's models make
 MAX_ROWS = 1000
-OTHER_COLUMNS = 84  # what the table's columns but the name take: narrower, a block a model (no name is cut)
+OTHER_COLUMNS = 104  # what the table's columns but the name take: narrower, a block a model (no name is cut)
 EPOCH_MAX = 10**11  # seconds since 1970: a later "loaded at" is not a time
 
 
@@ -45,6 +45,8 @@ class HeldModel:
     waiting: int
     pid: int | None
     pinned: bool
+    kv_bytes: int | None = None  # what its KV caches hold now (the batch's and the prompt cache's)
+    kv_bits: int | None = None  # None: not quantized (the model's own float)
 
 
 def fetch_held(base_url: str, api_key: str | None = None) -> dict[str, Any]:
@@ -98,7 +100,7 @@ def _typed(row: Any, number: int, root: str) -> HeldModel:
         if not isinstance(row.get(field), kind) or not row[field] or len(row[field]) > 1000:
             raise wrong(field)
         values[field] = row[field]
-    for field in ("memory_bytes", "resident_bytes", "pid"):
+    for field in ("memory_bytes", "resident_bytes", "pid", "kv_bytes"):
         value = row.get(field)
         if value is not None and (type(value) is not int or not 0 <= value < 2**63):
             raise wrong(field)
@@ -115,6 +117,10 @@ def _typed(row: Any, number: int, root: str) -> HeldModel:
         values[field] = value
     if type(row.get("pinned", False)) is not bool:
         raise wrong("pinned")
+    bits = row.get("kv_bits")
+    if bits is not None and (type(bits) is not int or not 1 <= bits <= 16):
+        raise wrong("kv_bits")
+    values["kv_bits"] = bits
     return HeldModel(pinned=row.get("pinned", False), **values)
 
 
@@ -138,10 +144,10 @@ def run_ps(*, base_url: str, api_key: str | None, as_json: bool, console: Consol
 
 
 def show_table(console: Console, rows: list[HeldModel]) -> None:
-    table = Table(Column("model", no_wrap=True), "state", "estimate", "resident", "since", "expires", "requests", "pid",
-                  box=SIMPLE_HEAD)
+    table = Table(Column("model", no_wrap=True), "state", "estimate", "resident", "KV cache", "since", "expires",
+                  "requests", "pid", box=SIMPLE_HEAD)
     for row in rows:
-        table.add_row(row.model, row.state, shown_size(row.memory_bytes), shown_size(row.resident_bytes),
+        table.add_row(row.model, row.state, shown_size(row.memory_bytes), shown_size(row.resident_bytes), _kv(row),
                       _since(row.loaded_at), _expires(row), _requests(row), str(row.pid or "-"))
     console.print(table, markup=False)
 
@@ -152,7 +158,8 @@ def show_blocks(console: Console, rows: list[HeldModel]) -> None:
     for row in rows:
         console.print(row.model, markup=False, style="bold", overflow="fold", soft_wrap=False)
         for line in (f"{row.state} · estimate {shown_size(row.memory_bytes)}",
-                     f"resident {shown_size(row.resident_bytes)} · since {_since(row.loaded_at)}",
+                     f"resident {shown_size(row.resident_bytes)} · KV cache {_kv(row)}",
+                     f"since {_since(row.loaded_at)}",
                      f"expires {_expires(row)} · requests {_requests(row)} · pid {row.pid or '-'}"):
             console.print(f"  {line}", markup=False, overflow="fold", soft_wrap=False)
 
@@ -189,3 +196,8 @@ def _expires(row: HeldModel) -> str:
 
 def _requests(row: HeldModel) -> str:
     return f"{row.in_flight} (+{row.waiting} waiting)" if row.waiting else str(row.in_flight)
+
+
+def _kv(row: HeldModel) -> str:
+    bits = f"{row.kv_bits}-bit" if row.kv_bits else "full"  # (the model's float: 16 bits, or 32)
+    return f"{shown_size(row.kv_bytes)} ({bits})" if row.kv_bytes is not None else bits

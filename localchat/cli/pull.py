@@ -61,6 +61,8 @@ def show_plan(plan: PullPlan, name: str, console: Console) -> None:
     console.print(f"  free disk {shown_size(plan.free_disk)} at {plan.cache_dir}", markup=False)
     if plan.fit is not None:
         console.print("  " + summary(name, plan.fit), markup=False)
+        if plan.fit.capacity:
+            console.print("  " + plan.fit.capacity, markup=False)
 
 
 def refuse(plan: PullPlan, name: str, force: bool) -> None:

@@ -20,9 +20,12 @@ from localchat.cli.serve_options import (
     GatewayKeyOpt,
     HostfileOpt,
     KeepAliveOpt,
+    KvBitsOpt,
+    KvGroupSizeOpt,
     PinOpt,
     PromptCacheDirOpt,
     PromptCacheDiskOpt,
+    QuantizedKvStartOpt,
     RanksOpt,
     ServeModelsOpt,
     UpstreamOpt,
@@ -95,6 +98,9 @@ def serve(
     mcp: McpOpt = None,
     approve_tools: ApproveToolsOpt = False,
     allow_image_urls: AllowImageUrlsOpt = None,
+    kv_bits: KvBitsOpt = None,
+    kv_group_size: KvGroupSizeOpt = None,
+    quantized_kv_start: QuantizedKvStartOpt = None,
 ) -> None:
     """Serve models on one port by name (-m repeatable): the first loaded now, the others when first
     asked for, each within the memory budget and unloaded when idle; response_format and tool_choice
@@ -103,6 +109,7 @@ def serve(
     from localchat.cli.pull import fetch_missing
     from localchat.cli.smoke import smoke_served
     from localchat.serve.daemon import ServeRequest, run_serve
+    from localchat.serve.kv_options import parse_kv_choice
 
     asked = ServeRequest(
         models=tuple(model or ()),
@@ -125,6 +132,7 @@ def serve(
         open_page=open_page,
         results=results,
         tools=tool_settings(files=tools, mcp=mcp, mcp_only=None, approve=approve_tools, timeout_s=None),
+        kv=parse_kv_choice(kv_bits or [], kv_group_size, quantized_kv_start),
     )
     console, err = out_console(), err_console()
     run(run_serve, asked=asked, console=console, err=err, every=every, dry_run=dry_run,

@@ -164,3 +164,24 @@ PromptCacheDiskOpt = Annotated[
 PromptCacheDirOpt = Annotated[Optional[Path], typer.Option(metavar="DIR", show_default=False, help="Where the prompt "
                                                            "caches go [default: prompt-cache/ in the localchat data "
                                                            "directory].")]
+
+KvBitsOpt = Annotated[
+    Optional[list[str]],
+    typer.Option(
+        "--kv-bits",
+        metavar="BITS|MODEL=BITS",
+        show_default=False,
+        help="Quantize the KV caches to 8 or 4 bits (2-6, 8), batching kept: for every model, or MODEL=BITS for "
+        "one (repeatable).",
+    ),
+]
+KvGroupSizeOpt = Annotated[
+    Optional[int],
+    typer.Option(metavar="N", show_default=False,
+                 help="The KV quantization's group (32, 64, 128) [default: 64, or the largest dividing the heads]."),
+]
+QuantizedKvStartOpt = Annotated[
+    Optional[int],
+    typer.Option(metavar="TOKENS", show_default=False,
+                 help="Keep a batch's KV cache 16-bit until its longest row holds this many tokens [default: 0]."),
+]

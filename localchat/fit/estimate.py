@@ -30,6 +30,7 @@ class KVSettings:
     group_size: int = 64
     max_tokens: int | None = None
     quantized_start: int = 0  # --quantized-kv-start: the cache stays full precision until past it
+    on_write: bool = False  # serve's engine: each token quantized as it is written, never held at full precision
 
 
 @dataclass(frozen=True)
@@ -71,11 +72,16 @@ def kv_cache_bytes(shape: ModelShape, context: int, kv: KVSettings = KVSettings(
     """layers × 2 (keys, values) × KV heads × head dim × tokens × bytes per value. A quantized cache
     is quantized between prefill chunks once past its start, and the peak stays a full-precision
     cache's until two chunks past it (measured: SmolLM2 at 4096 tokens peaks as high with
-    ``--kv-bits 8`` as without); the larger of the two is its peak."""
+    ``--kv-bits 8`` as without); the larger of the two is its peak. Serve's engine quantizes each
+    token as it is written (``on_write``): its cache is full precision only before its start."""
     per_token = 2 * shape.kv_heads * shape.head_dim * _kv_value_bytes(shape, kv)
     held = int(sum(_layer_tokens(shape, context, kv)) * per_token)
-    if kv.bits is None:
-        return held
+    if kv.bits is None or (kv.on_write and context <= kv.quantized_start):
+        return held if kv.bits is None else kv_cache_bytes(shape, context, KVSettings(max_tokens=kv.max_tokens))
+    if kv.on_write:  # (at its start, the full-precision cache and its quantized copy exist at once)
+        start = kv.quantized_start
+        return max(held, kv_cache_bytes(shape, start, KVSettings(max_tokens=kv.max_tokens)) + int(
+            sum(_layer_tokens(shape, start, kv)) * per_token)) if start else held
     before = min(context, kv.quantized_start + 2 * PREFILL_STEP)
     return max(held, kv_cache_bytes(shape, before, KVSettings(max_tokens=kv.max_tokens)))
 

@@ -22,6 +22,7 @@ class FitReport:
     budget: MemoryBudget | None
     verdict: str  # "fits" | "tight" | "does not fit" | "unknown" (the machine says nothing of its memory)
     helps: tuple[str, ...] = ()
+    capacity: str = ""  # at each KV width: the longest context, and the users that fit (``capacity``)
 
     @property
     def share(self) -> float | None:
@@ -77,7 +78,8 @@ def judge(shape: ModelShape, budget: MemoryBudget | None, *, context: int | None
     guess = estimate(shape, at, kv, metal)
     verdict = _verdict(guess.total, budget)
     helps = _helps(shape, at, kv, budget, metal, smaller) if budget and verdict in ("tight", "does not fit") else ()
-    return FitReport(estimate=guess, budget=budget, verdict=verdict, helps=helps)
+    room = capacity(shape, budget, context, kv.bits, metal) if budget else ""
+    return FitReport(estimate=guess, budget=budget, verdict=verdict, helps=helps, capacity=room)
 
 
 def terms(report: FitReport) -> str:
@@ -96,6 +98,49 @@ def summary(name: str, report: FitReport) -> str:
     if report.helps:
         line += "; would help: " + ", ".join(report.helps)
     return line
+
+
+CAPACITY_BITS = (None, 8, 4)
+MAX_CONTEXT = 1 << 20  # a million tokens: past any window a Mac holds
+
+
+def longest_context(shape: ModelShape, room: int, kv: KVSettings, metal: bool) -> int:
+    """The most tokens (in steps of 256) one user's context may hold within ``room``; 0 when none."""
+    top = min(shape.context_window or MAX_CONTEXT, MAX_CONTEXT) // 256
+    low, high, best = 1, top, 0
+    while low <= high:
+        mid = (low + high) // 2
+        if estimate(shape, mid * 256, kv, metal).total <= room:
+            best, low = mid * 256, mid + 1
+        else:
+            high = mid - 1
+    return best
+
+
+def users_at(shape: ModelShape, room: int, context: int, kv: KVSettings, metal: bool) -> int:
+    """How many users at ``context`` each fit: the weights once, a prefill at a time, a KV cache each."""
+    one = estimate(shape, context, kv, metal)
+    if one.total > room:
+        return 0
+    return 1 + (room - one.total) // max(1, one.kv_cache)
+
+
+def capacity(shape: ModelShape, budget: MemoryBudget, context: int | None, asked_bits: int | None,
+             metal: bool = False) -> str:
+    """What a Mac user asks before starting an agent: at each KV width (as serve's engine holds
+    the cache, quantized from the first token), the longest context one user may have, and how
+    many users fit at the context judged."""
+    at = fit_context(shape, context)
+    parts = []
+    for bits in CAPACITY_BITS:
+        kv = KVSettings(bits=bits, group_size=64 if shape.head_dim % 64 == 0 else 32, on_write=bits is not None)
+        longest = longest_context(shape, budget.bytes, kv, metal)
+        name = f"{bits}-bit" if bits else "unquantized"
+        mark = " (asked)" if bits == asked_bits else ""
+        whole = " (its whole window)" if shape.context_window and longest >= shape.context_window else ""
+        parts.append(f"{name}{mark}: {estimate(shape, at, kv, metal).kv_cache / at:,.0f} bytes a token, one user up "
+                     f"to {longest:,} tokens{whole}, {users_at(shape, budget.bytes, at, kv, metal)} users at {at:,}")
+    return f"KV cache in {budget.source} ({shown_size(budget.bytes)}): " + "; ".join(parts)
 
 
 def refuse_unless_fits(name: str, report: FitReport, force: bool) -> None:

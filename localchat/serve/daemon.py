@@ -7,7 +7,7 @@ from __future__ import annotations
 import shlex
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ from localchat.errors import LocalchatError, UsageError, raise_if_set, raise_on_
 from localchat.fit.check import FitSettings
 from localchat.registry import DEFAULT_MODEL, ModelRef, resolve
 from localchat.serve.front.running import check_public, logger, serve_until_stopped
+from localchat.serve.kv_options import KVChoice, engine_args, refuse_engine_kv_flags
 from localchat.server.distributed import Ranks, check_ranks
 from localchat.server.launch import (
     LOOPBACK,
@@ -58,6 +59,7 @@ class ServeRequest:
     prompt_cache_disk: int = DEFAULT_MAX_BYTES
     tools: Any = None  # ToolSettings: what the page's conversations may call (approved in the page)
     results: Path | None = None  # bench and load plots shown in the page
+    kv: KVChoice = KVChoice()  # --kv-bits (for all, or by name), --kv-group-size, --quantized-kv-start
     open_page: bool = False
 
 
@@ -71,6 +73,7 @@ def run_serve(*, asked: ServeRequest, console: Console, err: Console, smoke: Smo
     shows the engine's command and starts nothing."""
     from localchat.serve.pool.entries import present_models
 
+    refuse_engine_kv_flags(asked.extra)
     names = [*asked.models, *(present_models() if every else [])] or [DEFAULT_MODEL]
     ref = resolve(names[0])
     fit = FitSettings(memory_limit=asked.memory_limit, force=asked.force)
@@ -90,7 +93,10 @@ def run_serve(*, asked: ServeRequest, console: Console, err: Console, smoke: Smo
 def show_command(ref: ModelRef, asked: ServeRequest, ranks: Ranks | None, console: Console) -> int:
     if ranks is not None:
         check_ranks(ranks, None)
-    command = server_command(ref.location, asked.host, asked.port, asked.extra, ranks, asked.plain,
+    from localchat.serve.pool.entries import kv_settings_of
+
+    extra = (*asked.extra, *engine_args(kv_settings_of(ref, asked.kv)))
+    command = server_command(ref.location, asked.host, asked.port, extra, ranks, asked.plain,
                              serves_vision(ref, ranks))
     console.print(shlex.join(command), markup=False, overflow="ignore", crop=False)
     return 0
@@ -114,7 +120,7 @@ def run_router(names: list[str], asked: ServeRequest, fit: FitSettings, smoke: S
         raise ServerStartError(f"port {asked.port} on {asked.host} is busy: stop what is using it, or pick another "
                                "with --port")
     check_public(asked.host, asked.port, asked.api_key, err)
-    models = served_models(names, list(asked.pins), list(asked.upstreams), fit)
+    models = served_models(names, list(asked.pins), list(asked.upstreams), fit, asked.kv)
     first, log_path = models[0], asked.log or default_log(asked.port)
     if first.ref is None:
         raise UsageError(f"the first -m is loaded at start: {first.key} is an --upstream name, not a model here")
@@ -128,7 +134,8 @@ def run_router(names: list[str], asked: ServeRequest, fit: FitSettings, smoke: S
     record = mark(asked.port, [m.ref.location for m in models if m.ref is not None])  # (what rm asks about)
     try:
         with console.status("starting mlx_lm.server …") as status, shown_log_on_failure(console):
-            server = start_ready(first.ref, port=free_port(), log=log_path, extra=asked.extra, fit=fit,
+            server = start_ready(first.ref, port=free_port(), log=log_path, fit=replace(fit, kv=first.kv),
+                                 extra=(*asked.extra, *engine_args(first.kv)),
                                  on_poll=heeding(terminated, status.update), plain=asked.plain,
                                  env=env | {SERVED_ID: first.key})
             pool.load_at_start(first, server, engine_upstream(server, first.ref, bool(asked.apis)))
@@ -240,10 +247,14 @@ def run_ranks(ref: ModelRef, asked: ServeRequest, ranks: Ranks, fit: FitSettings
     elif host not in LOOPBACK:
         console.print(f"[yellow]warning: binding {host}: mlx_lm.server has no authentication; "
                       "anyone who can reach this port can use the model[/yellow]")
+    from localchat.serve.pool.entries import kv_settings_of
+
+    kv = kv_settings_of(ref, asked.kv)
     terminated = raise_on_sigterm()
     with console.status("starting mlx_lm.server …") as status, shown_log_on_failure(console):
-        server = start_ready(ref, host=host, port=port, log=asked.log, extra=asked.extra,
-                             on_poll=heeding(terminated, status.update), ranks=ranks, fit=fit, plain=asked.plain)
+        server = start_ready(ref, host=host, port=port, log=asked.log, extra=(*asked.extra, *engine_args(kv)),
+                             on_poll=heeding(terminated, status.update), ranks=ranks, fit=replace(fit, kv=kv),
+                             plain=asked.plain)
     where = f" · {ranks.size} ranks ({ranks.backend}{', pipeline' if ranks.pipeline else ''})"
     front = None
     try:

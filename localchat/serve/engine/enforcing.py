@@ -16,7 +16,9 @@ distributed ranks. What this module uses of it is listed and checked in ``seam``
   list of processors per request, in its batched path and its single one alike; the mask joins them.
 - ``APIHandler.generate_response`` / ``completion_usage_response``: every reply names the model by
   the id ``serve`` gave this engine (``SERVED_ID``), so the front relays its bytes as they are.
-- ``mlx_lm.server.run``: it accepts a handler class but does not pass it on; ours does.
+- ``mlx_lm.server.run``: it accepts a handler class but does not pass it on; ours does. There the
+  KV caches become ours (``kv_caches``: ``--kv-bits`` keeps the batch) and the disk tier is put
+  under the prompt cache (``prompt_disk``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import os
 import sys
 import threading
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +39,8 @@ from localchat.serve.engine.hangup import HangupWatch
 from localchat.serve.engine.requested import Enforcement, RequestRefused, enforced_request, enforcement_of
 
 ENFORCED_HEADER = "X-Localchat-Enforced"
+KV_PATH = "/localchat/kv"  # the bits and the bytes of the engine's KV caches (``kv_caches``), for ``ps``
+KV_SETTINGS = ("kv_bits", "kv_group_size", "quantized_kv_start")
 
 
 class ReplyMasks:
@@ -181,6 +186,7 @@ def install(server: Any) -> None:
 
     class Handler(server.APIHandler):
         enforced: str | None = None
+        kv_report: Callable[[], bytes] | None = None  # ``GET /localchat/kv`` (set in ``run``)
 
         def handle_completion(self, request, stop_words):
             self.enforced = None  # each request its own (were connections kept alive, a handler would serve several)
@@ -249,6 +255,13 @@ def install(server: Any) -> None:
             self.wfile.write(json.dumps({"error": {"message": str(exc), "type": "invalid_request_error",
                                                    "param": exc.param, "code": None}}).encode())
 
+        def do_GET(self):
+            if self.path != KV_PATH or self.kv_report is None:
+                return super().do_GET()
+            self._set_completion_headers(200)
+            self.end_headers()
+            self.wfile.write(self.kv_report())
+
         def _set_completion_headers(self, status_code: int = 200):
             super()._set_completion_headers(status_code)
             if self.enforced and status_code == 200:
@@ -263,10 +276,14 @@ def install(server: Any) -> None:
             handler_class=Handler) -> None:
         import mlx.core as mx
 
+        from localchat.serve.engine import kv_caches
         from localchat.serve.engine.prompt_disk import disk_tier, tiered
 
         group = mx.distributed.init()
-        disk = disk_tier(model_provider.cli_args) if group.size() == 1 else None  # (ranks hold shards of it)
+        settings = {name: getattr(model_provider.cli_args, name, None) for name in KV_SETTINGS}
+        quantization, ledger = kv_caches.install(server, model_provider.cli_args)
+        handler_class.kv_report = staticmethod(lambda: kv_caches.report(quantization, ledger))
+        disk = disk_tier(settings, quantization) if group.size() == 1 else None  # (ranks hold shards of it)
         cache = tiered(seam.cache_files().LRUPromptCache, disk)(model_provider.cli_args.prompt_cache_size)
         response_generator = Generator(model_provider, cache)
         if group.rank() == 0:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from localchat.serve.engine import seam
+from localchat.serve.engine.quantized_kv import KVQuantization, engine_form, stored_form
 from localchat.store.prompt_files import FORMAT, MIN_TOKENS, PromptFiles, Stored, identity, token_ids, tokens_name
 
 REWRITE_TOKENS = 1024
@@ -71,8 +72,11 @@ def model_identity(model_key: Any, settings: dict[str, Any]) -> tuple[str, str] 
 
 
 class DiskTier:
-    def __init__(self, files: PromptFiles, settings: dict[str, Any]):
-        self.files, self.settings = files, settings
+    """The files under the memory tier; ``settings`` the engine's KV options (part of a file's key),
+    ``quantization`` how its caches quantize (a file holds mlx_lm's classes, the engine its own)."""
+
+    def __init__(self, files: PromptFiles, settings: dict[str, Any], quantization: KVQuantization | None = None):
+        self.files, self.settings, self.quantization = files, settings, quantization
         self._keys: dict[Any, str | None] = {}
         self._index: dict[str, dict[tuple[int, ...], Stored]] = {}
         self._lock = threading.Lock()
@@ -134,6 +138,7 @@ class DiskTier:
                 if not files.can_trim_prompt_cache(cache):
                     return None
                 files.trim_prompt_cache(cache, len(entry.tokens) - usable)
+            cache = engine_form(cache, self.quantization)
         except Exception as exc:  # a damaged or foreign file: the answer is as without it
             say(f"ignored {entry.path.name}: {type(exc).__name__}: {str(exc)[:200]}")
             with self._lock:
@@ -154,7 +159,7 @@ class DiskTier:
             held = max((common_prefix(e.tokens, tokens) for e in self._index.get(key, {}).values()), default=0)
         if held >= MIN_TOKENS and len(tokens) - held < max(REWRITE_TOKENS, len(tokens) // 4):
             return  # (what it adds is prefilled in little time; the whole file is not written again for it)
-        self._queue(("write", key, tuple(tokens), frozen(cache)))
+        self._queue(("write", key, tuple(tokens), frozen(stored_form(cache))))
 
     def _queue(self, job: tuple) -> None:
         try:
@@ -259,7 +264,7 @@ def tiered(base: type, disk: DiskTier | None) -> type:
     return TieredPromptCache
 
 
-def disk_tier(cli_args: Any) -> DiskTier | None:
+def disk_tier(settings: dict[str, Any], quantization: KVQuantization | None = None) -> DiskTier | None:
     """The tier serve asked for (``LOCALCHAT_PROMPT_CACHE_DIR``/``_DISK``), or None (bound 0, or a
     directory that cannot be used, said once)."""
     from localchat.store.prompt_files import root_from_env
@@ -271,5 +276,4 @@ def disk_tier(cli_args: Any) -> DiskTier | None:
         return None
     if bound <= 0:
         return None
-    settings = {name: getattr(cli_args, name, None) for name in ("kv_bits", "kv_group_size", "quantized_kv_start")}
-    return DiskTier(PromptFiles(root, bound), settings)
+    return DiskTier(PromptFiles(root, bound), settings, quantization)

@@ -3,7 +3,8 @@ engine starts (and by a test): a newer mlx_lm that moved one refuses to start wi
 names its version and the missing piece, never fails in the middle of a request.
 
 The engine is mlx_lm.server's own (its request handling, prompt cache, batching and ranks) with
-what localchat adds put in through these parts only (``enforcing``, ``prompt_disk``, ``hangup``):
+what localchat adds put in through these parts only (``enforcing``, ``prompt_disk``, ``hangup``,
+``kv_caches``):
 
 - a **function** or **method** is looked up and its parameters checked, in the order the engine
   passes them (it calls some positionally, and overrides others with the same parameters);
@@ -30,6 +31,8 @@ from typing import Any
 TESTED_MLX_LM = "0.32.2"
 SERVER = "mlx_lm.server"
 CACHE = "mlx_lm.models.cache"
+GENERATE = "mlx_lm.generate"
+ATTENTION = "mlx_lm.models.base"
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,19 @@ PARTS = (
     Part(CACHE, "can_trim_prompt_cache", params=("cache",)),
     Part(CACHE, "trim_prompt_cache", params=("cache", "num_tokens")),
     Part(CACHE, "KVCache.from_state"),
+    # the KV caches (``kv_caches``, ``quantized_kv``): every cache the engine makes is ours
+    Part(SERVER, "make_prompt_cache", params=("model",)),
+    Part(GENERATE, "make_prompt_cache", params=("model", "max_kv_size")),
+    Part(GENERATE, "BatchGenerator.insert_segments", holds="make_prompt_cache(self.model"),
+    Part(SERVER, "ResponseGenerator._is_batchable", holds="kv_bits is None"),
+    Part(SERVER, "APIHandler.do_GET"),
+    Part(CACHE, "KVCache.to_quantized", params=("group_size", "bits")),
+    Part(CACHE, "QuantizedKVCache", params=("group_size", "bits")),
+    Part(CACHE, "BatchKVCache", params=("left_padding",)),
+    Part(CACHE, "BatchKVCache", holds="self._right_padding = None"),
+    Part(CACHE, "BatchKVCache.merge", params=("caches",)),
+    Part(CACHE, "dynamic_roll", params=("x", "shifts", "axis")),
+    Part(ATTENTION, "scaled_dot_product_attention", holds='hasattr(cache, "bits")'),
 )
 
 
@@ -152,5 +168,10 @@ def server() -> ModuleType:
 
 
 def cache_files() -> ModuleType:
-    """``mlx_lm.models.cache``: the prompt cache's files (save, load, trim) and its LRU."""
+    """``mlx_lm.models.cache``: the prompt cache's files (save, load, trim), its LRU and the KV caches."""
     return importlib.import_module(CACHE)
+
+
+def generation() -> ModuleType:
+    """``mlx_lm.generate``: where the batch makes a request's first cache."""
+    return importlib.import_module(GENERATE)

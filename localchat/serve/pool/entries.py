@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
 
 from localchat.errors import LocalchatError, UsageError
 from localchat.fit.check import FitSettings, judge_shape
+from localchat.fit.estimate import KVSettings
 from localchat.fit.shape import local_shape
 from localchat.processes import SERVED_ID
 from localchat.registry import ModelRef, load_registry, local_dir, resolve
+from localchat.serve.kv_options import NO_KV_CHOICE, KVChoice, engine_args
 from localchat.serve.pool.pool import Launcher, ModelPool
 from localchat.serve.pool.served import ServedModel, names_of
 from localchat.serve.pool.upstream import SERVER_DEFAULT_MODEL, Upstream, reach_upstream
@@ -30,19 +33,30 @@ def present_models() -> list[str]:
     return [info.entry.id for info in map(describe, load_registry()) if info.present and not info.entry.vision]
 
 
-def local_model(name: str, fit: FitSettings, pinned: bool) -> ServedModel:
-    """A model of this machine, estimated at the context it serves (one line when it is not here)."""
+def local_model(name: str, fit: FitSettings, pinned: bool, kv: KVChoice = NO_KV_CHOICE) -> ServedModel:
+    """A model of this machine, estimated at the context it serves with the KV cache it will have
+    (one line when it is not here, or when its KV settings cannot apply to it)."""
     ref = resolve(name)
-    model_dir = local_dir(ref)
-    estimate = judge_shape(local_shape(model_dir), fit).estimate.total
-    return ServedModel(key=ref.id, names=names_of(ref), ref=ref, estimate=estimate, pinned=pinned)
+    shape = local_shape(local_dir(ref))
+    settings = kv.settings_for(names_of(ref), shape, ref.id)
+    estimate = judge_shape(shape, replace(fit, kv=settings)).estimate.total
+    return ServedModel(key=ref.id, names=names_of(ref), ref=ref, estimate=estimate, pinned=pinned, kv=settings)
 
 
-def served_models(names: list[str], pins: list[str], upstreams: list[str], fit: FitSettings) -> list[ServedModel]:
+def kv_settings_of(ref: ModelRef, choice: KVChoice) -> KVSettings:
+    """``ref``'s KV settings for ``--ranks`` and ``--dry-run``, its shape read from this machine
+    (only when bits are asked)."""
+    if choice.bits_for(names_of(ref)) is None:
+        return KVSettings()
+    return choice.settings_for(names_of(ref), local_shape(local_dir(ref)), ref.id)
+
+
+def served_models(names: list[str], pins: list[str], upstreams: list[str], fit: FitSettings,
+                  kv: KVChoice = NO_KV_CHOICE) -> list[ServedModel]:
     """The models in the order given (the first is loaded at start), each once; then the remote ones."""
     models: list[ServedModel] = []
     for name in names:
-        model = local_model(name, fit, pinned=False)
+        model = local_model(name, fit, pinned=False, kv=kv)
         if all(model.key != m.key for m in models):
             models.append(model)
     for pin in pins:
@@ -101,7 +115,8 @@ def engine_launcher(first: str, port: int, first_log: Path, extra: tuple[str, ..
     def launch(model: ServedModel) -> tuple[RunningServer, Upstream]:
         assert model.ref is not None
         log = first_log if model.key == first else log_beside(first_log, port, model.key)
-        server = start_ready(model.ref, port=free_port(), log=log, extra=extra, fit=FitSettings(force=True),
+        server = start_ready(model.ref, port=free_port(), log=log, extra=(*extra, *engine_args(model.kv)),
+                             fit=FitSettings(force=True),
                              plain=plain, env=env | {SERVED_ID: model.key},
                              append_log=model.key == first or model.loads > 0)
         try:

@@ -298,6 +298,7 @@ class ModelPool:
             rows = [_row(m, now) for m in held]
         for row in rows:
             row["resident_bytes"] = resident_bytes(row["pid"]) if row["pid"] else None
+            row["kv_bytes"] = kv_held_bytes(row["engine_url"]) if row["state"] == LOADED else None
         files = self.prompt_files
         disk = {"dir": str(files.root), "bytes": files.total_bytes(), "max_bytes": files.max_bytes,
                 "hits": files.hits()} if files is not None else None
@@ -314,6 +315,21 @@ def _row(model: ServedModel, now: float) -> dict[str, Any]:
     pid = model.server.process.pid if model.server is not None else None
     return {"model": model.key, "state": model.state, "memory_bytes": model.estimate, "expires_in_s": expires,
             "in_flight": model.in_flight, "waiting": model.waiting, "pid": pid, "pinned": model.pinned,
+            "kv_bits": model.kv.bits,
             "loaded_at": model.loaded_at,
             "log": str(model.server.log_path) if model.server is not None else None,
             "engine_url": model.server.base_url if model.server is not None else None}
+
+
+def kv_held_bytes(engine_url: str | None) -> int | None:
+    """What an engine's KV caches hold now, as it reports it (``GET /localchat/kv``); None from an
+    engine that does not (``--plain``, a picture model's) or does not answer at once."""
+    import httpx
+
+    if engine_url is None:
+        return None
+    try:
+        held = httpx.get(engine_url.removesuffix("/v1") + "/localchat/kv", timeout=2.0).json().get("bytes")
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
+    return held if type(held) is int and held >= 0 else None

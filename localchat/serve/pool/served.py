@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from localchat.fit.estimate import KVSettings
 from localchat.registry import ModelRef
 
 if TYPE_CHECKING:
@@ -35,6 +36,7 @@ class ServedModel:
     drain_until: float = 0.0  # monotonic: new requests wait while a load waits for this one to go
     loads: int = 0
     listed: tuple[str, ...] = ()  # the ids /v1/models shows for it (an unnamed upstream's own); () its key
+    kv: KVSettings = KVSettings()  # its KV cache's bits, group and start (``serve --kv-bits``)
 
     @property
     def holds_memory(self) -> bool:
