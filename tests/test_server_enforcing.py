@@ -244,7 +244,7 @@ def test_a_reply_the_grammar_can_take_no_further_ends_with_its_end_token_and_say
     import mlx.core as mx
 
     from localchat.grammar.mask import DeadEnd
-    from localchat.serve.engine.enforcing import EndOnDeadEnd
+    from localchat.serve.engine.reply_masks import EndOnDeadEnd
 
     calls = []
 

@@ -92,6 +92,7 @@ class Finished:
     runtime: dict[str, float] = field(default_factory=dict)  # e.g. mlx_lm prompt_tps
     mask_s: float = 0.0  # time spent computing the grammar's masks (in-process, with a format or tools)
     masked_tokens: int = 0  # decoding steps the grammar masked
+    cache_break: str | None = None  # where the prompt broke from the server's cache (its header), said short
 
 
 Event = Union[ReasoningChunk, TextChunk, ToolCall, ToolCallText, PrefillProgress, Finished]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -48,6 +49,9 @@ from localchat.templates.render import ChatTemplate, TemplateError, check_tool_s
 from localchat.templates.tool_formats import ToolFormat
 
 SERVER_DEFAULT_MODEL = "default_model"  # mlx_lm.server's name for the model it was started with
+
+
+PREFIX_CACHE_HEADER = "x-localchat-prefix-cache"  # a serve engine's (``serve.engine.cache_breaks``)
 
 
 def backend_for(base_url: str, ref: ModelRef | None, *, name: str | None = None, api_key: str | None = None,
@@ -203,6 +207,7 @@ class ServerBackend:
             with self.client.stream("POST", "chat/completions",
                                     json=self.request_body(messages, params)) as response:
                 self._check_response(response, url)
+                broke = cache_break_of(response.headers.get(PREFIX_CACHE_HEADER, ""))
                 for item in iter_stream(iter_lines_watched(response, watch.check)):
                     if isinstance(item, KeepAlive):
                         if watch.keepalive(item):
@@ -217,7 +222,7 @@ class ServerBackend:
         if reply.finish is None:
             raise StreamError(f"the stream from {url} ended before the reply finished")
         yield from reply.close()
-        yield self._finished(reply, messages, params.think)
+        yield replace(self._finished(reply, messages, params.think), cache_break=broke)
 
     def _tool_format(self) -> ToolFormat | None:
         """How calls look when a server leaves them in the text (the local template's format; read
@@ -274,6 +279,17 @@ class ServerBackend:
 
     def close(self) -> None:
         self.client.close()
+
+
+def cache_break_of(header: str) -> str | None:
+    """Where a serve's engine says the prompt broke from its cache (``X-Localchat-Prefix-Cache``:
+    ``cached=12; tier=memory; broke-at=12; message=0; role=system``), as the figures line says it."""
+    fields = dict(part.strip().partition("=")[::2] for part in header.split(";") if "=" in part)
+    at = fields.get("broke-at", "")
+    if not at.isdigit():
+        return None
+    message, role = fields.get("message", ""), fields.get("role", "")[:20]
+    return f"message {message} ({role})" if message.isdigit() and role else f"token {at}"
 
 
 def wire_messages(messages: list[Message]) -> list[Message]:

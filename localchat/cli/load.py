@@ -21,6 +21,7 @@ from localchat.errors import TerminationRequested, raise_on_sigterm
 from localchat.load.metrics import RequestRecord
 from localchat.load.report import environment_line, load_table, repeated_lines, sweep_lines, write_outputs, write_plot
 from localchat.load.run import Run
+from localchat.load.server_side import scrape, server_side_lines
 from localchat.load.sweep import LoadOptions, LoadResult, Target, check_options, make_plan, new_result, run_load
 from localchat.wording import count
 
@@ -82,17 +83,21 @@ def run_load_cmd(*, opts: LoadOptions, console: Console, err: Console) -> int:
     interrupted: KeyboardInterrupt | None = None
     with err.status("starting …") as status, Target(opts, on_status=status.update) as target:
         result = new_result(opts, target)
+        before = scrape(target.base_url, opts.api_key)
         try:
             run_load(opts, result, target, plan, on_run=LiveLine(status).start)
         except KeyboardInterrupt as exc:  # TerminationRequested too
             interrupted, result.stopped = exc, True
-    return finish(result, opts, console, err, interrupted)
+        server_side = server_side_lines(before, scrape(target.base_url, opts.api_key) if before else None)
+    return finish(result, opts, console, err, interrupted, server_side)
 
 
 def finish(result: LoadResult, opts: LoadOptions, console: Console, err: Console,
-           interrupted: KeyboardInterrupt | None) -> int:
+           interrupted: KeyboardInterrupt | None, server_side: list[str] | None = None) -> int:
     if result.runs:
         show(result, console)
+    for line in server_side or []:  # (the server's own figures, when it has /metrics)
+        console.print(line, markup=False, highlight=False)
     if opts.out:
         for path in write_outputs(result, opts.out):
             err.print(f"wrote {path}{' (partial)' if result.partial else ''}", style="dim")

@@ -22,6 +22,7 @@ from rich.table import Column, Table
 
 from localchat import bounded_json
 from localchat.errors import LocalchatError
+from localchat.safe_text import visible
 from localchat.sizes import shown_size
 
 PS_PATH = "/localchat/ps"
@@ -47,6 +48,7 @@ class HeldModel:
     pinned: bool
     kv_bytes: int | None = None  # what its KV caches hold now (the batch's and the prompt cache's)
     kv_bits: int | None = None  # None: not quantized (the model's own float)
+    last_break: str | None = None  # where its latest prompt broke from its cache, said short
 
 
 def fetch_held(base_url: str, api_key: str | None = None) -> dict[str, Any]:
@@ -121,6 +123,7 @@ def _typed(row: Any, number: int, root: str) -> HeldModel:
     if bits is not None and (type(bits) is not int or not 1 <= bits <= 16):
         raise wrong("kv_bits")
     values["kv_bits"] = bits
+    values["last_break"] = _break(row.get("last_break"))
     return HeldModel(pinned=row.get("pinned", False), **values)
 
 
@@ -138,6 +141,10 @@ def run_ps(*, base_url: str, api_key: str | None, as_json: bool, console: Consol
         show_blocks(console, rows)
     else:
         show_table(console, rows)
+    for row in rows:
+        if row.last_break:
+            console.print(f"{row.model}: the last prompt broke from its cache at {row.last_break}", style="dim",
+                          markup=False, overflow="fold")
     _show_budget(console, rows, held)
     _show_disk(console, held.get("prompt_cache"))
     return 0
@@ -201,3 +208,15 @@ def _requests(row: HeldModel) -> str:
 def _kv(row: HeldModel) -> str:
     bits = f"{row.kv_bits}-bit" if row.kv_bits else "full"  # (the model's float: 16 bits, or 32)
     return f"{shown_size(row.kv_bytes)} ({bits})" if row.kv_bytes is not None else bits
+
+
+def _break(said: Any) -> str | None:
+    """An engine's latest cache break (``{"at", "message", "role", "when"}``), said short; None when
+    there is none or it is not what serve sends."""
+    if not isinstance(said, dict) or type(said.get("at")) is not int or said["at"] < 0:
+        return None
+    when = said.get("when")
+    ago = f", {max(0.0, time.time() - when):.0f}s ago" if isinstance(when, (int, float)) and math.isfinite(when) else ""
+    message, role = said.get("message"), said.get("role")
+    where = f", in message {message} ({visible(role[:20])})" if type(message) is int and isinstance(role, str) else ""
+    return f"token {said['at']:,}{where}{ago}"

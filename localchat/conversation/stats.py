@@ -22,8 +22,8 @@ from typing import Any
 from localchat.backends import Finished
 
 RESOLVED_S = 5e-4  # arrivals closer than this came together (a burst is parsed at 20-200 µs a chunk)
-STATS_VERSION = 5  # 2: ttfa_s, reasoning_tokens, reasoning_estimated; 3: budget_tokens; 4: draft_tokens,
-# cache_rebuilt; 5: mask_s, masked_tokens
+STATS_VERSION = 6  # 2: ttfa_s, reasoning_tokens, reasoning_estimated; 3: budget_tokens; 4: draft_tokens,
+# cache_rebuilt; 5: mask_s, masked_tokens; 6: cache_break
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,7 @@ class TurnStats:
     cache_rebuilt: bool = False  # the KV cache could not be trimmed (rotating, hybrid): rebuilt from a checkpoint
     mask_s: float = 0.0  # time spent computing the grammar's masks (part of the decode time)
     masked_tokens: int = 0  # decoding steps under the grammar
+    cache_break: str | None = None  # where the prompt broke from the server's cache ("message 0 (system)")
 
     @property
     def thought(self) -> bool:
@@ -80,6 +81,7 @@ _STORED_TYPES: dict[str, tuple[type, ...]] = {
     "peak_memory_gb": _OPTIONAL_NUMBER, "total_s": (int, float), "finish_reason": (str, type(None)),
     "estimated": (bool,), "runtime": (dict,), "budget_tokens": (int, type(None)),
     "draft_tokens": (int, type(None)), "cache_rebuilt": (bool,), "mask_s": (int, float), "masked_tokens": (int,),
+    "cache_break": (str, type(None)),
 }
 
 
@@ -189,6 +191,7 @@ class TurnClock:
             cache_rebuilt=done.cache_rebuilt if done else False,
             mask_s=done.mask_s if done else 0.0,
             masked_tokens=done.masked_tokens if done else 0,
+            cache_break=done.cache_break if done else None,
         )
 
 
@@ -297,6 +300,7 @@ def stats_line(stats: TurnStats, extra: list[str] | None = None) -> str:
         "KV cache rebuilt" if stats.cache_rebuilt else None,
         _memory(stats.peak_memory_gb),
         f"dropped {stats.cache_miss_tokens} cached" if stats.cache_miss_tokens else None,
+        f"cache broke at {stats.cache_break}" if stats.cache_break else None,
         "estimated counts" if stats.estimated else None,
         *(extra or []),
     ]

@@ -108,6 +108,7 @@ def run_router(names: list[str], asked: ServeRequest, fit: FitSettings, smoke: S
     loaded when first asked for (docs/router.md)."""
     from localchat.fit.budget import machine_budget
     from localchat.processes import SERVED_ID
+    from localchat.serve.front.metrics import ServeMetrics
     from localchat.serve.front.running import serve_gateway
     from localchat.serve.in_use import mark, unmark
     from localchat.serve.pool.entries import engine_launcher, engine_upstream, served_models
@@ -126,9 +127,10 @@ def run_router(names: list[str], asked: ServeRequest, fit: FitSettings, smoke: S
         raise UsageError(f"the first -m is loaded at start: {first.key} is an --upstream name, not a model here")
     env = engine_env(asked.prompt_cache_dir, asked.prompt_cache_disk)
     launcher = engine_launcher(first.key, asked.port, log_path, asked.extra, asked.plain, bool(asked.apis), env)
+    metrics = ServeMetrics(lambda: pool.status())
     pool = ModelPool(models, launcher,
                      budget=machine_budget(asked.memory_limit), keep_alive=keep_alive, force=asked.force,
-                     log=logger(err), prompt_files=prompt_files_of(asked))
+                     log=logger(err), prompt_files=prompt_files_of(asked), events=metrics)
     terminated = raise_on_sigterm()
     running = web = None
     record = mark(asked.port, [m.ref.location for m in models if m.ref is not None])  # (what rm asks about)
@@ -146,7 +148,7 @@ def run_router(names: list[str], asked: ServeRequest, fit: FitSettings, smoke: S
             web = chat_page(pool, models, asked, keep_alive)
             running = serve_gateway(pool, asked.host, asked.port, asked.apis, asked.api_key, logger(err),
                                     status.update, asked.origins, model=first.key, web=web,
-                                    image_urls=asked.image_urls)
+                                    image_urls=asked.image_urls, metrics=metrics)
         pool.run_reaper()
         show_ready(console, running.url, models, server, log_path, asked, keep_alive)
         if asked.open_page:

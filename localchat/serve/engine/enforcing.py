@@ -27,44 +27,26 @@ import json
 import logging
 import os
 import sys
-import threading
-import weakref
+import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from localchat.processes import SERVED_ID
 from localchat.serve.engine import seam
+from localchat.serve.engine.cache_breaks import HEADER as CACHE_HEADER
+from localchat.serve.engine.cache_breaks import LastBreak, Outcomes, located, log_line
+from localchat.serve.engine.figures import EngineFigures
 from localchat.serve.engine.hangup import HangupWatch
+from localchat.serve.engine.kv_caches import KVLedger
+from localchat.serve.engine.reply_masks import EndOnDeadEnd, ReplyMasks, TokenizerGrammars, mask_for
 from localchat.serve.engine.requested import Enforcement, RequestRefused, enforced_request, enforcement_of
 
 ENFORCED_HEADER = "X-Localchat-Enforced"
 KV_PATH = "/localchat/kv"  # the bits and the bytes of the engine's KV caches (``kv_caches``), for ``ps``
+METRICS_PATH = "/metrics"  # the engine's own figures (``figures``), scraped by the front
 KV_SETTINGS = ("kv_bits", "kv_group_size", "quantized_kv_start")
-
-
-class ReplyMasks:
-    """Each request's mask, by its generation arguments (what the sampler and processors are made
-    from); an entry goes when its arguments do."""
-
-    def __init__(self) -> None:
-        self._masks: dict[int, tuple[Any, Any]] = {}
-        self._lock = threading.Lock()
-
-    def put(self, args: Any, mask: tuple[Any, Any] | None) -> None:
-        if mask is None:
-            return
-        with self._lock:
-            self._masks[id(args)] = mask
-        weakref.finalize(args, self._forget, id(args))
-
-    def of(self, args: Any) -> tuple[Any, Any] | None:
-        with self._lock:
-            return self._masks.get(id(args))
-
-    def _forget(self, key: int) -> None:
-        with self._lock:
-            self._masks.pop(key, None)
 
 
 class Windows:
@@ -99,62 +81,12 @@ class Contexts:
         self._running.pop(id(request), None)
 
 
-class _Masks:
-    """The loaded tokenizer's grammar setup and template traits, read once (llguidance's view of a
-    49k vocabulary takes about a second: the first formatted request waits for it), again when the
-    server loads another model."""
-
-    def __init__(self) -> None:
-        self._for: tuple[Any, Any, Any] | None = None  # (tokenizer, setup, traits)
-
-    def of(self, tokenizer: Any, model: Any) -> tuple[Any, Any]:
-        from localchat.backends.masking import GrammarSetup
-        from localchat.templates.render import ChatTemplate
-
-        if self._for is None or self._for[0] is not tokenizer:
-            setup = GrammarSetup(tokenizer, getattr(getattr(model, "args", None), "vocab_size", None))
-            self._for = (tokenizer, setup, ChatTemplate(tokenizer, "served model").traits)
-        return self._for[1], self._for[2]
-
-
-class EndOnDeadEnd:
-    """The mask as the engine calls it: a reply the grammar can take no further ends here (its end
-    token only), said in the server's log, instead of an exception in the engine's thread."""
-
-    def __init__(self, masked: Any, eos: tuple[int, ...]) -> None:
-        self.masked, self.eos, self.ended = masked, eos, False
-
-    def __call__(self, tokens: Any, logits: Any) -> Any:
-        import mlx.core as mx
-
-        from localchat.grammar.mask import DeadEnd
-
-        if not self.ended:
-            try:
-                return self.masked(tokens, logits)
-            except DeadEnd as exc:
-                logging.warning("localchat: a reply ended early: %s", exc)
-                self.ended = True
-        keep = mx.zeros(logits.shape[-1], dtype=mx.bool_)
-        keep[list(self.eos)] = True
-        return mx.where(keep, logits, mx.array(-float("inf"), dtype=logits.dtype))
-
-
-def mask_for(enforcement: Enforcement, tokenizer: Any, model: Any, prompt: list[int], masks: _Masks):
-    """The reply's processor and the sampler wrapper it needs, or None when nothing is enforced."""
-    setup, traits = masks.of(tokenizer, model)
-    banned = enforcement.banned_marker(traits, tokenizer)
-    masked = setup.for_reply(enforcement.answer(), enforcement.tools, traits, prompt, offset=0,
-                             calls_required=enforcement.calls == "required")
-    if masked is None and banned is None:
-        return None
-    return masked, banned
-
-
 def install(server: Any) -> None:
     """Add the mask to mlx_lm.server's engine through the seam (in this process only)."""
     make_sampler, make_processors = server._make_sampler, server._make_logits_processors
-    masks, replies, contexts, windows = _Masks(), ReplyMasks(), Contexts(), Windows()
+    masks, replies, contexts, windows = TokenizerGrammars(), ReplyMasks(), Contexts(), Windows()
+    ledger, outcomes, last_break = KVLedger(), Outcomes(), LastBreak()
+    figures = EngineFigures(ledger.nbytes, ledger.batch_size, lambda: ledger.largest_batch)
     request_type = enforced_request(server.CompletionRequest)
     served_id = os.environ.get(SERVED_ID) or None
 
@@ -173,9 +105,11 @@ def install(server: Any) -> None:
 
     class Generator(server.ResponseGenerator):
         def generate(self, request, generation_args, progress_callback=None):
+            taken = time.perf_counter()
             context, response = super().generate(request, generation_args, progress_callback)
+            context.localchat_outcome = outcomes.take(context.prompt)  # (what its prefix cache came to)
             contexts.started(request, context)
-            return context, response
+            return context, figures.counted(response, taken)
 
         def _tokenize(self, tokenizer, request, args):
             tokenized = super()._tokenize(tokenizer, request, args)
@@ -186,6 +120,7 @@ def install(server: Any) -> None:
 
     class Handler(server.APIHandler):
         enforced: str | None = None
+        answering: Any = None  # the request being answered
         kv_report: Callable[[], bytes] | None = None  # ``GET /localchat/kv`` (set in ``run``)
 
         def handle_completion(self, request, stop_words):
@@ -201,6 +136,7 @@ def install(server: Any) -> None:
                 if enforcement.calls == "none":
                     request.tools = None  # no call can start: the template offers none
                 self.enforced = enforcement.kind
+            self.answering = request  # (as the engine runs it: the enforced request, when one is)
             try:
                 with HangupWatch(self.connection, lambda: contexts.of(request)):
                     return super().handle_completion(request, stop_words)
@@ -256,21 +192,44 @@ def install(server: Any) -> None:
                                                    "param": exc.param, "code": None}}).encode())
 
         def do_GET(self):
+            if self.path == METRICS_PATH:
+                return self._answer(figures.text(), "text/plain; version=0.0.4; charset=utf-8")
             if self.path != KV_PATH or self.kv_report is None:
                 return super().do_GET()
-            self._set_completion_headers(200)
+            return self._answer(self.kv_report(), "application/json")
+
+        def _answer(self, body: bytes, kind: str) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
             self.end_headers()
-            self.wfile.write(self.kv_report())
+            self.wfile.write(body)
 
         def _set_completion_headers(self, status_code: int = 200):
             super()._set_completion_headers(status_code)
-            if self.enforced and status_code == 200:
-                self.send_header(ENFORCED_HEADER, self.enforced)
+            self._localchat_headers(status_code)
 
         def _set_stream_headers(self, status_code: int = 200):
             super()._set_stream_headers(status_code)
-            if self.enforced and status_code == 200:
+            self._localchat_headers(status_code)
+
+        def _localchat_headers(self, status_code: int) -> None:
+            if status_code != 200:
+                return
+            if self.enforced:
                 self.send_header(ENFORCED_HEADER, self.enforced)
+            context = contexts.of(self.answering) if self.answering is not None else None
+            outcome = getattr(context, "localchat_outcome", None)
+            if context is None or outcome is None:
+                return
+            tokenizer = self.response_generator.model_provider.tokenizer
+            if outcome.broke is not None:
+                messages = self.answering.messages if self.answering.request_type == "chat" else None
+                outcome = replace(outcome, broke=located(outcome.broke, tokenizer, messages, self.answering.tools))
+                logging.warning(log_line(outcome, tokenizer, len(context.prompt)))
+                last_break.noted(outcome.broke)
+            figures.prompt(len(context.prompt), outcome)
+            self.send_header(CACHE_HEADER, outcome.header())
 
     def run(host: str, port: int, model_provider: Any, server_class=server.ThreadingHTTPServer,
             handler_class=Handler) -> None:
@@ -281,10 +240,10 @@ def install(server: Any) -> None:
 
         group = mx.distributed.init()
         settings = {name: getattr(model_provider.cli_args, name, None) for name in KV_SETTINGS}
-        quantization, ledger = kv_caches.install(server, model_provider.cli_args)
-        handler_class.kv_report = staticmethod(lambda: kv_caches.report(quantization, ledger))
+        quantization = kv_caches.install(server, model_provider.cli_args, ledger)
+        handler_class.kv_report = staticmethod(lambda: kv_caches.report(quantization, ledger, last_break.shown()))
         disk = disk_tier(settings, quantization) if group.size() == 1 else None  # (ranks hold shards of it)
-        cache = tiered(seam.cache_files().LRUPromptCache, disk)(model_provider.cli_args.prompt_cache_size)
+        cache = tiered(seam.cache_files().LRUPromptCache, disk, outcomes)(model_provider.cli_args.prompt_cache_size)
         response_generator = Generator(model_provider, cache)
         if group.rank() == 0:
             server._run_http_server(host, port, response_generator, server_class, handler_class)

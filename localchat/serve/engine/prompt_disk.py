@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from localchat.serve.engine import seam
+from localchat.serve.engine.cache_breaks import Break, Outcome, Outcomes, later, parted, trie_break
 from localchat.serve.engine.quantized_kv import KVQuantization, engine_form, stored_form
 from localchat.store.prompt_files import FORMAT, MIN_TOKENS, PromptFiles, Stored, identity, token_ids, tokens_name
 
@@ -150,6 +151,16 @@ class DiskTier:
             f"{time.perf_counter() - started:.3f}s)")
         return cache
 
+    def nearest_break(self, model_key: Any, tokens: list[int]) -> Break | None:
+        """Where ``tokens`` part from the file on disk that shares most of them, if that file goes on past it."""
+        key = self._key(model_key)
+        with self._lock:
+            entries = list(self._index.get(key, {}).values()) if key is not None else []
+        if not entries:
+            return None
+        shared, nearest = max(((common_prefix(e.tokens, tokens), e.tokens) for e in entries), key=lambda p: p[0])
+        return parted(tokens, nearest, shared)
+
     def offer(self, model_key: Any, tokens: list[int], cache: list[Any]) -> None:
         """A reply's cache, written off the response path when it adds enough to what is on disk."""
         key = self._key(model_key)
@@ -237,27 +248,33 @@ def digest(cache: list[Any]) -> str:
     return hashed.hexdigest()
 
 
-def tiered(base: type, disk: DiskTier | None) -> type:
-    """mlx_lm's ``LRUPromptCache`` with ``disk`` under it (or as it is, without one)."""
-    if disk is None:
-        return base
-    tier: DiskTier = disk
+def tiered(base: type, disk: DiskTier | None, outcomes: Outcomes) -> type:
+    """mlx_lm's ``LRUPromptCache`` with ``disk`` under it (when there is one), each prompt's outcome
+    (its cached tokens, their tier, where it broke from its cache) kept in ``outcomes``."""
 
     class TieredPromptCache(base):
         def fetch_nearest_cache(self, model: Any, tokens: list[int]):
             cache, rest = super().fetch_nearest_cache(model, tokens)
             in_memory = len(tokens) - len(rest)
-            found = tier.fetch(model, tokens, in_memory)
+            broke = trie_break(self._trie, model, tokens)
+            found = disk.fetch(model, tokens, in_memory) if disk is not None else None
+            if disk is not None:
+                broke = later(broke, disk.nearest_break(model, tokens))
+            cached, tier = (found[1], "disk") if found is not None else (in_memory, "memory" if in_memory else "")
+            outcomes.put(tokens, Outcome(cached=cached, tier=tier,
+                                         broke=broke if broke is not None and broke.at >= cached else None))
             if found is None:
-                if in_memory:
+                if in_memory and disk is not None:
                     say(f"{in_memory:,} tokens from memory")
                 return cache, rest
             return found[0], tokens[found[1]:]
 
         def insert_cache(self, model: Any, tokens: list[int], prompt_cache: list[Any], *, cache_type="assistant"):
             super().insert_cache(model, tokens, prompt_cache, cache_type=cache_type)
+            if disk is None:
+                return
             try:
-                tier.offer(model, list(tokens), prompt_cache)
+                disk.offer(model, list(tokens), prompt_cache)
             except Exception as exc:  # never the engine's failure
                 say(f"not written: {type(exc).__name__}: {str(exc)[:200]}")
 

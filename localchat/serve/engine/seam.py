@@ -100,6 +100,11 @@ PARTS = (
     Part(CACHE, "BatchKVCache.merge", params=("caches",)),
     Part(CACHE, "dynamic_roll", params=("x", "shifts", "axis")),
     Part(ATTENTION, "scaled_dot_product_attention", holds='hasattr(cache, "bits")'),
+    # where a prompt broke from its cache (``cache_breaks``), and the figures (``figures``)
+    Part(CACHE, "LRUPromptCache", holds="self._trie = PromptTrie()"),
+    Part(CACHE, "PromptTrie.search", params=("model", "tokens")),
+    Part(SERVER, "GenerationContext", fields=("prompt", "prompt_cache_count")),
+    Part(SERVER, "APIHandler.handle_completion", holds="self._set_stream_headers(200)"),
 )
 
 

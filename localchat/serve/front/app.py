@@ -33,6 +33,8 @@ from localchat.serve.apis.replying import Replies
 from localchat.serve.apis.responses import responses as responses_api
 from localchat.serve.apis.responses.stored import ResponseStore
 from localchat.serve.bodies import json_body, raw_body
+from localchat.serve.front.guards import METRICS_PATH
+from localchat.serve.front.metrics import CONTENT_TYPE, ServeMetrics, counted, leased
 from localchat.serve.pool.lease import Lease, Routes
 from localchat.serve.request import MISSING, ApiError, Ended, check_key
 
@@ -49,18 +51,22 @@ class Gateway:
     extra: list[Route] = field(default_factory=list)  # the chat page's API (``serve.page.api``), on ``serve``
     page: Callable[[Request], Awaitable[Response]] | None = None  # ``/`` to a browser, on ``serve``
     image_urls: tuple[str, ...] = ()  # --allow-image-urls: URL prefixes a picture may name (else data: only)
+    metrics: ServeMetrics | None = None  # ``/metrics``; None: made for ``routes`` alone
     replies: Replies = field(init=False)
 
     def __post_init__(self) -> None:
         self.replies = Replies(log=lambda line: self.log(line))  # (the log is set once the port is ready)
+        if self.metrics is None:
+            self.metrics = ServeMetrics(self.routes.status)
 
-    def app(self) -> Starlette:
+    def app(self) -> Callable[..., Awaitable[None]]:
         routes = [Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
                   Route("/v1/completions", self.chat_completions, methods=["POST"]),  # (the engine serves it too)
                   Route("/health", self.health, methods=["GET"]),
                   Route("/v1/models", self.models, methods=["GET"]),
                   Route("/v1/models/{model_id:path}", self.models, methods=["GET"]),
                   Route(PS_PATH, self.held, methods=["GET"]),
+                  Route(METRICS_PATH, self.scraped, methods=["GET"]),
                   Route("/", self.root, methods=["GET", "HEAD"]), *self.extra]  # clients check something answers
         if "anthropic" in self.apis:
             routes += [Route("/v1/messages", self.messages, methods=["POST"]),
@@ -68,8 +74,10 @@ class Gateway:
         if "responses" in self.apis:
             routes += [Route("/v1/responses", self.responses, methods=["POST"]),
                        Route("/v1/responses/{response_id}", self.stored_response, methods=["GET", "DELETE"])]
-        return Starlette(routes=routes, exception_handlers={HTTPException: self._http_error, ApiError: self._refused,
-                                                            Exception: self._bug})
+        assert self.metrics is not None
+        return counted(Starlette(routes=routes, exception_handlers={HTTPException: self._http_error,
+                                                                    ApiError: self._refused, Exception: self._bug}),
+                       self.metrics)
 
     # --- the two APIs ----------------------------------------------------------------------------------
 
@@ -80,7 +88,7 @@ class Gateway:
             self._authorized(request)
             body = await json_body(request)
             wanted = anthropic_api.read_request(body)
-            lease = await self._lease(wanted.model, body)
+            lease = await self._lease(request, wanted.model, body)
             reply = anthropic_api.MessagesReply(model=wanted.model)
             upstream = lease.upstream
             counting = asyncio.ensure_future(self.replies.estimate(upstream, wanted)) if wanted.stream else None
@@ -101,7 +109,7 @@ class Gateway:
             self._authorized(request)
             body = await json_body(request)
             wanted = anthropic_api.read_request(body, counting=True)
-            lease = await self._lease(wanted.model, body)
+            lease = await self._lease(request, wanted.model, body)
             tokens = await self.replies.counted_while_connected(request, lease.upstream, wanted)
             if tokens is None:
                 self.log(f"POST {request.url.path} · the client went away; the count upstream was closed")
@@ -121,7 +129,7 @@ class Gateway:
             self._authorized(request)
             body = await json_body(request)
             wanted = responses_api.read_request(body, self.store)
-            lease = await self._lease(wanted.model, body)
+            lease = await self._lease(request, wanted.model, body)
             reply = responses_api.ResponsesReply(request=wanted, body=body)
 
             def final(ended: Ended) -> dict[str, Any]:  # a whole reply: made once, kept as it was returned
@@ -143,11 +151,11 @@ class Gateway:
         if body.get("store", True) is not False:
             self.store.keep(reply.id, reply.conversation(), response)
 
-    async def _lease(self, name: str, body: Any) -> Lease:
+    async def _lease(self, request: Request, name: str, body: Any) -> Lease:
         """The model a request names, loaded if it must be (in a thread: a load takes seconds);
         ``keep_alive`` in the body, as ollama takes it, sets how long it stays loaded after."""
         keep_alive = body.get("keep_alive", MISSING) if isinstance(body, dict) else MISSING
-        return await run_in_threadpool(self.routes.lease, name, keep_alive)
+        return leased(request, await run_in_threadpool(self.routes.lease, name, keep_alive))
 
     async def root(self, request: Request) -> Response:
         """The chat page to a browser; to other clients what this port serves."""
@@ -158,6 +166,12 @@ class Gateway:
         if self.page is not None:
             answer["page"] = f"{request.base_url}  (the chat page: open it in a browser)"
         return JSONResponse(answer)
+
+    async def scraped(self, request: Request) -> Response:
+        """``GET /metrics``: Prometheus's scrape (behind the key; never to a foreign page: ``guards``)."""
+        self._authorized(request)
+        assert self.metrics is not None
+        return Response(await run_in_threadpool(self.metrics.text), media_type=CONTENT_TYPE)
 
     async def held(self, request: Request) -> Response:
         """``GET /localchat/ps``: the models this port holds (``localchat ps``)."""
@@ -182,7 +196,7 @@ class Gateway:
                                   "/chat/" not in request.url.path else "messages")
             passthrough.check_media(parsed, self.image_urls)
             name, keep_alive = passthrough.routing_fields(parsed)
-            lease = await run_in_threadpool(self.routes.lease, name, keep_alive)
+            lease = leased(request, await run_in_threadpool(self.routes.lease, name, keep_alive))
         except ApiError as exc:
             return self._error(request, exc, responses_api.error_body, started)
         return await self._passed(request, passthrough.renamed(raw, parsed, lease.upstream), lease)

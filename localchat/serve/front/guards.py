@@ -5,7 +5,7 @@ loopback must name that loopback address (a page whose own name resolves to 127.
 rebinding, sends its own name), and a request from a browser (it has an ``Origin``) must come from
 an allowed origin: this machine's own pages (``http://localhost``, ``http://127.0.0.1``, any port)
 and what ``--allow-origin`` adds (ollama's ``OLLAMA_ORIGINS`` convention; ``*`` for any); the chat
-page's own API only from the page itself (or an origin ``--allow-origin`` names exactly). SDKs,
+page's own API and ``/metrics`` only from the page itself (or an origin ``--allow-origin`` names exactly). SDKs,
 curl and coding agents send no ``Origin`` and are not affected. A preflight (``OPTIONS``) from an
 allowed origin is answered with CORS headers, and its responses carry them.
 
@@ -22,6 +22,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 PAGE_API = "/api/"  # the chat page's own API (``serve.page.api``): same origin only
+METRICS_PATH = "/metrics"  # Prometheus's scrape (``front.metrics``): same origin only, like the page's API
 HEADERS_S = 10.0  # a request's headers must be whole within this long
 ALLOWED_HEADERS = "authorization, content-type, x-api-key, anthropic-version, anthropic-beta, openai-beta, " \
                   "x-stainless-*"
@@ -86,10 +87,10 @@ def guarded(app: Any, policy: BrowserPolicy, log: Callable[[str], None]) -> Call
             log(f"{scope['method']} {scope['path']} 403 · from a web page at {origin!r} (--allow-origin allows one)")
             return await _refuse(send, f"requests from web pages at {origin} are refused: start the gateway with "
                                        f"--allow-origin {origin} to allow them")
-        if origin is not None and scope["path"].startswith(PAGE_API) and \
+        if origin is not None and (scope["path"].startswith(PAGE_API) or scope["path"] == METRICS_PATH) and \
                 not policy.page_origin_allowed(origin, headers.get("host", "")):
-            log(f"{scope['method']} {scope['path']} 403 · the chat page's API from a page at {origin!r}")
-            return await _refuse(send, f"the chat page's API answers the page it serves, not a page at {origin}")
+            log(f"{scope['method']} {scope['path']} 403 · from a page at {origin!r} (the page's own only)")
+            return await _refuse(send, f"{scope['path']} answers the page this port serves, not a page at {origin}")
         if origin is not None and scope["method"] == "OPTIONS":
             return await _preflight(send, origin)
         if origin is None:

@@ -107,12 +107,12 @@ def wait_ready(running: RunningGateway, apis: tuple[str, ...], api_key: str | No
 def serve_gateway(routes: Routes, host: str, port: int, apis: tuple[str, ...], api_key: str | None,
                   log: Callable[[str], None], on_poll: Callable[[str], None] = lambda _: None,
                   origins: tuple[str, ...] = (), model: str = "", web: Any = None,
-                  image_urls: tuple[str, ...] = ()) -> RunningGateway:
+                  image_urls: tuple[str, ...] = (), metrics: Any = None) -> RunningGateway:
     """The gateway in front of ``routes``, started and ready (or stopped, and the error raised):
     ``model`` answers a 1-token request through each API; ``web`` (a ``serve.page.api.WebApi``) adds the
     chat page. Its own readiness probes are not traffic: the log starts once it is ready."""
     gateway = Gateway(routes, apis=apis, api_key=api_key, extra=web.routes() if web else [],
-                      page=web.page if web else None, image_urls=image_urls)
+                      page=web.page if web else None, image_urls=image_urls, metrics=metrics)
     running = start_gateway(gateway, host, port, origins)
     try:
         wait_ready(running, apis, api_key, model, on_poll=on_poll)

@@ -13,13 +13,14 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from localchat.errors import LocalchatError, UsageError
 from localchat.fit.budget import MemoryBudget
 from localchat.serve.pool.admission import Resident, admit
 from localchat.serve.pool.keep_alive import parse_keep_alive, shown
 from localchat.serve.pool.lease import Lease
+from localchat.serve.pool.rows import engine_kv, held_row
 from localchat.serve.pool.served import LOADED, LOADING, UNLOADED, UNLOADING, ServedModel
 from localchat.serve.pool.upstream import SERVER_DEFAULT_MODEL, Upstream
 from localchat.serve.request import MISSING, ApiError, invalid
@@ -46,6 +47,27 @@ class NotServed(ApiError):
         super().__init__(404, "not_found_error", not_found_body(name, ids)["error"]["message"], "model")
 
 
+class PoolEvents(Protocol):
+    """What the pool tells ``/metrics`` (``front.metrics.ServeMetrics``) as it happens."""
+
+    def loaded(self, model: str) -> None: ...
+
+    def unloaded(self, model: str, reason: str) -> None: ...
+
+    def refused(self, model: str) -> None: ...
+
+
+class _Untold:
+    def loaded(self, model: str) -> None:
+        pass
+
+    def unloaded(self, model: str, reason: str) -> None:
+        pass
+
+    def refused(self, model: str) -> None:
+        pass
+
+
 @dataclass
 class ModelPool:
     models: list[ServedModel]
@@ -55,6 +77,7 @@ class ModelPool:
     force: bool = False
     log: Callable[[str], None] = lambda _: None
     prompt_files: PromptFiles | None = None  # the disk tier of prompt caches, when serve keeps one
+    events: PoolEvents = field(default_factory=_Untold)
     _changed: threading.Condition = field(default_factory=threading.Condition)
     _loader: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, "engine-loader"))
     _closing: threading.Event = field(default_factory=threading.Event)
@@ -182,6 +205,7 @@ class ModelPool:
             model.loaded_at, model.loads, model.in_flight = time.time(), model.loads + 1, model.in_flight + 1
             model.last_used, model.drain_until = time.monotonic(), 0.0
             self._changed.notify_all()
+        self.events.loaded(model.key)
         self.log(f"loaded {model.key} in {time.perf_counter() - started:.1f}s (pid {server.process.pid}, "
                  f"estimate {shown_size(model.estimate)}{self._budget_words()})")
 
@@ -191,6 +215,7 @@ class ModelPool:
             model.server, model.upstream, model.state = server, upstream, LOADED
             model.loaded_at, model.loads, model.last_used = time.time(), 1, time.monotonic()
             model.keep_alive = self.keep_alive
+        self.events.loaded(model.key)
 
     def _residents(self) -> list[Resident]:
         return [Resident(key=m.key, bytes=m.estimate, busy=m.busy, last_used=m.last_used, pinned=m.pinned)
@@ -204,6 +229,7 @@ class ModelPool:
         return f"; {shown_size(held)} of {shown_size(self.budget.bytes)} held" if self.budget else ""
 
     def _refusal(self, model: ServedModel, why: str) -> ApiError:
+        self.events.refused(model.key)
         budget = f"{self.budget.source} is {shown_size(self.budget.bytes)}" if self.budget else "no budget"
         if why == "alone":
             text = (f"{model.key} needs ~{shown_size(model.estimate)} and {budget}: it cannot load here "
@@ -224,9 +250,9 @@ class ModelPool:
 
     def _unload_all(self, victims: list[ServedModel]) -> None:
         for victim in victims:
-            self._unload(victim, "to make room")
+            self._unload(victim, "to make room", "made room")
 
-    def _unload(self, model: ServedModel, why: str) -> None:
+    def _unload(self, model: ServedModel, why: str, reason: str) -> None:
         """Stop ``model``'s child (already marked unloading): its memory comes back whole."""
         server = model.server
         if server is not None:
@@ -235,6 +261,7 @@ class ModelPool:
             model.server, model.upstream, model.state, model.drain_until = None, None, UNLOADED, 0.0
             model.loaded_at = None
             self._changed.notify_all()
+        self.events.unloaded(model.key, reason)
         self.log(f"unloaded {model.key} {why}")
 
     def _forget_ended(self, model: ServedModel) -> None:
@@ -243,6 +270,7 @@ class ModelPool:
         code = model.server.process.returncode if model.server is not None else None
         log_path = model.server.log_path if model.server is not None else "?"
         model.server, model.upstream, model.state, model.loaded_at = None, None, UNLOADED, None
+        self.events.unloaded(model.key, "crashed")
         self.log(f"{model.key}'s engine ended by itself (exit code {code}); the next request loads it again "
                  f"(log: {log_path})")
 
@@ -258,7 +286,8 @@ class ModelPool:
                     model.state = UNLOADING
                     due.append(model)
         for model in due:
-            self._unload(model, f"after {now - model.last_used:.0f}s idle (keep-alive {shown(model.keep_alive)})")
+            self._unload(model, f"after {now - model.last_used:.0f}s idle (keep-alive {shown(model.keep_alive)})",
+                         "idle")
 
     def _expired(self, model: ServedModel, now: float) -> bool:
         return (model.state == LOADED and not model.pinned and model.in_flight == 0 and model.remote is None
@@ -281,7 +310,7 @@ class ModelPool:
             held = [m for m in self.models if m.server is not None]
             for model in held:
                 model.state = UNLOADING
-        threads = [threading.Thread(target=self._unload, args=(m, "(serve stopped)")) for m in held]
+        threads = [threading.Thread(target=self._unload, args=(m, "(serve stopped)", "stopped")) for m in held]
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -295,41 +324,15 @@ class ModelPool:
         now = time.monotonic()
         with self._changed:
             held = [m for m in self.models if m.holds_memory]
-            rows = [_row(m, now) for m in held]
+            rows = [held_row(m, now) for m in held]
         for row in rows:
             row["resident_bytes"] = resident_bytes(row["pid"]) if row["pid"] else None
-            row["kv_bytes"] = kv_held_bytes(row["engine_url"]) if row["state"] == LOADED else None
+            said = engine_kv(row["engine_url"]) if row["state"] == LOADED else {}
+            row.update({"kv_bytes": None, "last_break": None} | said)
         files = self.prompt_files
-        disk = {"dir": str(files.root), "bytes": files.total_bytes(), "max_bytes": files.max_bytes,
-                "hits": files.hits()} if files is not None else None
+        disk = {"dir": str(files.root), "bytes": files.total_bytes(), "files": files.file_count(),
+                "max_bytes": files.max_bytes, "hits": files.hits()} if files is not None else None
         upstreams = {m.key: m.remote.base_url for m in self.models if m.remote is not None}
         return {"models": rows, "served": self.model_ids(), "prompt_cache": disk, "upstreams": upstreams,
                 "budget_bytes": self.budget.bytes if self.budget else None,
                 "budget_source": self.budget.source if self.budget else None}
-
-
-def _row(model: ServedModel, now: float) -> dict[str, Any]:
-    expires = None
-    if model.keep_alive is not None and not model.pinned and model.state == LOADED:
-        expires = model.keep_alive if model.in_flight else max(0.0, model.keep_alive - (now - model.last_used))
-    pid = model.server.process.pid if model.server is not None else None
-    return {"model": model.key, "state": model.state, "memory_bytes": model.estimate, "expires_in_s": expires,
-            "in_flight": model.in_flight, "waiting": model.waiting, "pid": pid, "pinned": model.pinned,
-            "kv_bits": model.kv.bits,
-            "loaded_at": model.loaded_at,
-            "log": str(model.server.log_path) if model.server is not None else None,
-            "engine_url": model.server.base_url if model.server is not None else None}
-
-
-def kv_held_bytes(engine_url: str | None) -> int | None:
-    """What an engine's KV caches hold now, as it reports it (``GET /localchat/kv``); None from an
-    engine that does not (``--plain``, a picture model's) or does not answer at once."""
-    import httpx
-
-    if engine_url is None:
-        return None
-    try:
-        held = httpx.get(engine_url.removesuffix("/v1") + "/localchat/kv", timeout=2.0).json().get("bytes")
-    except (httpx.HTTPError, ValueError, AttributeError):
-        return None
-    return held if type(held) is int and held >= 0 else None
