@@ -7,7 +7,7 @@ our engine at 16 bits (the model's own float), 8 and 4 bits (``--kv-bits``), and
 with ``--kv-bits 8`` (``serve --plain --kv-bits 8``: mlx_lm serves one request at a time then). Each arm
 answers 1 user, then 4 users at once, each user a prompt of its own of ``--prompt-tokens`` tokens
 (the demo's window is 1,024 tokens: its prompts are 900 at most) and ``--tokens`` greedy tokens with the
-end token banned (every reply the same length). On this Linux CPU a 2k-token prefill of SmolLM2 takes
+end token banned (every reply the same length; the demo's 320 at least, so that its decode can be timed). On this Linux CPU a 2k-token prefill of SmolLM2 takes
 minutes (a reference BLAS), so the run in docs/kv-cache.md used ``--prompt-tokens 512``.
 
 Printed, a row an arm and load: KV bytes per token (measured in-process on the engine's own cache
@@ -40,6 +40,7 @@ from localchat.serve.started import StartedServe
 ARMS = (("ours 16-bit", ()), ("ours 8-bit", ("--kv-bits", "8")), ("ours 4-bit", ("--kv-bits", "4")),
         ("mlx_lm.server --kv-bits 8", ("--plain", "--kv-bits", "8")))
 DEMO_PROMPT_TOKENS = 900
+DEMO_REPLY_TOKENS = 320  # the toy decodes ~400 tok/s here: a 64-token reply is over before it can be timed
 
 
 @dataclass(frozen=True)
@@ -65,9 +66,10 @@ def ask(url: str, model: str, prompt: str, max_tokens: int, banned: tuple[int, .
     body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
             "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True},
             "logit_bias": {str(t): -1000 for t in banned}}
-    started, first, last, tokens = time.perf_counter(), None, None, 0
+    started, first, last, tokens, said = time.perf_counter(), None, None, 0, ""
     with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=1800) as response:
         for line in response.iter_lines():
+            said = line or said
             if not line.startswith("data: {"):
                 continue
             chunk = json.loads(line[6:])
@@ -76,7 +78,7 @@ def ask(url: str, model: str, prompt: str, max_tokens: int, banned: tuple[int, .
             if chunk.get("choices") and chunk["choices"][0]["delta"].get("content"):
                 last = time.perf_counter()
                 first = first or last
-    assert first is not None and last is not None, "no text came"
+    assert first is not None and last is not None, f"no text came (HTTP {response.status_code}: {said[:300]})"
     return Reply(ttft=first - started, first=first, last=last, tokens=tokens)
 
 
@@ -147,7 +149,7 @@ def kv_bytes_per_token(path: Path, bits: int | None, plain: bool) -> float:
     return sum(c.nbytes for c in cache) / steps
 
 
-def run_model(name: str, home: Path, max_tokens: int, prompt_tokens: int) -> list[dict]:
+def run_model(name: str, home: Path, max_tokens: int, prompt_tokens: int, only: str = "") -> list[dict]:
     from mlx_lm.utils import load_tokenizer
 
     from localchat.registry import local_dir, resolve
@@ -156,8 +158,12 @@ def run_model(name: str, home: Path, max_tokens: int, prompt_tokens: int) -> lis
     tokenizer = load_tokenizer(path)
     banned = tuple(tokenizer.eos_token_ids)
     length = min(prompt_tokens, DEMO_PROMPT_TOKENS) if name.startswith("demo") else prompt_tokens
+    if name.startswith("demo"):
+        max_tokens = max(max_tokens, DEMO_REPLY_TOKENS)
     rows = []
     for arm, flags in ARMS:
+        if only not in arm:
+            continue
         bits = int(flags[flags.index("--kv-bits") + 1]) if "--kv-bits" in flags else None
         per_token = kv_bytes_per_token(path, bits, "--plain" in flags)
         serve = StartedServe(home / f"{name}-{arm.split()[0]}-{bits}", "-m", name, "--prompt-cache-disk", "0", *flags,
@@ -229,6 +235,7 @@ def plot(rows: list[dict], out: Path) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="smollm2,demo")
+    parser.add_argument("--arms", default="", help="only the arms whose name holds this text")
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--prompt-tokens", type=int, default=2000)
     parser.add_argument("--plot", type=Path)
@@ -241,8 +248,8 @@ def main() -> int:
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         for model in args.models.split(","):
-            rows += run_model(model, Path(tmp), args.tokens, args.prompt_tokens)
-    for line in verdicts(rows):
+            rows += run_model(model, Path(tmp), args.tokens, args.prompt_tokens, args.arms)
+    for line in verdicts(rows) if not args.arms else []:
         print(line)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))

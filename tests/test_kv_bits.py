@@ -224,6 +224,30 @@ def test_serve_kv_bits_8_decodes_four_clients_together_each_as_alone_and_ps_show
         serve.stop()
 
 
+def test_a_request_joining_a_running_quantized_batch_answers_as_alone(tmp_path):
+    """A long reply (its end token banned) is decoding when a second request arrives: the second
+    joins its batch, and its answer is the one it gets alone."""
+    from mlx_lm.utils import load_tokenizer
+
+    ends = load_tokenizer(local_dir(resolve("demo"))).eos_token_ids
+    long = {"model": "demo", "stream": True, "max_tokens": 600, "temperature": 0,
+            "logit_bias": {str(end): -1000 for end in ends},
+            "messages": [{"role": "user", "content": "Tell a long story."}]}
+    serve = Serve(tmp_path / "home", "-m", "demo", "--kv-bits", "8")
+    try:
+        alone = streamed(serve, "demo", 2)
+        joined: list[str] = []
+        with httpx.stream("POST", serve.url + "/v1/chat/completions", json=long, timeout=300) as response:
+            lines = response.iter_lines()
+            next(line for line in lines if '"content"' in line)  # the long reply is decoding
+            joined.append(streamed(serve, "demo", 2))
+            for _ in lines:  # (the rest of the long reply)
+                pass
+        assert joined == [alone] and engine_kv(serve)["largest_batch"] >= 2
+    finally:
+        serve.stop()
+
+
 def test_a_quantized_prompt_cache_read_from_disk_after_a_restart_gives_the_same_answer(tmp_path):
     home = tmp_path / "home"
     text = " ".join(f"note{i % 97} says {i * 7 % 13}" for i in range(80)) + ". What does note5 say?"

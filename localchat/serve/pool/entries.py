@@ -24,6 +24,8 @@ from localchat.serve.pool.upstream import SERVER_DEFAULT_MODEL, Upstream, reach_
 from localchat.server.launch import RunningServer, free_port, start_ready
 
 UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+ENGINE_TIMEOUT_S = 3600.0  # our own child queues requests (mlx_lm.server with --kv-bits answers one at a time,
+# a long prefill takes minutes on a CPU): waiting in its queue is not a stall, as a remote server's silence is
 
 
 def present_models() -> list[str]:
@@ -131,7 +133,7 @@ def engine_launcher(first: str, port: int, first_log: Path, extra: tuple[str, ..
 def engine_upstream(server: RunningServer, ref: ModelRef, tokenizer: bool) -> Upstream:
     """How the front reaches an engine child it started: our engine names the model by its id in
     its replies, so they are relayed as they come (a plain or picture engine's are renamed)."""
-    upstream = reach_upstream(server.base_url, ref, tokenizer=tokenizer)
+    upstream = reach_upstream(server.base_url, ref, tokenizer=tokenizer, timeout_s=ENGINE_TIMEOUT_S)
     upstream.writes_id = server.writes_id
     return upstream
 
