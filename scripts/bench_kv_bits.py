@@ -7,8 +7,9 @@ our engine at 16 bits (the model's own float), 8 and 4 bits (``--kv-bits``), and
 with ``--kv-bits 8`` (``serve --plain --kv-bits 8``: mlx_lm serves one request at a time then). Each arm
 answers 1 user, then 4 users at once, each user a prompt of its own of ``--prompt-tokens`` tokens
 (the demo's window is 1,024 tokens: its prompts are 900 at most) and ``--tokens`` greedy tokens with the
-end token banned (every reply the same length; the demo's 320 at least, so that its decode can be timed). On this Linux CPU a 2k-token prefill of SmolLM2 takes
-minutes (a reference BLAS), so the run in docs/kv-cache.md used ``--prompt-tokens 512``.
+end token banned (every reply the same length; the demo's 320 at least, so that its decode can be
+timed). On this Linux CPU a 2k-token prefill of SmolLM2 takes minutes (a reference BLAS), so the run
+in docs/kv-cache.md used ``--prompt-tokens 512``.
 
 Printed, a row an arm and load: KV bytes per token (measured in-process on the engine's own cache
 classes after a prefill of 256 tokens: mlx_lm's ``QuantizedKVCache`` for the plain arm), the
