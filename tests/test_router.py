@@ -129,7 +129,7 @@ def test_a_race_for_an_unloaded_model_loads_it_once_and_idle_models_go(serves):
 def test_keep_alive_in_a_request_and_a_pin(serves):
     serve = serves("-m", "demo", "-m", "demo-tools", "--keep-alive", "never", "--pin", "demo")
     assert serve.ask("demo-tools", keep_alive=0).status_code == 200
-    serve.wait_log("unloaded demo-tools after 0s idle (keep-alive 0s)")
+    assert serve.wait_log("unloaded demo-tools after ").endswith("idle (keep-alive 0s)")  # (0s, or 1s: a late reaper)
     assert serve.ask("demo", keep_alive=0).status_code == 200
     time.sleep(1.0)
     assert serve.held_names() == {"demo"}  # pinned: kept whatever the request said

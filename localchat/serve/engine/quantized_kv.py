@@ -195,6 +195,9 @@ def _untracked(cache: Any) -> Any:
     return cache
 
 
+OWN_FIELDS = ("held", "quantization", "track")
+
+
 class _Holding:
     """What the two switching caches share: every call they do not make their own goes to the cache
     they hold (so ``bits`` is there exactly when it is quantized). ``quantization`` None: never."""
@@ -204,9 +207,17 @@ class _Holding:
         track(self)
 
     def __getattr__(self, name: str) -> Any:
-        if name in ("held", "quantization", "track"):  # (copy and deepcopy make one before its fields are set)
+        if name in OWN_FIELDS:  # (copy and deepcopy make one before its fields are set)
             raise AttributeError(name)
         return getattr(self.held, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """What a model sets on its cache goes to the cache held (a pipeline's last layer ties its
+        ``keys`` to the send: ``cache[-1].keys = mx.depends(...)``)."""
+        if name in OWN_FIELDS:
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.held, name, value)
 
     @property
     def quantized(self) -> bool:
