@@ -44,17 +44,23 @@ def _verdict(total: int, budget: MemoryBudget | None) -> str:
     return "fits" if share <= TIGHT else "tight" if share <= 1 else "does not fit"
 
 
-def _shorter_context(shape: ModelShape, context: int, kv: KVSettings, room: int, metal: bool) -> int | None:
-    """The longest context (in steps of 512) that keeps within ``room``; None when even 512 does not."""
-    best = None
-    low, high = 1, context // 512
+def _longest_within(shape: ModelShape, room: int, kv: KVSettings, metal: bool, top: int, step: int) -> int:
+    """The longest context up to ``top``, in steps of ``step``, whose estimate keeps within ``room``
+    (halving: the estimate grows with the context); 0 when even one step does not."""
+    low, high, best = 1, top // step, 0
     while low <= high:
         mid = (low + high) // 2
-        if estimate(shape, mid * 512, kv, metal).total <= room:
-            best, low = mid * 512, mid + 1
+        if estimate(shape, mid * step, kv, metal).total <= room:
+            best, low = mid * step, mid + 1
         else:
             high = mid - 1
-    return best if best is not None and best < context else None
+    return best
+
+
+def _shorter_context(shape: ModelShape, context: int, kv: KVSettings, room: int, metal: bool) -> int | None:
+    """The longest context (in steps of 512) that keeps within ``room``; None when even 512 does not."""
+    best = _longest_within(shape, room, kv, metal, context, 512)
+    return best if 0 < best < context else None
 
 
 def _helps(shape: ModelShape, context: int, kv: KVSettings, budget: MemoryBudget, metal: bool,
@@ -106,15 +112,7 @@ MAX_CONTEXT = 1 << 20  # a million tokens: past any window a Mac holds
 
 def longest_context(shape: ModelShape, room: int, kv: KVSettings, metal: bool) -> int:
     """The most tokens (in steps of 256) one user's context may hold within ``room``; 0 when none."""
-    top = min(shape.context_window or MAX_CONTEXT, MAX_CONTEXT) // 256
-    low, high, best = 1, top, 0
-    while low <= high:
-        mid = (low + high) // 2
-        if estimate(shape, mid * 256, kv, metal).total <= room:
-            best, low = mid * 256, mid + 1
-        else:
-            high = mid - 1
-    return best
+    return _longest_within(shape, room, kv, metal, min(shape.context_window or MAX_CONTEXT, MAX_CONTEXT), 256)
 
 
 def users_at(shape: ModelShape, room: int, context: int, kv: KVSettings, metal: bool) -> int:
