@@ -132,7 +132,7 @@ def test_a_quantized_cache_saved_and_read_continues_as_the_one_kept_in_memory(de
 def test_the_options_are_checked_before_anything_loads():
     assert parse_kv_choice(["8", "demo=4"], None, None).bits_for(frozenset({"demo"})) == 4
     assert parse_kv_choice(["8"], None, None).start == 0
-    for given in (["7"], ["=4"], ["demo=x"], ["16"]):
+    for given in (["7"], ["=4"], ["demo=x"], ["16"], ["²"], [""], ["demo="]):
         with pytest.raises(UsageError, match="--kv-bits"):
             parse_kv_choice(given, None, None)
     with pytest.raises(UsageError, match="group"):

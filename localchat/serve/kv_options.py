@@ -45,7 +45,7 @@ NO_KV_CHOICE = KVChoice()
 
 
 def _bits(text: str, given: str) -> int:
-    if not text.strip().isdigit() or int(text) not in KV_BITS:
+    if not text.strip().isdecimal() or int(text) not in KV_BITS:
         raise UsageError(f"--kv-bits {given}: the bits must be one of {', '.join(map(str, KV_BITS))} (what MLX "
                          "quantizes to), e.g. --kv-bits 8 or --kv-bits smollm2=4")
     return int(text)
