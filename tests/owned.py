@@ -86,3 +86,22 @@ def _from_ps() -> list[Owned]:
         if TAG.decode() in command.split() and not state.startswith("Z"):
             found.append(Owned(int(pid), int(parent), command, int(session) if session.isdigit() else 0))
     return found
+
+
+def wait_until_localchat_runs(pid: int, seconds: float = 30.0) -> None:
+    """Until localchat's own first line has run in ``pid``: its entry point catches SIGTERM before
+    anything else. A signal before that lands in the interpreter's own start (``site``, a
+    ``sitecustomize``), which no program can take over; "at any moment" counts from here."""
+    import time
+
+    status = Path(f"/proc/{pid}/status")
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            caught = next(line for line in status.read_text().splitlines() if line.startswith("SigCgt:"))
+        except (OSError, StopIteration):
+            return  # gone already: the caller's assertions say what happened
+        if int(caught.split()[1], 16) >> (signal.SIGTERM - 1) & 1:
+            return
+        time.sleep(0.002)
+    raise AssertionError(f"process {pid} never reached localchat's entry point")

@@ -116,6 +116,7 @@ def test_sigterm_in_the_first_moments_of_serve_is_one_line_143_and_leaves_nothin
     proc = subprocess.Popen([sys.executable, "-m", "localchat", "serve", "--ranks", "2", "--port", str(free_port())],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
                             env={**os.environ, "LOCALCHAT_HOME": str(home)})
+    owned.wait_until_localchat_runs(proc.pid)
     time.sleep(delay)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)

@@ -19,6 +19,7 @@ from localchat.conversation.history import Conversation, Turn
 from localchat.conversation.turn import ChatSession, TurnStatus
 from localchat.errors import UsageError
 from localchat.server.launch import free_port
+from owned import wait_until_localchat_runs
 
 runner = CliRunner()
 
@@ -65,6 +66,7 @@ def spawn(*args, **kw):
 def test_ctrl_c_at_any_moment_is_one_line_and_130(delay):
     """Early (imports), or while the model loads: never a KeyboardInterrupt traceback."""
     proc = spawn("chat", "Remember the code harbor 17. Reply only OK.")
+    wait_until_localchat_runs(proc.pid)
     time.sleep(delay)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
