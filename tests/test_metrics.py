@@ -55,7 +55,7 @@ def test_the_break_is_located_in_its_message_and_said_in_one_header(demo):
 def test_serves_own_figures_follow_prometheus_conventions():
     metrics = ServeMetrics(lambda: {"models": [{"model": "m", "in_flight": 2, "memory_bytes": 10, "state": "loaded"}],
                                     "prompt_cache": {"bytes": 7, "files": 1}})
-    metrics.request_ended("m", "messages", 200, 0.5, loaded_s=3.0)
+    metrics.request_ended("m", "messages", 200, 0.5, waits={"load": 3.0, "room": None})
     metrics.loaded("m")
     metrics.unloaded("m", "idle")
     metrics.refused("m")
@@ -110,7 +110,10 @@ def test_metrics_are_behind_the_key_never_for_a_foreign_page_and_hold_the_engine
     assert value(found, "localchat_requests_total", model="demo", api="chat_completions", status="200") >= 1
     assert value(found, "localchat_prompt_tokens_total", model="demo") > 0
     assert value(found, "localchat_completion_tokens_total", model="demo") > 0
-    assert value(found, "localchat_engine_time_to_first_token_seconds_count", model="demo") >= 1
+    ttfts = value(found, "localchat_engine_time_to_first_token_seconds_count", model="demo")
+    assert ttfts >= 1 and value(found, "localchat_batch_queue_seconds_count", model="demo") == ttfts
+    assert value(found, "localchat_batch_queue_seconds_sum", model="demo") <= value(
+        found, "localchat_engine_time_to_first_token_seconds_sum", model="demo")  # the queue is part of the TTFT
     assert value(found, "localchat_kv_cache_bytes", model="demo") > 0
     assert value(found, "localchat_model_loads_total", model="demo") == 1
     assert value(found, "localchat_model_resident_bytes", model="demo") > 0

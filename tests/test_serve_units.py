@@ -139,3 +139,28 @@ def test_only_regular_pictures_inside_the_results_directory_are_listed_or_served
     assert _plot_file(results, "bench.png") == results / "bench.png"
     for name in ("linked.png", "dir.png", "x" * 300 + ".png", "../secret.png", "a\x00.png", "bench.txt", ".png"):
         assert _plot_file(results, name) is None, name
+
+
+def test_a_lease_says_how_long_it_waited_for_room_and_for_its_load_and_nothing_when_it_did_not():
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from localchat.fit.budget import MemoryBudget
+
+    def launcher(model: ServedModel):
+        time.sleep(0.15)  # the engine loading
+        server = SimpleNamespace(process=SimpleNamespace(pid=0, poll=lambda: None), stop=lambda: None)
+        return server, Upstream(base_url="http://127.0.0.1:9/v1", model_field=model.key, model_id=model.key)
+
+    busy = ServedModel(key="a", names=frozenset({"a"}), state=LOADED, estimate=60, in_flight=1)
+    busy.server = SimpleNamespace(process=SimpleNamespace(pid=0, poll=lambda: None), stop=lambda: None)
+    busy.upstream = Upstream(base_url="http://127.0.0.1:9/v1", model_field="a", model_id="a")
+    other = ServedModel(key="b", names=frozenset({"b"}), estimate=60)
+    pool = ModelPool([busy, other], launcher=launcher, budget=MemoryBudget(bytes=100, source="a test"))
+    threading.Timer(0.3, pool._release, (busy, None)).start()  # ``a`` finishes its request after 0.3 s
+    lease = pool.lease("b")
+    assert lease.room_s is not None and lease.room_s >= 0.25  # waited for ``a`` to finish and unload
+    assert lease.loaded_s is not None and lease.loaded_s >= 0.1
+    again = pool.lease("b")
+    assert again.room_s is None and again.loaded_s is None  # loaded already: it waited for nothing

@@ -107,6 +107,7 @@ def install(server: Any) -> None:
         def generate(self, request, generation_args, progress_callback=None):
             taken = time.perf_counter()
             context, response = super().generate(request, generation_args, progress_callback)
+            figures.queued.observe(time.perf_counter() - taken)  # (its context comes when it joins the batch)
             context.localchat_outcome = outcomes.take(context.prompt)  # (what its prefix cache came to)
             contexts.started(request, context)
             return context, figures.counted(response, taken)

@@ -4,7 +4,8 @@ them with the model's id on one scrape target (``serve.front.metrics``).
 
 Counted per reply as it streams (``counted``): its prompt tokens, those served from a cache by tier
 (memory, disk), its completion tokens, its time to the first token (from when the engine took the
-request) and between tokens; per prompt, where it broke from its cache (by the message's role).
+request), the part of that spent in the batch queue, and the time between tokens; per prompt, where
+it broke from its cache (by the message's role).
 Read when scraped: the requests decoding together now, and what the KV caches hold.
 """
 
@@ -33,6 +34,9 @@ class EngineFigures:
         self.completion_tokens = Counter("localchat_completion_tokens", "Tokens generated.", registry=registry)
         self.ttft = Histogram("localchat_engine_time_to_first_token_seconds", "From the engine taking a "
                               "request to its first token (its prefill).", buckets=TTFT_BUCKETS, registry=registry)
+        self.queued = Histogram("localchat_batch_queue_seconds", "From the engine taking a request to its joining "
+                                "the batch (the generation loop's turn, its cached prefix found); part of the TTFT.",
+                                buckets=TTFT_BUCKETS, registry=registry)
         self.itl = Histogram("localchat_inter_token_latency_seconds", "Between two tokens of one reply.",
                              buckets=ITL_BUCKETS, registry=registry)
         self.breaks = Counter("localchat_prompt_cache_breaks", "Prompts that parted from a cached prefix "

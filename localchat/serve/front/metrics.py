@@ -2,7 +2,7 @@
 (``prometheus_client``'s text format; a registry of this serve's own, no global one).
 
 - **The front counts** what passes through it: requests by model, API and status, their end-to-end
-  time, the time a request waited for its model to load; the pool's loads, unloads by reason
+  time, the time a request waited for room and for its model to load; the pool's loads, unloads by reason
   (``idle``, ``made room``, ``crashed``, ``stopped``) and admission refusals.
 - **Read when scraped**: each model's requests in flight, its estimated and resident memory, the
   prompt caches on disk (bytes, files); and each loaded engine's own figures (``engine.figures``:
@@ -53,12 +53,16 @@ class ServeMetrics:
     def text(self) -> bytes:
         return generate_latest(self.registry)
 
-    def request_ended(self, model: str, api: str, status: int, seconds: float, loaded_s: float | None) -> None:
+    def request_ended(self, model: str, api: str, status: int, seconds: float,
+                      waits: dict[str, float | None] | None = None) -> None:
+        """One request answered; ``waits``: what it waited for before its model took it (``load``,
+        ``room``), in seconds (the engine counts its own batch queue)."""
         model = model or "(none)"
         self.requests.labels(model=model, api=api, status=str(status)).inc()
         self.duration.labels(model=model, api=api).observe(seconds)
-        if loaded_s is not None:
-            self.waits.labels(model=model, waited_for="load").observe(loaded_s)
+        for waited_for, waited in (waits or {}).items():
+            if waited is not None:
+                self.waits.labels(model=model, waited_for=waited_for).observe(waited)
 
     # --- what the pool says happened (``pool.events``) ------------------------------------------------
 
@@ -123,7 +127,8 @@ def engines_figures(rows: list[dict[str, Any]]) -> Iterator[Metric]:
 
 def leased(request: Any, lease: Any) -> Any:
     """``lease``, its model and load wait noted on the request for ``counted``."""
-    request.state.model, request.state.loaded_s = lease.upstream.model_id, lease.loaded_s
+    request.state.model = lease.upstream.model_id
+    request.state.waits = {"load": lease.loaded_s, "room": lease.room_s}
     return lease
 
 
@@ -146,6 +151,6 @@ def counted(app: Callable[..., Awaitable[None]], metrics: ServeMetrics) -> Calla
         finally:
             state = scope.get("state") or {}
             metrics.request_ended(state.get("model", ""), api, status[0], time.perf_counter() - started,
-                                  state.get("loaded_s"))
+                                  state.get("waits"))
 
     return counting

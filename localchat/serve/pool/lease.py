@@ -18,6 +18,7 @@ class Lease:
 
     upstream: Upstream
     loaded_s: float | None = None  # the request waited this long for its model to load
+    room_s: float | None = None  # and this long for room to load it (busy models, unloads)
     on_release: Callable[[], None] = lambda: None
     _released: threading.Event = field(default_factory=threading.Event)
 

@@ -30,6 +30,7 @@ from localchat.store.prompt_files import PromptFiles
 REAP_S = 0.25  # how often idle and ended children are looked for
 ADMISSION_WAIT_S = 60.0  # how long a load waits for busy models to go idle before its 503
 WAIT_STEP_S = 0.1
+NOTICED_WAIT_S = 0.05  # a shorter wait (the lock, a check) is not counted as waiting
 
 Launcher = Callable[[ServedModel], tuple[Any, Upstream]]  # (RunningServer, its Upstream)
 
@@ -116,11 +117,10 @@ class ModelPool:
             with self._changed:
                 model.in_flight += 1
             return Lease(upstream=model.remote, on_release=lambda: self._release(model, kept))
-        started = time.perf_counter()
-        loaded_here = self._loaded_or_load(model)
-        waited = time.perf_counter() - started if loaded_here else None
+        room_s, loaded_s = self._loaded_or_load(model)
         assert model.upstream is not None  # (a loaded model has its engine's upstream)
-        return Lease(upstream=model.upstream, loaded_s=waited, on_release=lambda: self._release(model, kept))
+        return Lease(upstream=model.upstream, loaded_s=loaded_s, room_s=room_s,
+                     on_release=lambda: self._release(model, kept))
 
     def _keep_alive_of(self, value: Any) -> float | None:
         if value is MISSING or value is None:
@@ -139,9 +139,11 @@ class ModelPool:
 
     # --- loading, admitted ----------------------------------------------------------------------
 
-    def _loaded_or_load(self, model: ServedModel) -> bool:
-        """Counts ``model`` in flight, loading it first when it is not; True when this call loaded it."""
-        deadline = time.monotonic() + ADMISSION_WAIT_S
+    def _loaded_or_load(self, model: ServedModel) -> tuple[float | None, float | None]:
+        """Counts ``model`` in flight, loading it first when it is not. Returns how long this request
+        waited for room (busy models to finish, others to unload) and for a load (its own, or one
+        another request started), each None when it did not wait for it."""
+        deadline, started = time.monotonic() + ADMISSION_WAIT_S, time.perf_counter()
         with self._changed:
             model.waiting += 1  # (``ps`` shows the requests waiting for a load or for room)
         try:
@@ -149,10 +151,13 @@ class ModelPool:
                 victims = self._next_step(model, deadline)
                 if victims is None:
                     model.in_flight += 1
-                    return False
+                    waited = time.perf_counter() - started
+                    return None, (waited if waited >= NOTICED_WAIT_S else None)
             self._unload_all(victims)
+            room_at = time.perf_counter()
             self._load(model)
-            return True
+            room_s = room_at - started
+            return (room_s if victims or room_s >= NOTICED_WAIT_S else None), time.perf_counter() - room_at
         finally:
             with self._changed:
                 model.waiting -= 1
