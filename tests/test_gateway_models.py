@@ -61,6 +61,41 @@ def test_demo_tools_calls_add_through_the_messages_api(tools_gateway):
     assert all(b.type != "tool_use" for b in none.content)  # no tools offered: none can be called
 
 
+def test_the_gateways_replies_say_where_an_agents_prompt_broke_from_the_cache(tools_gateway):
+    """A clock in Anthropic's ``system``: the stream's header says message 0 (system). Tools
+    reordered through Responses, or an earlier turn's reasoning dropped: the gateway keeps one prompt."""
+    _, gateway = tools_gateway
+    claude = anthropic.Anthropic(base_url=gateway.url, api_key="x", max_retries=0)
+    codex = openai.OpenAI(base_url=gateway.url + "/v1", api_key="x", max_retries=0)
+
+    def claude_step(clock: str) -> str:
+        raw = claude.messages.with_raw_response.create(
+            model="m", max_tokens=4, stream=True, tools=[ADD], messages=[{"role": "user", "content": QUESTION}],
+            system=f"You add numbers for the gateway's clock test. The time is {clock}.")
+        list(raw.parse())
+        return raw.headers["x-localchat-prefix-cache"]
+
+    claude_step("10:41")
+    assert "broke-at=" not in claude_step("10:41")
+    assert "message=0; role=system" in claude_step("10:42")
+
+    other = {**ADD_FUNCTION, "name": "multiply", "description": "Multiply two integers."}
+
+    def codex_step(tools: list, reasoning: list) -> str:
+        items = [{"type": "message", "role": "user", "content": "Add 2 and 5 for the reorder test."},
+                 *reasoning, {"type": "message", "role": "assistant", "content": "7"},
+                 {"type": "message", "role": "user", "content": QUESTION}]
+        raw = codex.responses.with_raw_response.create(model="m", input=items, tools=tools, max_output_tokens=4,
+                                                      store=False)
+        raw.parse()
+        return raw.headers["x-localchat-prefix-cache"]
+
+    thought = [{"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "2 + 5 = 7."}]}]
+    codex_step([ADD_FUNCTION, other], thought)
+    kept = codex_step([other, ADD_FUNCTION], [])  # reordered, and the earlier turn's reasoning dropped
+    assert kept.startswith("cached=") and "broke-at=" not in kept, kept
+
+
 def test_demo_tools_calls_add_through_the_responses_api(tools_gateway):
     _, gateway = tools_gateway
     sdk = openai.OpenAI(base_url=gateway.url + "/v1", api_key="x", max_retries=0)

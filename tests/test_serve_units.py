@@ -164,3 +164,28 @@ def test_a_lease_says_how_long_it_waited_for_room_and_for_its_load_and_nothing_w
     assert lease.loaded_s is not None and lease.loaded_s >= 0.1
     again = pool.lease("b")
     assert again.room_s is None and again.loaded_s is None  # loaded already: it waited for nothing
+
+
+def test_the_gateway_keeps_reasoning_of_the_current_turn_only_and_tools_in_one_order():
+    from types import SimpleNamespace
+
+    from localchat.backends import GenerationParams
+    from localchat.serve.pool.upstream import REASONING_KEY, in_stable_order
+    from localchat.serve.request import GatewayRequest
+
+    upstream = Upstream(base_url="http://127.0.0.1:9/v1", model_field="m", model_id="m")
+    upstream.template = SimpleNamespace(traits=SimpleNamespace(reasoning_field="reasoning_content",
+                                                               fold_system=False))
+    call = {"role": "assistant", "content": "", REASONING_KEY: "now",
+            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": {}}}]}
+    messages = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b", REASONING_KEY: "before"},
+                {"role": "user", "content": "c"}, call, {"role": "tool", "tool_call_id": "c1", "content": "1"}]
+    request = GatewayRequest(model="m", system="s", messages=messages, params=GenerationParams(), stream=False)
+    shaped = upstream.shaped(request)
+    assert [m.get("reasoning_content") for m in shaped] == [None, None, None, None, "now", None]
+    dropped = [{k: v for k, v in m.items() if k != REASONING_KEY} if i == 1 else m for i, m in enumerate(messages)]
+    assert upstream.shaped(GatewayRequest(model="m", system="s", messages=dropped, params=GenerationParams(),
+                                          stream=False)) == shaped  # sent back or dropped: one prompt
+    tools = [{"type": "function", "function": {"name": name}} for name in ("Read", "Bash", "Edit")]
+    assert [t["function"]["name"] for t in in_stable_order(tools)] == ["Bash", "Edit", "Read"]
+    assert in_stable_order(tools[::-1]) == in_stable_order(tools)

@@ -105,6 +105,7 @@ class ServerBackend:
         self.timeout_s = timeout_s
         self.image_tokens: Callable[[bytes], int | None] | None = None  # a vision model's processor, when here
         self.tools: list[dict[str, Any]] = []
+        self.prefix_cache: str | None = None  # the last reply's ``X-Localchat-Prefix-Cache``, as a serve engine sent it
 
     @property
     def tokenizer(self) -> Any:
@@ -207,7 +208,8 @@ class ServerBackend:
             with self.client.stream("POST", "chat/completions",
                                     json=self.request_body(messages, params)) as response:
                 self._check_response(response, url)
-                broke = cache_break_of(response.headers.get(PREFIX_CACHE_HEADER, ""))
+                self.prefix_cache = response.headers.get(PREFIX_CACHE_HEADER)
+                broke = cache_break_of(self.prefix_cache or "")
                 for item in iter_stream(iter_lines_watched(response, watch.check)):
                     if isinstance(item, KeepAlive):
                         if watch.keepalive(item):

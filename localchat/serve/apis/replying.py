@@ -18,6 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from localchat.backends import Event
+from localchat.backends.openai_http import PREFIX_CACHE_HEADER, ServerBackend
 from localchat.conversation.stats import TurnClock, stats_line
 from localchat.serve.apis.anthropic import messages as anthropic_api
 from localchat.serve.bodies import sse
@@ -76,11 +77,12 @@ class Replies:
             if isinstance(first, Ended) and first.error is not None:
                 await aclose(items)
                 raise ApiError(502, "api_error", first.error)
+            told = told_by_engine(backend)
             if not wanted.stream:
-                return await self.whole(request, lease, reply, first, items, final, clock.submitted)
+                return await self.whole(request, lease, reply, first, items, final, clock.submitted, told)
             streaming = True
             return StreamingResponse(self.stream(request, lease, reply, first, items, on_end, clock),
-                                     media_type="text/event-stream", headers={"cache-control": "no-cache"},
+                                     media_type="text/event-stream", headers={"cache-control": "no-cache", **told},
                                      background=BackgroundTask(lease.release))
         finally:
             if not streaming:
@@ -88,14 +90,14 @@ class Replies:
 
     async def whole(self, request: Request, lease: Lease, reply: Any, first: Event | Idle | Ended,
                      items: AsyncIterator[Event | Idle | Ended], final: Callable[[Ended], dict],
-                     started: float) -> Response:
+                     started: float, told: dict[str, str]) -> Response:
         ended = await self.gathered(request, reply, first, items)
         if ended is None:
             self.log(f"POST {request.url.path} · the client went away after {time.perf_counter() - started:.2f}s "
                      "(a whole reply); the request to the server was closed")
             return Response(status_code=499)  # (nobody reads it: the connection is gone)
         self.figures(request, lease, ended, started)
-        return JSONResponse(final(ended))
+        return JSONResponse(final(ended), headers=told)
 
     async def gathered(self, request: Request, reply: Any, first: Event | Idle | Ended,
                         items: AsyncIterator[Event | Idle | Ended]) -> Ended | None:
@@ -160,3 +162,12 @@ class Replies:
         if lease.loaded_s is not None:
             how += f" · the model loaded first ({lease.loaded_s:.1f}s, counted in TTFT)"
         self.log(f"POST {request.url.path} 200 · {lease.upstream.model_id} · {stats_line(ended.stats)}{how}")
+
+
+def told_by_engine(backend: ServerBackend) -> dict[str, str]:
+    """What a serve engine said of the prompt's cache (``X-Localchat-Prefix-Cache``), passed on as it
+    came: the gateway's client sees where its prompt broke, as a chat completions client does. Known
+    once the engine has answered, before the reply's first event (absent when a first ``Idle`` came
+    sooner, or the server is not a serve engine)."""
+    said = backend.prefix_cache
+    return {PREFIX_CACHE_HEADER: said} if isinstance(said, str) and said.isprintable() else {}

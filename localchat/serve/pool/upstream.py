@@ -78,7 +78,7 @@ class Upstream:
                                 extra_fields=extra, template=template)
         if request.tools:
             try:
-                backend.offer_tools(request.tools)
+                backend.offer_tools(in_stable_order(request.tools))
             except LocalchatError as exc:
                 backend.close()
                 why = str(exc).split(" (")[0].split(":")[0]  # the template's part, not the CLI's advice
@@ -88,14 +88,18 @@ class Upstream:
 
     def shaped(self, request: GatewayRequest) -> list[Message]:
         """The request's messages as the model's template takes them: the system message first (or
-        folded into the first user message), past reasoning in the field the template reads."""
+        folded into the first user message), the current turn's reasoning in the field the template
+        reads. Reasoning of turns before the last user message is left out, as Anthropic's and
+        OpenAI's APIs leave it out of the context: a client that sends it back and one that drops it
+        get the same prompt, and the same cached prefix."""
         traits = self.template.traits if self.template is not None else None
         field_name = traits.reasoning_field if traits is not None else None
+        current = max((i for i, m in enumerate(request.messages) if m.get("role") == "user"), default=0)
         messages = []
-        for message in request.messages:
+        for index, message in enumerate(request.messages):
             reasoning = message.get(REASONING_KEY)
             message = {k: v for k, v in message.items() if k != REASONING_KEY}
-            if reasoning and field_name:
+            if reasoning and field_name and index > current:
                 message[field_name] = reasoning
             messages.append(message)
         return system_first(request.system, messages, bool(traits and traits.fold_system))
@@ -187,6 +191,12 @@ class Upstream:
         finally:
             cancelled.set()
             backend.close()  # a read in the worker fails at once: the server sees the request go
+
+
+def in_stable_order(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The tools by name: a tool list is a set, and a client that reorders it (an agent whose MCP
+    servers connect in another order) would otherwise part from its cached prefix at the tools."""
+    return sorted(tools, key=lambda tool: str((tool.get("function") or {}).get("name", "")))
 
 
 def _unless(events: Iterator[Event], cancelled: threading.Event) -> Iterator[Event]:
