@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol, Union
 
 if TYPE_CHECKING:
     from localchat.grammar.answer_formats import AnswerFormat
+    from localchat.grammar.think_budget import ThinkBudget
     from localchat.templates.render import ChatTemplate
 
 Message = dict[str, Any]  # role and content; an assistant's tool_calls, a tool result's tool_call_id and name
@@ -33,6 +34,7 @@ class GenerationParams:
     seed: int | None = None
     answer: AnswerFormat | None = None  # what the answer must be: masked in-process, asked for and checked over HTTP
     think: bool | None = None  # the template's enable_thinking; None: the model's own default
+    think_budget: ThinkBudget | None = None  # reasoning tokens at most, then its end is forced
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,7 @@ class Finished:
     mask_s: float = 0.0  # time spent computing the grammar's masks (in-process, with a format or tools)
     masked_tokens: int = 0  # decoding steps the grammar masked
     cache_break: str | None = None  # where the prompt broke from the server's cache (its header), said short
+    reasoning_cut: bool = False  # the reasoning reached the thinking budget and its end was forced
 
 
 Event = Union[ReasoningChunk, TextChunk, ToolCall, ToolCallText, PrefillProgress, Finished]

@@ -30,10 +30,11 @@ from localchat.backends.mlx_options import (
     make_cache,
     sampler_for,
 )
-from localchat.backends.reply import ReplySplitter
+from localchat.backends.reply import ReplySplitter, opens_reasoning
 from localchat.backends.saved_cache import model_fingerprint
 from localchat.errors import LocalchatError
 from localchat.grammar.answer_formats import AnswerFormat
+from localchat.grammar.think_budget import budgeted
 from localchat.registry import ModelRef, context_length, local_dir, resolve
 from localchat.templates.render import ChatTemplate, check_tool_support
 
@@ -233,7 +234,10 @@ class InProcessBackend:
         masking = self.grammar.for_reply(params.answer, self.template.tools, traits, prompt_ids,
                                          offset=1 if self.draft_model is not None else len(prompt_ids) - cached,
                                          drafting=self.draft_model is not None)
-        processors = [*(logits_processors_for(params, prompt_ids[:cached]) or []), *([masking] if masking else [])]
+        budget = budgeted(params.think_budget, traits.reasoning, self.tokenizer,
+                          opens_reasoning(self.tokenizer, prompt_ids, traits.reasoning))
+        processors = [*(logits_processors_for(params, prompt_ids[:cached]) or []), *([masking] if masking else []),
+                      *([budget] if budget else [])]
         sampler = masking.sampler(sampler_for(params)) if masking else sampler_for(params)
         generated: list[int] = []
         drafted = 0
@@ -272,6 +276,7 @@ class InProcessBackend:
             cache_rebuilt=self._cache.rebuilt,
             mask_s=masking.mask_s if masking else 0.0,
             masked_tokens=masking.masked if masking else 0,
+            reasoning_cut=bool(budget and budget.cut),
         )
 
     def close(self) -> None:

@@ -172,6 +172,10 @@ class ServerBackend:
             body["chat_template_kwargs"] = kwargs
         if self.tools:
             body["tools"] = self.tools
+        if params.think_budget is not None:  # localchat serve's fields (another server ignores them)
+            body["think_budget"] = params.think_budget.tokens
+            if params.think_budget.message:
+                body["think_budget_message"] = params.think_budget.message
         return body
 
     def count_tokens(self, messages: list[Message], think: bool | None = None) -> int | None:
@@ -259,7 +263,8 @@ class ServerBackend:
         if reply.usage:
             return Finished(finish_reason=reply.finish or "stop", prompt_tokens=reply.usage.prompt_tokens,
                             completion_tokens=reply.usage.completion_tokens, cached_tokens=reply.usage.cached_tokens,
-                            reasoning_tokens=reasoning, reasoning_estimated=bool(reasoning))
+                            reasoning_tokens=reasoning, reasoning_estimated=bool(reasoning),
+                            reasoning_cut=reply.usage.reasoning_cut)
         prompt = self.count_tokens(messages, think)
         completion = self._count_text(reply.text) + reasoning if self.tokenizer else reply.chunks + reasoning
         return Finished(finish_reason=reply.finish or "stop", prompt_tokens=prompt or 0, completion_tokens=completion,

@@ -21,6 +21,7 @@ from typing import Any
 
 from localchat.backends import ReasoningChunk, TextChunk, ToolCall, ToolCallText
 from localchat.backends.text_states import TextStateMachine
+from localchat.grammar.think_budget import ReasoningCounter
 from localchat.templates.reasoning_formats import ANSWER, REASONING, ReasoningFormat, sniffed
 from localchat.templates.tool_formats import (
     TOOL,
@@ -59,7 +60,7 @@ class ReplySplitter:
         self.fmt, self.tool_format, self.tools = fmt, tool_format if reads_calls else None, list(tools or [])
         machine = TextStateMachine(merged(fmt, self.tool_format))
         self._state = machine.make_state(REASONING if opened else (fmt.start if fmt else ANSWER))
-        self._counter = _ReasoningCounter(*marker_ids, inside=opened) if marker_ids else None
+        self._counter = ReasoningCounter(*marker_ids, inside=opened) if marker_ids else None
         self._call_text = self._call_name = self._held = ""
         self._in_call = False
         self._holding: bool | None = None  # a whole-reply format: is this reply a call? (None: not known yet)
@@ -220,23 +221,3 @@ class InlineReply:
         if self._splitter is None:
             return [TextChunk(self._pending)] if self._pending else []
         return self._splitter.finish(finish_reason)
-
-
-class _ReasoningCounter:
-    """Generated token ids from the open marker to the close marker, both included."""
-
-    def __init__(self, start: tuple[int, ...], end: tuple[int, ...], inside: bool):
-        self.start, self.end = start, end
-        self.inside, self.count = inside, 0
-        self.recent: list[int] = []
-
-    def add(self, token: int) -> None:
-        self.recent = (self.recent + [token])[-max(len(self.start), len(self.end)):]
-        if self.inside:
-            self.count += 1
-            self.inside = not self._ends_with(self.end)
-        elif self._ends_with(self.start):
-            self.inside, self.count = True, self.count + len(self.start)
-
-    def _ends_with(self, marker: tuple[int, ...]) -> bool:
-        return bool(marker) and tuple(self.recent[-len(marker):]) == marker

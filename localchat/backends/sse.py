@@ -33,6 +33,7 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0
+    reasoning_cut: bool = False  # localchat serve's ``usage.think_budget.cut``
 
 
 @dataclass(frozen=True)
@@ -159,9 +160,11 @@ def _usage(raw: Any) -> Usage | None:
     if not isinstance(raw, dict):
         raise _wrong("usage", "an object", raw)
     details = _typed(raw, "prompt_tokens_details", dict, {}, where="usage.")
+    budget = _typed(raw, "think_budget", dict, {}, where="usage.")
     return Usage(prompt_tokens=_count(raw, "prompt_tokens", "usage."),
                  completion_tokens=_count(raw, "completion_tokens", "usage."),
-                 cached_tokens=_count(details, "cached_tokens", "usage.prompt_tokens_details."))
+                 cached_tokens=_count(details, "cached_tokens", "usage.prompt_tokens_details."),
+                 reasoning_cut=budget.get("cut") is True)
 
 
 def _count(obj: dict, key: str, where: str) -> int:

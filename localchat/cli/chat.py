@@ -33,6 +33,7 @@ from localchat.grammar.answer_formats import (
     regex_format,
     with_instruction,
 )
+from localchat.grammar.think_budget import ThinkBudget
 from localchat.home import keeps_conversations, records_dir
 from localchat.registry import DEFAULT_MODEL, ModelRef, resolve
 from localchat.store.keeper import SessionSaver, saved_state
@@ -93,6 +94,8 @@ def generation_params(ref: ModelRef | None, opts: ChatOptions) -> GenerationPara
         max_tokens=gen.max_tokens or _default(ref, "max_tokens", DEFAULT_MAX_TOKENS),
         seed=gen.seed,
         think=gen.think,
+        think_budget=ThinkBudget(tokens=gen.think_budget, message=gen.think_budget_message)
+        if gen.think_budget is not None else None,
     )
 
 

@@ -29,9 +29,12 @@ from localchat.cli.options import (
     OutputOptions,
     RuntimeFlags,
     StorageOptions,
+    ThinkBudgetMessageOpt,
+    ThinkBudgetOpt,
     ThinkOpt,
     TimeoutOpt,
     TrimToOpt,
+    budget_tokens,
     check_seed,
     check_size,
     check_text,
@@ -109,6 +112,8 @@ def chat(
         Optional[int], typer.Option(callback=check_seed, help="Random seed for sampling (set before each turn).")
     ] = None,
     think: ThinkOpt = None,
+    think_budget: ThinkBudgetOpt = None,
+    think_budget_message: ThinkBudgetMessageOpt = "",
     show_thinking: Annotated[
         bool,
         typer.Option(
@@ -262,7 +267,8 @@ def chat(
                              max_kv_size=max_kv_size),
         generation=GenerationOptions(system=system, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
                                      repetition_penalty=repetition_penalty, max_tokens=max_tokens, seed=seed,
-                                     think=think),
+                                     think=think, think_budget=budget_tokens(think_budget),
+                                     think_budget_message=think_budget_message),
         history=not no_history,
         trim=TrimPolicy(max_turns=max_turns, max_context_tokens=max_context_tokens,
                         max_input_chars=max_input_chars, trim_to=trim_to),

@@ -10,7 +10,17 @@ import typer
 
 from localchat.backends import DEFAULT_BASE_URL
 from localchat.cli.dispatch import err_console, out_console, run
-from localchat.cli.options import AllowDownloadOpt, ApiKeyOpt, BaseUrlOpt, ForceOpt, MemoryLimitOpt, converted
+from localchat.cli.options import (
+    AllowDownloadOpt,
+    ApiKeyOpt,
+    BaseUrlOpt,
+    ForceOpt,
+    MemoryLimitOpt,
+    ThinkBudgetMessageOpt,
+    ThinkBudgetOpt,
+    budget_tokens,
+    converted,
+)
 from localchat.cli.serve_options import (
     AllowImageUrlsOpt,
     AllowOriginOpt,
@@ -101,6 +111,8 @@ def serve(
     kv_bits: KvBitsOpt = None,
     kv_group_size: KvGroupSizeOpt = None,
     quantized_kv_start: QuantizedKvStartOpt = None,
+    think_budget: ThinkBudgetOpt = None,
+    think_budget_message: ThinkBudgetMessageOpt = "",
 ) -> None:
     """Serve models on one port by name (-m repeatable): the first loaded now, the others when first
     asked for, each within the memory budget and unloaded when idle; response_format and tool_choice
@@ -133,6 +145,8 @@ def serve(
         results=results,
         tools=tool_settings(files=tools, mcp=mcp, mcp_only=None, approve=approve_tools, timeout_s=None),
         kv=parse_kv_choice(kv_bits or [], kv_group_size, quantized_kv_start),
+        think_budget=budget_tokens(think_budget),
+        think_budget_message=think_budget_message,
     )
     console, err = out_console(), err_console()
     run(run_serve, asked=asked, console=console, err=err, every=every, dry_run=dry_run,

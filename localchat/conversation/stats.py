@@ -22,8 +22,8 @@ from typing import Any
 from localchat.backends import Finished
 
 RESOLVED_S = 5e-4  # arrivals closer than this came together (a burst is parsed at 20-200 µs a chunk)
-STATS_VERSION = 6  # 2: ttfa_s, reasoning_tokens, reasoning_estimated; 3: budget_tokens; 4: draft_tokens,
-# cache_rebuilt; 5: mask_s, masked_tokens; 6: cache_break
+STATS_VERSION = 7  # 2: ttfa_s, reasoning_tokens, reasoning_estimated; 3: budget_tokens; 4: draft_tokens,
+# cache_rebuilt; 5: mask_s, masked_tokens; 6: cache_break; 7: reasoning_cut
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,7 @@ class TurnStats:
     mask_s: float = 0.0  # time spent computing the grammar's masks (part of the decode time)
     masked_tokens: int = 0  # decoding steps under the grammar
     cache_break: str | None = None  # where the prompt broke from the server's cache ("message 0 (system)")
+    reasoning_cut: bool = False  # the reasoning reached the thinking budget; its end was forced
 
     @property
     def thought(self) -> bool:
@@ -81,7 +82,7 @@ _STORED_TYPES: dict[str, tuple[type, ...]] = {
     "peak_memory_gb": _OPTIONAL_NUMBER, "total_s": (int, float), "finish_reason": (str, type(None)),
     "estimated": (bool,), "runtime": (dict,), "budget_tokens": (int, type(None)),
     "draft_tokens": (int, type(None)), "cache_rebuilt": (bool,), "mask_s": (int, float), "masked_tokens": (int,),
-    "cache_break": (str, type(None)),
+    "cache_break": (str, type(None)), "reasoning_cut": (bool,),
 }
 
 
@@ -192,6 +193,7 @@ class TurnClock:
             mask_s=done.mask_s if done else 0.0,
             masked_tokens=done.masked_tokens if done else 0,
             cache_break=done.cache_break if done else None,
+            reasoning_cut=done.reasoning_cut if done else False,
         )
 
 
@@ -287,7 +289,8 @@ def stats_line(stats: TurnStats, extra: list[str] | None = None) -> str:
     est = "~" if stats.estimated else ""
     cached = f" (cached {stats.cached_tokens})" if stats.cached_tokens else ""
     thought = [f"answer {stats.ttfa_s:.2f}s" if stats.ttfa_s is not None else "no answer",
-               f"think {'~' if stats.reasoning_estimated else ''}{stats.reasoning_tokens}"] if stats.thought else []
+               f"think {'~' if stats.reasoning_estimated else ''}{stats.reasoning_tokens}"
+               f"{' (cut at the budget)' if stats.reasoning_cut else ''}"] if stats.thought else []
     parts = [
         f"TTFT {stats.ttft_s:.2f}s" if stats.ttft_s is not None else "TTFT –",
         *thought,

@@ -60,6 +60,8 @@ class ServeRequest:
     tools: Any = None  # ToolSettings: what the page's conversations may call (approved in the page)
     results: Path | None = None  # bench and load plots shown in the page
     kv: KVChoice = KVChoice()  # --kv-bits (for all, or by name), --kv-group-size, --quantized-kv-start
+    think_budget: int | None = None  # --think-budget: each request's default (a request's own field wins)
+    think_budget_message: str = ""
     open_page: bool = False
 
 
@@ -125,7 +127,7 @@ def run_router(names: list[str], asked: ServeRequest, fit: FitSettings, smoke: S
     first, log_path = models[0], asked.log or default_log(asked.port)
     if first.ref is None:
         raise UsageError(f"the first -m is loaded at start: {first.key} is an --upstream name, not a model here")
-    env = engine_env(asked.prompt_cache_dir, asked.prompt_cache_disk)
+    env = engine_env(asked.prompt_cache_dir, asked.prompt_cache_disk) | budget_env(asked)
     launcher = engine_launcher(first.key, asked.port, log_path, asked.extra, asked.plain, bool(asked.apis), env)
     metrics = ServeMetrics(lambda: pool.status())
     pool = ModelPool(models, launcher,
@@ -288,3 +290,12 @@ def run_ranks(ref: ModelRef, asked: ServeRequest, ranks: Ranks, fit: FitSettings
         if server.process.poll() is None:
             server.stop()  # returns once every rank has exited
             console.print("server stopped (every rank)", style="dim")
+
+
+def budget_env(asked: ServeRequest) -> dict[str, str]:
+    """``--think-budget`` for the engines serve starts (their own arguments are mlx_lm.server's)."""
+    from localchat.serve.engine.think_budgets import BUDGET_ENV, MESSAGE_ENV
+
+    if asked.think_budget is None:
+        return {}
+    return {BUDGET_ENV: str(asked.think_budget), MESSAGE_ENV: asked.think_budget_message}

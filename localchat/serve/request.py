@@ -228,3 +228,15 @@ async def aclose(items: AsyncIterator[Any]) -> None:
     close = getattr(items, "aclose", None)
     if close is not None:
         await close()
+
+
+def effort_budget(effort: str | None, where: str) -> Any:
+    """A reasoning effort as a thinking budget (``grammar.think_budget.EFFORT_BUDGETS``), or a 400."""
+    from localchat.grammar.think_budget import budget_of_effort
+
+    if effort is None:
+        return None
+    try:
+        return budget_of_effort(effort)
+    except ValueError as exc:
+        raise invalid(f"{where}: {exc}", where) from None

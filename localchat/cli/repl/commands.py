@@ -207,11 +207,16 @@ def _stats(repl: Repl, _: str) -> bool:
 
 
 def _think(repl: Repl, arg: str) -> bool:
-    """``/think on|off``: the next turns reason first or answer directly (alone: which it is)."""
+    """``/think on|off``: the next turns reason first or answer directly; ``/think N``: at most N
+    reasoning tokens (``/think none``: no budget); alone: which it is."""
     session, choices = repl.session, {"on": True, "off": False}
+    if arg.strip().lstrip("-").isdigit() or arg.strip() == "none":
+        return _think_budget(repl, arg.strip())
     if arg not in choices:
         current = {True: "on", False: "off", None: "the model's default"}[session.params.think]
-        repl.ui.info(f"thinking: {current} (usage: /think on|off)")
+        budget = session.params.think_budget
+        limit = f", at most {budget.tokens} tokens" if budget is not None else ""
+        repl.ui.info(f"thinking: {current}{limit} (usage: /think on|off|N|none)")
         return True
     session.params = replace(session.params, think=choices[arg])
     repl.ui.info(f"thinking {arg} from the next turn")
@@ -219,6 +224,21 @@ def _think(repl: Repl, arg: str) -> bool:
     said = template.traits.notices(session.backend.model_id, system=False, think=choices[arg]) if template else []
     for notice in said:
         repl.ui.notice(notice.replace("--no-think", "/think off").replace("--think", "/think on"))
+    return True
+
+
+def _think_budget(repl: Repl, arg: str) -> bool:
+    from localchat.grammar.think_budget import ThinkBudget, parse_budget
+
+    try:
+        tokens = parse_budget(arg)
+    except ValueError as exc:
+        repl.ui.info(f"{exc} (usage: /think N)")
+        return True
+    before = repl.session.params.think_budget
+    budget = ThinkBudget(tokens=tokens, message=before.message if before else "") if tokens is not None else None
+    repl.session.params = replace(repl.session.params, think_budget=budget)
+    repl.ui.info(f"thinking budget: {f'{tokens} tokens' if tokens is not None else 'none'} from the next turn")
     return True
 
 
@@ -302,7 +322,8 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
     Command("/set", "[NAME VALUE]", f"change {', '.join(SETTINGS)} or system; alone: show them", _set),
     Command("/reset", "", "forget every turn, keep the system message and pins", _reset),
     Command("/stats", "", "figures for this session", _stats),
-    Command("/think", "on|off", "let a thinking model reason first, or answer directly", _think),
+    Command("/think", "on|off|N", "let a thinking model reason first, or answer directly; N: at most N tokens",
+            _think),
     Command("/compact", "[FOCUS]", "turn all but the last turns into notes (one model call, counted)", _compact),
     Command("/uncompact", "", "put back the turns the notes replaced (while this session is open)", _uncompact),
     Command("/pin", "TEXT", "keep a fact after the system message: trimming and compaction never drop it", _pin),

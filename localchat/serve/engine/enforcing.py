@@ -41,7 +41,14 @@ from localchat.serve.engine.figures import EngineFigures
 from localchat.serve.engine.hangup import HangupWatch
 from localchat.serve.engine.kv_caches import KVLedger
 from localchat.serve.engine.reply_masks import EndOnDeadEnd, ReplyMasks, TokenizerGrammars, mask_for
-from localchat.serve.engine.requested import Enforcement, RequestRefused, enforced_request, enforcement_of
+from localchat.serve.engine.requested import (
+    Enforcement,
+    RequestRefused,
+    enforced_request,
+    enforcement_of,
+    think_budget_of,
+)
+from localchat.serve.engine.think_budgets import ReplyBudgets, default_budget
 
 ENFORCED_HEADER = "X-Localchat-Enforced"
 KV_PATH = "/localchat/kv"  # the bits and the bytes of the engine's KV caches (``kv_caches``), for ``ps``
@@ -85,7 +92,8 @@ def install(server: Any) -> None:
     """Add the mask to mlx_lm.server's engine through the seam (in this process only)."""
     make_sampler, make_processors = server._make_sampler, server._make_logits_processors
     masks, replies, contexts, windows = TokenizerGrammars(), ReplyMasks(), Contexts(), Windows()
-    ledger, outcomes, last_break = KVLedger(), Outcomes(), LastBreak()
+    ledger, outcomes, last_break, budgets = KVLedger(), Outcomes(), LastBreak(), ReplyBudgets()
+    serve_budget = default_budget()  # serve --think-budget
     figures = EngineFigures(ledger.nbytes, ledger.batch_size, lambda: ledger.largest_batch)
     request_type = enforced_request(server.CompletionRequest)
     served_id = os.environ.get(SERVED_ID) or None
@@ -101,7 +109,8 @@ def install(server: Any) -> None:
         if made:
             masked, banned = made
             extra = [p for p in (banned, EndOnDeadEnd(masked, tuple(masked.llg.eos_tokens)) if masked else None) if p]
-        return [*make_processors(args), *extra]
+        budget = budgets.for_args(args)
+        return [*make_processors(args), *extra, *([budget] if budget is not None else [])]
 
     class Generator(server.ResponseGenerator):
         def generate(self, request, generation_args, progress_callback=None):
@@ -117,6 +126,9 @@ def install(server: Any) -> None:
             if isinstance(request, request_type) and request.enforcement is not None:
                 model = self.model_provider.model
                 replies.put(args, mask_for(request.enforcement, tokenizer, model, list(tokenized[0]), masks))
+            if isinstance(request, request_type) and request.think_budget is not None:
+                traits = masks.of(tokenizer, self.model_provider.model)[1]
+                budgets.put(args, request, request.think_budget, traits.reasoning, tokenizer, list(tokenized[0]))
             return tokenized
 
     class Handler(server.APIHandler):
@@ -128,12 +140,14 @@ def install(server: Any) -> None:
             self.enforced = None  # each request its own (were connections kept alive, a handler would serve several)
             try:
                 enforcement = enforcement_of(self.body)
+                budget = think_budget_of(self.body, serve_budget)
                 self._check_calls(enforcement)
                 self._check_window(request)
             except RequestRefused as exc:
                 return self._refuse(exc)
+            if enforcement is not None or budget is not None:
+                request = request_type(**vars(request), enforcement=enforcement, think_budget=budget)
             if enforcement is not None:
-                request = request_type(**vars(request), enforcement=enforcement)
                 if enforcement.calls == "none":
                     request.tools = None  # no call can start: the template offers none
                 self.enforced = enforcement.kind
@@ -149,10 +163,11 @@ def install(server: Any) -> None:
                 contexts.ended(request)
 
         def generate_response(self, *args, **kwargs):
-            return named(super().generate_response(*args, **kwargs), served_id)
+            return budgets.reported(named(super().generate_response(*args, **kwargs), served_id), self.answering)
 
         def completion_usage_response(self, *args, **kwargs):
-            return named(super().completion_usage_response(*args, **kwargs), served_id)
+            return budgets.reported(named(super().completion_usage_response(*args, **kwargs), served_id),
+                                    self.answering)
 
         def _check_calls(self, enforcement: Enforcement | None) -> None:
             """A call that must come, from a model whose chat template takes no tools, is refused: its

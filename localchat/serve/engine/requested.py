@@ -11,6 +11,7 @@ from typing import Any
 
 from localchat.errors import UsageError
 from localchat.grammar.answer_formats import MAX_CHOICES, AnswerFormat, regex_format
+from localchat.grammar.think_budget import ThinkBudget, budget_of_effort, checked_message, parse_budget
 
 MAX_TOOLS = 128
 MAX_SCHEMA_DEPTH = 64  # JSON levels of one schema: far past any tool's; deeper ones exhaust the compiler's stack
@@ -61,6 +62,7 @@ def enforced_request(completion_request: type) -> type:
     @dataclass
     class EnforcedRequest(completion_request):
         enforcement: Enforcement | None = None
+        think_budget: ThinkBudget | None = None
 
     EnforcedRequest.__module__, EnforcedRequest.__qualname__ = __name__, "EnforcedRequest"
     globals()["EnforcedRequest"] = EnforcedRequest
@@ -188,6 +190,23 @@ def _check(fmt: AnswerFormat | None, tools: list[dict[str, Any]], calls: str) ->
     if calls == "required":
         for name, why in refused_tools(tools, None).items():
             raise RequestRefused(f"tool {name!r}: its parameters cannot be enforced: {why}", "tools")
+
+
+def think_budget_of(body: dict[str, Any], default: ThinkBudget | None) -> ThinkBudget | None:
+    """The request's thinking budget: localchat's ``think_budget`` (tokens, or ``"none"``) with its
+    ``think_budget_message``, else OpenAI's ``reasoning_effort`` (``EFFORT_BUDGETS``), else ``serve
+    --think-budget`` (``default``); ``RequestRefused`` for nonsense."""
+    try:
+        message = checked_message(body.get("think_budget_message"))
+        if "think_budget" in body:
+            tokens = parse_budget(body["think_budget"])
+            return ThinkBudget(tokens=tokens, message=message) if tokens is not None else None
+        if body.get("reasoning_effort") is not None:
+            return budget_of_effort(body["reasoning_effort"])
+    except ValueError as exc:
+        param = "reasoning_effort" if "effort" in str(exc) else "think_budget"
+        raise RequestRefused(str(exc), param) from None
+    return default
 
 
 def enforcement_of(body: dict[str, Any]) -> Enforcement | None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from localchat.backends import Event, GenerationParams, Message, PrefillProgress, ReasoningChunk, TextChunk, ToolCall
+from localchat.grammar.think_budget import MAX_BUDGET, ThinkBudget
 from localchat.serve.pool.upstream import REASONING_KEY
 from localchat.serve.request import (
     ApiError,
@@ -67,10 +68,22 @@ def read_request(body: Any, *, counting: bool = False) -> GatewayRequest:
         top_k=read_count(body, "top_k", low=0) or 0,
         max_tokens=read_count(body, "max_tokens", required=not counting) or 1,
         think={"enabled": True, "adaptive": True, "between_tools": True, "disabled": False}.get(
-            read(thinking, "type", str, "thinking")))
+            read(thinking, "type", str, "thinking")),
+        think_budget=_budget(thinking))
     return GatewayRequest(model=read(body, "model", str, required=True), system=_system(body.get("system")),
                           messages=_messages(body), params=params, stream=bool(read(body, "stream", bool)),
                           tools=tools, tool_choice=choice, stop=tuple(stops), dropped_tools=dropped)
+
+
+def _budget(thinking: dict[str, Any]) -> ThinkBudget | None:
+    """``thinking.budget_tokens`` of enabled thinking: the reasoning's tokens at most (any whole number
+    from 0: a local model is no API with a 1,024 floor)."""
+    if read(thinking, "type", str, "thinking") != "enabled":
+        return None
+    tokens = read_count(thinking, "budget_tokens", "thinking", low=0)
+    if tokens is not None and tokens > MAX_BUDGET:
+        raise invalid(f"thinking.budget_tokens: at most {MAX_BUDGET:,}", "thinking.budget_tokens")
+    return ThinkBudget(tokens=tokens) if tokens is not None else None
 
 
 def _system(system: Any) -> str | None:

@@ -30,6 +30,7 @@ from localchat.serve.request import (
     arguments_object,
     check_results_follow_calls,
     content_of,
+    effort_budget,
     function_tool,
     invalid,
     items_of,
@@ -62,7 +63,8 @@ def read_request(body: Any, store: ResponseStore) -> GatewayRequest:
     effort = read(read(body, "reasoning", dict, default={}), "effort", str, "reasoning")
     params = GenerationParams(
         temperature=read_number(body, "temperature", 0.0, 2.0), top_p=read_number(body, "top_p", 0.0, 1.0),
-        max_tokens=read_count(body, "max_output_tokens") or 4096, think=None if effort is None else effort != "none")
+        max_tokens=read_count(body, "max_output_tokens") or 4096, think=None if effort is None else effort != "none",
+        think_budget=effort_budget(effort, "reasoning.effort"))
     conversation = joined_calls([*earlier, *messages])
     check_results_follow_calls(conversation, "function_call_output", "function_call")
     if not conversation or conversation[-1]["role"] == "assistant":
