@@ -358,3 +358,19 @@ def test_preview_reports_a_template_error_in_one_line(family_dirs):
         err.getvalue().strip()
         == 'error: odd\'s chat template: it failed: TypeError: can only concatenate str (not "int") to str'
     )
+
+
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f.reasoning], ids=lambda f: f.name)
+def test_a_thinking_budget_ends_each_familys_reasoning_its_own_way(family, family_dirs):
+    """Budget 0 with thinking on: the family's own end of reasoning is forced (``</think>``, or
+    harmony's end of analysis and head of final), nothing of it reaches the answer, the answer follows."""
+    from localchat.backends import Finished, ReasoningChunk, TextChunk
+    from localchat.grammar.think_budget import ThinkBudget
+
+    backend = loader(family_dirs[family.name])()
+    events = list(backend.stream([{"role": "user", "content": "alpha"}],
+                                 GenerationParams(max_tokens=24, think=True, think_budget=ThinkBudget(tokens=0))))
+    done = next(e for e in events if isinstance(e, Finished))
+    answer = "".join(e.text for e in events if isinstance(e, TextChunk))
+    assert done.reasoning_cut and "plan" not in "".join(e.text for e in events if isinstance(e, ReasoningChunk))
+    assert answer and not MARKERS.search(answer), answer

@@ -106,9 +106,10 @@ def test_ledger_sums_and_medians_every_turn():
 
 def test_stored_figures_round_trip_with_their_version():
     stats = TurnStats(prompt_tokens=9, ttft_s=0.1, finish_reason="stop", runtime={"mlx_lm_prompt_tps": 5.0},
-                      cache_break="message 0 (system)")
+                      cache_break="message 0 (system)", reasoning_cut=True)
     stored = stats_to_dict(stats)
-    assert stored["version"] == STATS_VERSION == 7  # 2: ttfa_s, reasoning; 3: budget; 4: drafts; 5: masks; 6: breaks; 7: cut
+    assert stored["version"] == STATS_VERSION == 7  # 2: ttfa_s, reasoning; 3: budget; 4: drafts; 5: masks; 6: breaks;
+    assert stored["reasoning_cut"] is True  # 7: the reasoning cut at the thinking budget
     assert stats_from_dict(stored) == stats
 
 
