@@ -196,3 +196,38 @@ def test_serve_think_budget_is_each_requests_default(tmp_path):
         assert own["choices"][0]["message"].get("reasoning")  # a request's own field wins
     finally:
         serve.stop()
+
+
+# --- bench and the command line ---------------------------------------------------------------------
+
+
+def test_bench_puts_budgets_side_by_side_and_a_cut_mid_reasoning_costs_the_toy_its_answers(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from localchat.bench.script import SCRIPTS_DIR
+    from localchat.cli.app import app
+
+    done = CliRunner().invoke(app, ["bench", "--format", "json", "-m", "demo-think", "--history", "on",
+                                    "--script", str(SCRIPTS_DIR / "recall-en.yaml"), "--think-budget", "0,8,none"],
+                              env={"LOCALCHAT_HOME": str(tmp_path)})
+    assert done.exit_code == 0, done.stdout + done.stderr
+    budgets = json.loads(done.stdout)["summary"]["think_budget_vs_none"]
+    zero, eight = budgets["inproc history-on budget-0"], budgets["inproc history-on budget-8"]
+    assert zero["cut_share"] == 1.0 and zero["reasoning_tokens_per_turn"] == 2.0  # <think></think>
+    assert eight["accuracy_difference"] < 0 and eight["against"] == "inproc history-on"
+    assert zero["ttfa_ratio"] < 1  # no reasoning to wait for
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["bench", "--think-budget", "0,0"], "each budget once"),
+    (["bench", "--think-budget", "4,,8"], "comma-separated"),
+    (["bench", "--think-budget", "-4"], "from 0 to"),
+    (["serve", "--plain", "--think-budget", "4"], "leave out --plain"),
+    (["serve", "--think-budget", "many"], "whole number"),
+])
+def test_nonsense_on_the_command_line_is_one_usage_line(args, needle, tmp_path):
+    done = subprocess.run([sys.executable, "-m", "localchat", *args], capture_output=True, text=True, timeout=60,
+                          env=os.environ | {"LOCALCHAT_HOME": str(tmp_path), "COLUMNS": "200"})
+    assert done.returncode == 2 and needle in done.stderr and "Traceback" not in done.stderr, done.stderr

@@ -22,6 +22,7 @@ from localchat.conversation.policy import HistoryPolicy
 from localchat.conversation.settings import TrimPolicy
 from localchat.conversation.stats import percentile
 from localchat.conversation.turn import ChatSession
+from localchat.grammar.think_budget import ThinkBudget
 
 
 @dataclass(frozen=True)
@@ -31,11 +32,13 @@ class Arm:
     cache_reuse: bool = True
     think: bool | None = None  # None: the model's default (nothing is sent)
     policy: HistoryPolicy | None = None  # the policy bench: how the history stays in its budget
+    think_budget: int | None = None  # reasoning tokens at most (--think-budget); None: no budget
 
     @property
     def label(self) -> str:
         reuse = "" if self.cache_reuse else " no-reuse"
         think = "" if self.think is None else f" think-{'on' if self.think else 'off'}"
+        think += "" if self.think_budget is None else f" budget-{self.think_budget}"
         if self.policy is not None:
             return f"{self.backend} {self.policy.label}{reuse}{think}"
         return f"{self.backend} history-{'on' if self.history else 'off'}{reuse}{think}"
@@ -89,6 +92,8 @@ class TurnRecord:
     tool_calls: int = 0
     tool_s: float = 0.0  # time inside the tools, apart from model time
     tool_prompt_tokens: int = 0  # what the calls and their results add to the answer's prompt
+    think_budget: int | None = None  # the arm's thinking budget
+    reasoning_cut: bool = False  # the reasoning reached it and its end was forced
 
 
 @dataclass(frozen=True)
@@ -107,7 +112,9 @@ OnTurn = Callable[[str, int, str, int], None]  # (arm label, repeat, script, tur
 def play_conversation(backend: Backend, arm: Arm, script: BenchScript, conversation: int, repeat: int,
                       bench: BenchPlan, on_turn: OnTurn) -> list[TurnRecord]:
     history = Conversation.for_backend(backend, script.system)
-    session = ChatSession(backend, history, replace(bench.params, think=arm.think), use_history=arm.history,
+    budget = ThinkBudget(tokens=arm.think_budget) if arm.think_budget is not None else None
+    session = ChatSession(backend, history, replace(bench.params, think=arm.think, think_budget=budget),
+                          use_history=arm.history,
                           trim=arm.policy.trim(TrimPolicy()) if arm.policy else TrimPolicy(),
                           compaction=arm.policy.compaction() if arm.policy else None, tools=bench.tools).prepare()
     records: list[TurnRecord] = []
@@ -136,7 +143,8 @@ def play_conversation(backend: Backend, arm: Arm, script: BenchScript, conversat
             compaction_tokens=summary.prompt_tokens + summary.completion_tokens if summary else 0,
             compaction_s=summary.total_s if summary else 0.0, tool_rounds=len(result.steps),
             tool_calls=sum(len(step.calls) for step in result.steps), tool_s=result.tool_s,
-            tool_prompt_tokens=result.tool_prompt_tokens))
+            tool_prompt_tokens=result.tool_prompt_tokens, think_budget=arm.think_budget,
+            reasoning_cut=s.reasoning_cut))
     return records
 
 
@@ -276,7 +284,7 @@ class BenchResult:
         backend, and thinking when set), KV reuse on vs off, thinking on vs off."""
         arms = {arm: summarize_arm(self.records(arm)) for arm in self.arms}
         growth = {arm: fit_growth(self.records(arm)) for arm in self.arms}
-        comparisons, savings, thinking = {}, {}, {}
+        comparisons, savings, thinking, budgets = {}, {}, {}, {}
         for label, arm in self._arm_settings().items():
             key = label.replace(" history-on", "")
             if arm.history and arm.cache_reuse and (off := replace(arm, history=False).label) in arms:
@@ -285,11 +293,15 @@ class BenchResult:
                 savings[key] = reuse_savings(arms[label], arms[plain]) | {"paired": self._paired(label, plain)}
             if arm.think is True and (off := replace(arm, think=False).label) in arms:
                 thinking[arm.family] = thinking_cost(arms[label], arms[off]) | {"paired": self._paired(label, off)}
+            if arm.think_budget is not None and (free := replace(arm, think_budget=None).label) in arms:
+                cut = statistics.fmean(r.reasoning_cut for r in self.records(label)) if self.records(label) else None
+                budgets[label] = thinking_cost(arms[label], arms[free]) | {
+                    "paired": self._paired(label, free), "against": free, "cut_share": cut}
         from localchat.bench.depth import summarize
         from localchat.bench.distance import distance_summary
 
         return {"arms": arms, "growth": growth, "history_on_vs_off": comparisons, "kv_reuse": savings,
-                "think_on_vs_off": thinking, "policies": policy_summary(self.turns),
+                "think_on_vs_off": thinking, "think_budget_vs_none": budgets, "policies": policy_summary(self.turns),
                 "intervals": {arm: arm_intervals(self.records(arm)) for arm in self.arms},
                 "no_interval": no_interval(self.turns) if self.turns else None,
                 "depth": summarize(self.depth) if self.depth else None, "distance": distance_summary(self.turns),
@@ -306,7 +318,8 @@ class BenchResult:
         return paired(self.records(a), self.records(b))
 
     def _arm_settings(self) -> dict[str, Arm]:
-        return {r.arm: Arm(r.backend, r.history, r.cache_reuse, r.think) for r in self.turns if r.policy is None}
+        return {r.arm: Arm(r.backend, r.history, r.cache_reuse, r.think, think_budget=r.think_budget)
+                for r in self.turns if r.policy is None}
 
     def as_dict(self) -> dict:
         return {"schema": "localchat.bench.arms/2", "environment": self.environment, "settings": self.settings,

@@ -145,6 +145,12 @@ def comparison_lines(result: BenchResult) -> list[str]:
                      f"({_f(t['reasoning_tokens_per_turn'], '.1f')} reasoning tokens a turn), "
                      f"total time a turn ×{_f(t['total_time_ratio'], '.2f')}; "
                      + paired_line("paired", t["paired"], (("ttft_ratio", "TTFT"),)))
+    for arm, t in summary.get("think_budget_vs_none", {}).items():
+        lines.append(f"{arm} vs no budget: reasoning cut on {_f(t['cut_share'], '.0%')} of turns, accuracy "
+                     f"{points(t['accuracy_difference'])}, time to first answer ×{_f(t['ttfa_ratio'], '.2f')}, "
+                     f"total time a turn ×{_f(t['total_time_ratio'], '.2f')} "
+                     f"({_f(t['reasoning_tokens_per_turn'], '.1f')} reasoning tokens a turn); "
+                     + paired_line("paired", t["paired"], (("ttft_ratio", "TTFT"),)))
     return lines
 
 

@@ -61,6 +61,7 @@ class BenchOptions:
     plot: Path | None = None
     replay: tuple[str, ...] = ()  # saved session names
     think: str | None = None  # on | off | both; None: the model's default, nothing sent
+    think_budget: str | None = None  # --think-budget 0,16,none: one arm a budget (none: no budget)
     policy: str | None = None  # history policies side by side: full,window:N,budget:N,compact:N,pin:N
     tools: ToolSettings = field(default_factory=ToolSettings)  # --tools, --mcp: what every arm offers
     depth: str | None = None  # --depth 0,256,512: the context-depth sweep instead of the scripts
@@ -80,11 +81,28 @@ def arms_for(opts: BenchOptions) -> list[Arm]:
     histories = [True, False] if opts.history == "both" else [opts.history == "on"]
     choices: dict[str | None, list[bool | None]] = {None: [None], "both": [True, False], "on": [True], "off": [False]}
     thinks = choices[opts.think]
-    arms = [Arm(b, h, think=t) for b in backends for h in histories for t in thinks]
+    budgets = parse_budgets(opts.think_budget) if opts.think_budget is not None else (None,)
+    arms = [Arm(b, h, think=t, think_budget=k) for b in backends for h in histories for t in thinks for k in budgets]
     if opts.no_cache_reuse and "inproc" in backends and True in histories:
         for think in reversed(thinks):
             arms.insert(1, Arm("inproc", True, cache_reuse=False, think=think))
     return arms
+
+
+def parse_budgets(text: str) -> tuple[int | None, ...]:
+    """``0,16,64,none``: each a thinking budget (``none``: an arm without one), once each, in order."""
+    from localchat.grammar.think_budget import parse_budget
+
+    parts = [part.strip() for part in text.split(",")]
+    if not text.strip() or any(not part for part in parts):
+        raise UsageError("--think-budget: a comma-separated list of budgets, e.g. 0,16,64,none")
+    try:
+        budgets = [parse_budget(part if part != "none" else None) for part in parts]
+    except ValueError as exc:
+        raise UsageError(f"--think-budget: {exc}") from None
+    if len(set(budgets)) != len(budgets):
+        raise UsageError("--think-budget: each budget once")
+    return tuple(budgets)
 
 
 def check_outputs(opts: Any) -> None:
@@ -153,6 +171,8 @@ def rerun_command(opts: BenchOptions) -> str:
         args.append("--no-cache-reuse")
     if opts.think:
         args += ["--think", opts.think]
+    if opts.think_budget:
+        args += ["--think-budget", opts.think_budget]
     if opts.policy:
         args += ["--policy", opts.policy]
     if opts.depth:
@@ -264,8 +284,9 @@ class PreparedBench:
 def prepare_bench(opts: BenchOptions) -> PreparedBench:
     """Every check that can fail before the first turn: outputs, scripts, the model's name."""
     check_outputs(opts)
-    if opts.policy is not None and (opts.history != "both" or opts.no_cache_reuse or opts.think):
-        raise UsageError("--policy compares history policies: leave out --history, --no-cache-reuse and --think")
+    if opts.policy is not None and (opts.history != "both" or opts.no_cache_reuse or opts.think or opts.think_budget):
+        raise UsageError("--policy compares history policies: leave out --history, --no-cache-reuse, --think and "
+                         "--think-budget")
     arms = arms_for(opts)
     scripts = bench_scripts(opts)
     if not scripts:
@@ -277,8 +298,8 @@ def prepare_bench(opts: BenchOptions) -> PreparedBench:
         from localchat.bench.depth import parse_depths
         from localchat.registry import context_length_of
 
-        if opts.policy or opts.think or opts.tools.offered:
-            raise UsageError("--depth measures one thing: leave out --policy, --think and tools")
+        if opts.policy or opts.think or opts.think_budget or opts.tools.offered:
+            raise UsageError("--depth measures one thing: leave out --policy, --think, --think-budget and tools")
         depths = parse_depths(opts.depth, context_length_of(ref) if ref.kind != "hub" else None)
     params = GenerationParams(temperature=opts.temperature, max_tokens=opts.max_tokens, seed=opts.seed)
     return PreparedBench(opts=opts, ref=ref, plan=BenchPlan(scripts, opts.repeat, opts.warmup, params, opts.seed),

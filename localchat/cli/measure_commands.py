@@ -87,6 +87,11 @@ def bench(
         Optional[OnOffBoth],
         typer.Option(help="Thinking on, off, or both (side by side: what reasoning costs) [default: the model's own]."),
     ] = None,
+    think_budget: Annotated[
+        Optional[str],
+        typer.Option(metavar="N,N,…", help="Thinking budgets side by side (one arm each; none: no budget), "
+                                           "e.g. 0,16,64,none: what a budget costs in answers and saves in time."),
+    ] = None,
     policy: Annotated[
         Optional[str],
         typer.Option(help="History policies side by side on long scripts: full,window:N,budget:N,compact:N,pin:N."),
@@ -122,6 +127,7 @@ def bench(
                         repeat=repeat, warmup=warmup, temperature=temperature, seed=seed, max_tokens=max_tokens,
                         no_cache_reuse=no_cache_reuse, base_url=base_url, out=out, format=format.value,
                         plot=plot, replay=tuple(replay or ()), think=think.value if think else None, policy=policy,
+                        think_budget=think_budget,
                         tools=tool_choice, depth=depth, distance=distance, memory_limit=memory_limit, force=force)
     from localchat.cli.bench import run_bench_cmd
 

@@ -71,7 +71,7 @@ def checked_message(value: Any) -> str:
 def forced_ending(fmt: ReasoningFormat, message: str) -> str:
     """The text forced at the budget: the closing sentence, then the family's own end of reasoning
     (``</think>``; harmony's end of the analysis channel and the head of the final one)."""
-    said = f"{message.strip()}\n" if message.strip() else ""
+    said = message if not message.strip() or message.endswith("\n") else f"{message}\n"  # (as the user spaced it)
     if fmt.name == "harmony":
         return f"{said}{fmt.close_marker}{HARMONY_TO_FINAL}"
     return f"{said}{fmt.close_marker}"

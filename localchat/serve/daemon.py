@@ -76,6 +76,9 @@ def run_serve(*, asked: ServeRequest, console: Console, err: Console, smoke: Smo
     from localchat.serve.pool.entries import present_models
 
     refuse_engine_kv_flags(asked.extra)
+    if asked.plain and asked.think_budget is not None:
+        raise UsageError("--think-budget is enforced by localchat's engine: leave out --plain (mlx_lm.server as it "
+                         "is has no budget)")
     names = [*asked.models, *(present_models() if every else [])] or [DEFAULT_MODEL]
     ref = resolve(names[0])
     fit = FitSettings(memory_limit=asked.memory_limit, force=asked.force)
@@ -258,7 +261,7 @@ def run_ranks(ref: ModelRef, asked: ServeRequest, ranks: Ranks, fit: FitSettings
     with console.status("starting mlx_lm.server …") as status, shown_log_on_failure(console):
         server = start_ready(ref, host=host, port=port, log=asked.log, extra=(*asked.extra, *engine_args(kv)),
                              on_poll=heeding(terminated, status.update), ranks=ranks, fit=replace(fit, kv=kv),
-                             plain=asked.plain)
+                             plain=asked.plain, env=budget_env(asked) or None)
     where = f" · {ranks.size} ranks ({ranks.backend}{', pipeline' if ranks.pipeline else ''})"
     front = None
     try:
