@@ -108,11 +108,15 @@ def test_a_budget_of_0_answers_at_once(think_backend):
 
 
 def test_chat_shows_the_cut_on_the_figures_line(tmp_path):
+    import json
+
     done = subprocess.run([sys.executable, "-m", "localchat", "chat", "-m", "demo-think", "--think-budget", "4",
-                           "--show-thinking", QUESTION], capture_output=True, text=True, timeout=120,
-                          env=os.environ | {"LOCALCHAT_HOME": str(tmp_path), "COLUMNS": "200"})
+                           "--show-thinking", "--record", str(tmp_path / "records"), QUESTION], capture_output=True,
+                          text=True, timeout=120, env=os.environ | {"LOCALCHAT_HOME": str(tmp_path), "COLUMNS": "200"})
     assert done.returncode == 0, done.stderr
     assert "think 5 (cut at the budget)" in done.stderr
+    response = json.loads(next((tmp_path / "records").glob("*-response.json")).read_text())
+    assert response["stats"]["reasoning_cut"] is True  # the record says so, as the saved turn's figures do
     refused = subprocess.run([sys.executable, "-m", "localchat", "chat", "-m", "demo-think", "--think-budget", "-2",
                               QUESTION], capture_output=True, text=True, timeout=60,
                              env=os.environ | {"LOCALCHAT_HOME": str(tmp_path)})
