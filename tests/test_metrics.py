@@ -142,6 +142,20 @@ def test_load_shows_the_servers_side_beside_its_own(served, tmp_path):
     counted = int(side.split(": ", 1)[1].split()[0])
     assert counted >= 4, side  # 2 users × 2 turns (and load's own checks of the server), counted there
     assert "from memory" in side and "the largest batch so far" in done.stdout
+    assert "ms on average in the batch queue" in done.stdout
+
+
+def test_an_engine_without_the_front_is_counted_by_its_replies_and_its_waits_in_order():
+    from localchat.load.server_side import Scrape, server_side_lines
+
+    before = Scrape(values={("localchat_engine_time_to_first_token_seconds_count", ""): 2.0})
+    after = Scrape(values={("localchat_engine_time_to_first_token_seconds_count", ""): 7.0,
+                           ("localchat_prompt_tokens_total", ""): 100.0,
+                           ("localchat_batch_queue_seconds_count", ""): 5.0,
+                           ("localchat_batch_queue_seconds_sum", ""): 0.1})
+    first, second = server_side_lines(before, after)
+    assert "5 replies (an engine without serve's front)" in first
+    assert second.index("for room") < second.index("for a load") < second.index("20 ms on average in the batch queue")
 
 
 def test_an_excerpt_is_escaped_and_capped(demo):

@@ -24,6 +24,9 @@ class Scrape:
     def get(self, name: str, label: str = "") -> float:
         return self.values.get((name, label), 0.0)
 
+    def has(self, name: str) -> bool:
+        return any(sample == name for sample, _ in self.values)
+
 
 KEPT_LABELS = ("tier", "reason", "waited_for")
 
@@ -61,21 +64,34 @@ def server_side_lines(before: Scrape | None, after: Scrape | None) -> list[str]:
     def grew(name: str, label: str = "") -> float:
         return after.get(name, label) - before.get(name, label)
 
-    requests, prompt = grew("localchat_requests_total"), grew("localchat_prompt_tokens_total")
+    prompt = grew("localchat_prompt_tokens_total")
     memory, disk = grew("localchat_cached_prompt_tokens_total", "memory"), grew("localchat_cached_prompt_tokens_total",
                                                                               "disk")
-    waits, waited = grew("localchat_wait_seconds_count", "load"), grew("localchat_wait_seconds_sum", "load")
     loads = grew("localchat_model_loads_total")
     unloads = sum(grew("localchat_model_unloads_total", r) for r in ("idle", "made room", "crashed", "stopped"))
     shares = (f"{memory / prompt:.0%} from memory, {disk / prompt:.0%} from disk" if prompt
               else "no prompt tokens")
-    lines = [f"server side (its /metrics): {requests:.0f} requests, {prompt:,.0f} prompt tokens ({shares}), "
+    counted = (f"{grew('localchat_requests_total'):.0f} requests" if after.has("localchat_requests_total") else
+               f"{grew('localchat_engine_time_to_first_token_seconds_count'):.0f} replies (an engine without serve's "
+               "front)")
+    lines = [f"server side (its /metrics): {counted}, {prompt:,.0f} prompt tokens ({shares}), "
              f"{grew('localchat_completion_tokens_total'):,.0f} completion tokens",
              f"  the largest batch so far: {after.get('localchat_batch_size_max'):.0f} requests; "
-             + (f"{waits:.0f} requests waited {waited / waits:.2f}s on average for a load; " if waits else
-                "no request waited for a load; ")
-             + f"{loads:.0f} loads and {unloads:.0f} unloads during the run"]
+             + "; ".join(_waited(grew)) + f"; {loads:.0f} loads and {unloads:.0f} unloads during the run"]
     breaks = grew("localchat_prompt_cache_breaks_total")
     if breaks:
         lines.append(f"  {breaks:.0f} prompts broke from their cache before its end (see the engine's log)")
     return lines
+
+
+def _waited(grew) -> list[str]:
+    """What the requests waited for, in order: room, a load (at the front), the batch queue (the engine)."""
+    said = []
+    for label, what in (("room", "for room"), ("load", "for a load")):
+        count, total = grew("localchat_wait_seconds_count", label), grew("localchat_wait_seconds_sum", label)
+        said.append(f"{count:.0f} requests waited {total / count:.2f}s on average {what}" if count else
+                    f"no request waited {what}")
+    count, total = grew("localchat_batch_queue_seconds_count"), grew("localchat_batch_queue_seconds_sum")
+    if count:
+        said.append(f"{total / count * 1e3:.0f} ms on average in the batch queue")
+    return said
