@@ -522,3 +522,43 @@ def test_enter_twice_on_a_new_chat_sends_one_turn_and_makes_one_conversation(pag
     made = [c for c in httpx.get(served.url + "/api/chats", timeout=10).json() if c["id"] not in before]
     assert len(made) == 1 and made[0]["turns"] == 1, made
     assert page.locator("[data-testid=message][data-role=user]").count() == 1
+
+
+def test_open_without_a_browser_says_where_the_page_is(tmp_path):
+    """``serve --open`` on a machine with no browser (none on PATH, no display): one line naming the URL."""
+    from localchat.server.launch import free_port
+
+    port, empty = free_port(), tmp_path / "bin"
+    empty.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("BROWSER", "DISPLAY", "WAYLAND_DISPLAY")}
+    proc = subprocess.Popen([sys.executable, "-m", "localchat", "serve", "-m", "demo", "--port", str(port), "--open"],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            env=env | {"PATH": str(empty), "LOCALCHAT_HOME": str(tmp_path / "home"),
+                                       "COLUMNS": "200"})
+    try:
+        said = ""
+        for line in proc.stdout:
+            said += line
+            if "no browser" in line or "Traceback" in line:
+                break
+        assert f"no browser to open here: the chat page is at http://127.0.0.1:{port}/" in said, said
+    finally:
+        proc.terminate()
+        proc.wait(60)
+
+
+def test_a_turn_after_an_abandoned_one_is_not_stopped_by_it(served, rambling_model):
+    """The page goes away mid-reply (its turn is discarded); the next turn sent to that conversation,
+    as soon as it is free, runs to its own end: a stop belongs to its turn."""
+    uid = httpx.post(served.url + "/api/chats", json={"model": str(rambling_model)}).json()["id"]
+    assert turn_events(served, uid, "Talk forever.", until="text")[-1]["type"] == "text"  # then hung up
+    deadline, events = time.monotonic() + 60, []
+    while not events and time.monotonic() < deadline:
+        with httpx.stream("POST", f"{served.url}/api/chats/{uid}/turns", json={"text": "Talk again."},
+                          timeout=120) as response:
+            if response.status_code != 200:  # the abandoned turn is still ending: busy
+                time.sleep(0.05)
+                continue
+            events = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: ")]
+    end = next(e for e in events if e["type"] == "end")
+    assert end["status"] == "cut", end  # ran to its own end (this model never stops: --max-tokens), not "stopped"
