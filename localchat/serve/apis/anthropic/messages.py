@@ -6,7 +6,8 @@ Claude Code sends its reminders, is read as the user's text where it stands: a c
 one system message, first, and moving it there would lose the server's prompt cache), ``tool_use``, ``tool_result`` and
 ``thinking`` blocks, ``image`` blocks with base64 data (checked, sent as OpenAI image parts: the
 model must see; a document is refused), the samplers,
-``stop_sequences``, ``tools`` with ``input_schema`` and ``tool_choice``, ``thinking``. Tools of
+``stop_sequences``, ``tools`` with ``input_schema`` and ``tool_choice``, ``thinking`` (its ``budget_tokens``
+bounds the reasoning: ``grammar.think_budget``). Tools of
 Anthropic's own kinds (web search, a computer) are left out, said in the gateway's log. Written:
 ``thinking``, ``text`` and ``tool_use`` blocks, ``stop_reason`` and ``usage``, where
 ``input_tokens`` counts what was not read from the server's prompt cache, as Anthropic's does.

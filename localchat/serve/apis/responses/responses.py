@@ -4,7 +4,8 @@ written back as a response object or its ``response.*`` event stream.
 Read: ``input`` (a string, or items: messages, ``function_call``, ``function_call_output``,
 ``reasoning``), ``instructions`` and system or developer messages (one system message: chat templates
 take it first), function ``tools`` (others, such as web search, are left out and said in the log),
-``tool_choice``, ``reasoning`` (any effort but ``none`` turns thinking on), the samplers,
+``tool_choice``, ``reasoning`` (any effort but ``none`` turns thinking on; the effort is a thinking
+budget), the samplers,
 ``max_output_tokens``. Written: a thinking model's reasoning as a reasoning item, the answer as a
 message item, each call as a ``function_call`` item. With ``store`` (the API's default) a
 response is kept in memory (``stored``), for ``previous_response_id`` and to be read back or deleted;
