@@ -156,7 +156,8 @@ def test_a_server_that_dies_mid_run_is_error_counts_and_one_line(tmp_path):
     assert run["ok"] > 0 and run["requests"] > run["ok"]
 
 
-def test_ctrl_c_stops_every_user_and_writes_partial_results(server, tmp_path):
+@pytest.mark.parametrize("stop, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_or_sigterm_stops_every_user_and_writes_partial_results(server, tmp_path, stop, code):
     server.chat(Reply(chunks=sse(delta("Hi"), delta(" there", "stop")), pause_s=0.3))
     process = subprocess.Popen([sys.executable, "-m", "localchat", "load", "--base-url", server.base_url,
                                 "--users", "3", "--conversations", "100", "--warmup", "0", "--out", str(tmp_path)],
@@ -165,9 +166,9 @@ def test_ctrl_c_stops_every_user_and_writes_partial_results(server, tmp_path):
     while sum(path.endswith("/chat/completions") for path, _, _ in server.requests) < 6:
         assert time.monotonic() < deadline and process.poll() is None, "the load never started"
         time.sleep(0.05)
-    process.send_signal(signal.SIGINT)
+    process.send_signal(stop)
     stdout, stderr = process.communicate(timeout=20)
-    assert process.returncode == 130, stderr
+    assert process.returncode == code, stderr
     assert "Traceback" not in stderr and "partial" in stderr
     data = json.loads((tmp_path / "results.json").read_text())
     assert data["partial"] and data["runs"][0]["requests"] > 0
