@@ -108,9 +108,10 @@ def run_bench_cmd(*, options: dict[str, Any], console: Console, err: Console) ->
     if opts.plot:
         write_plot(result, opts.plot)
         err.print(f"wrote {opts.plot}", style="dim")
-    if opts.think and not any(t.reasoning_tokens for t in result.turns):
+    if (opts.think or opts.think_budget) and not any(t.reasoning_tokens for t in result.turns):
+        flag = "--think-budget" if opts.think_budget else "--think"
         err.print(f"[yellow]no turn reasoned: {escape(prepared.ref.id)} seems to have no thinking mode, so "
-                  "--think changed nothing (try -m demo-think)[/yellow]")
+                  f"{flag} changed nothing (try -m demo-think)[/yellow]")
     return report_failures(result, err)
 
 
