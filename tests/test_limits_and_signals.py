@@ -116,3 +116,36 @@ def test_bench_against_a_server_that_breaks_every_turn_says_so_and_exits_1(tmp_p
     assert result.exit_code == 1 and "Traceback" not in result.stderr
     assert "2 of 2 turns failed" in result.stderr and "'choices[0]' is not an object" in result.stderr
     assert {t["status"] for t in json.loads(result.stdout)["turns"]} == {TurnStatus.ERROR.value}
+
+
+@pytest.mark.parametrize("plain", [False, True], ids=["markdown", "plain"])
+def test_ctrl_c_during_a_one_shot_reply_leaves_its_partial_text_on_the_screen_once(plain, tmp_path):
+    """What the terminal shows (a pty, emulated by pyte) after Ctrl+C mid-reply: every line of the
+    partial answer once. (The live region's lines were padded to the last column, where the tty's
+    ``^C`` echo wrapped, and the region's last line stayed above the reply's final text.)"""
+    import pexpect
+    import pyte
+
+    from fakeserver import delta
+
+    server = FakeServer()
+    server.chat(Reply(chunks=sse(*[delta(f" w{i}" + ("\n\n" if i % 25 == 24 else "")) for i in range(2000)]),
+                      pause_s=0.01))
+    env = {"PATH": "/usr/bin:/bin", "TERM": "xterm", "LOCALCHAT_HOME": str(tmp_path), "NO_COLOR": "1"}
+    try:
+        child = pexpect.spawn(sys.executable, ["-m", "localchat", "chat", "--backend", "server", "--base-url",
+                                               server.base_url, "-m", "m", *(["--plain"] if plain else []), "hello"],
+                              encoding="utf-8", timeout=60, dimensions=(400, 100), env=env)
+        child.expect("w130 ")
+        shown = child.before + child.after
+        child.sendintr()
+        child.expect(pexpect.EOF)
+        shown += child.before
+    finally:
+        server.close()
+    screen = pyte.Screen(100, 400)
+    pyte.Stream(screen).feed(shown)
+    words = " ".join(screen.display).split()
+    streamed = [w for w in words if w.startswith("w") and w[1:].isdigit()]
+    assert len(streamed) >= 130 and len(streamed) == len(set(streamed)), streamed  # each word once
+    assert streamed == [f"w{i}" for i in range(len(streamed))] and "interrupted" in words

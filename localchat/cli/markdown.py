@@ -10,7 +10,11 @@ Pipes, ``--json``, records and history get the raw text; this only changes what 
 from __future__ import annotations
 
 import re
+import signal
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.live import Live
@@ -53,15 +57,48 @@ class ChatMarkdown(Markdown):
 
 
 class _Lines:
-    """Already rendered lines, as a renderable (the last screenful of the block in progress)."""
+    """Already rendered lines, as a renderable (the last screenful of the block in progress), without
+    the padding Markdown gives them: the cursor must never rest in the last column, where the
+    terminal's echo of a Ctrl+C (``^C``) wraps to a new line, and the erase that ends the live region
+    then misses the line it shows (left on the screen, above the reply's final text)."""
 
     def __init__(self, lines: list[list[Segment]]):
-        self.lines = lines
+        self.lines = [unpadded(line) for line in lines]
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         for line in self.lines:
             yield from line
             yield Segment.line()
+
+
+def unpadded(line: list[Segment]) -> list[Segment]:
+    """``line`` without its trailing blanks."""
+    kept = list(line)
+    while kept and not kept[-1].control and not kept[-1].text.rstrip():
+        kept.pop()
+    if kept and not kept[-1].control:
+        last = kept[-1]
+        kept[-1] = Segment(last.text.rstrip(), last.style)
+    return kept
+
+
+@contextmanager
+def whole() -> Iterator[None]:
+    """A redraw that Ctrl+C does not cut in two: the interrupt waits for the screen to be whole, then
+    comes as it would have (cut in the middle, the blocks being printed were printed again when the
+    reply was closed). Only the main thread receives signals; where SIGINT is ignored it stays so."""
+    current = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or current in (signal.SIG_IGN, None):
+        yield
+        return
+    came: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, _frame: came.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, current)
+        if came:
+            signal.raise_signal(signal.SIGINT)
 
 
 class MarkdownStream:
@@ -77,20 +114,22 @@ class MarkdownStream:
         now = time.perf_counter()
         if now < self.next_redraw:
             return
-        self._print_finished()
-        self._redraw()
+        with whole():
+            self._print_finished()
+            self._redraw()
         spent = time.perf_counter() - now
         self.next_redraw = now + max(MIN_REFRESH_S, spent / RENDER_SHARE)
 
     def close(self) -> None:
         """Print what is left for good and end the live region."""
-        if self.live is not None:
-            self.live.stop()
-            self.live = None
-        rest = self.text[self.printed:]
-        if rest.strip():
-            self.console.print(ChatMarkdown(rest))
-        self.text, self.printed, self.next_redraw = "", 0, 0.0
+        with whole():
+            if self.live is not None:
+                self.live.stop()
+                self.live = None
+            rest = self.text[self.printed:]
+            if rest.strip():
+                self.console.print(ChatMarkdown(rest))
+            self.text, self.printed, self.next_redraw = "", 0, 0.0
 
     def _print_finished(self) -> None:
         end = finished_end(self.text, self.printed)
@@ -100,7 +139,8 @@ class MarkdownStream:
 
     def _redraw(self) -> None:
         tail = self.text[self.printed:]
-        lines = self.console.render_lines(ChatMarkdown(tail), self.console.options, pad=False) if tail.strip() else []
+        narrower = self.console.options.update_width(max(1, self.console.width - 1))  # (the last column stays free)
+        lines = self.console.render_lines(ChatMarkdown(tail), narrower, pad=False) if tail.strip() else []
         visible = lines[-max(1, self.console.size.height - 1):]
         if self.live is None:
             self.live = Live(console=self.console, auto_refresh=False, transient=True, redirect_stdout=False,
