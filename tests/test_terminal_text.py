@@ -190,3 +190,17 @@ def test_hints_name_the_command_as_it_was_run():
     under_uv = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
                               env=env | {"UV_RUN_RECURSION_DEPTH": "1"})
     assert plain.stdout.strip() == "localchat" and under_uv.stdout.strip() == "uv run localchat"
+
+
+def test_a_ctrl_c_during_a_redraw_comes_once_the_redraw_is_whole():
+    import os
+    import signal
+
+    from localchat.cli.markdown import whole
+
+    finished = []
+    with pytest.raises(KeyboardInterrupt):
+        with whole():
+            os.kill(os.getpid(), signal.SIGINT)
+            finished.append("the redraw")  # not cut: the interrupt waits
+    assert finished == ["the redraw"] and signal.getsignal(signal.SIGINT) is signal.default_int_handler
