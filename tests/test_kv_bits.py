@@ -212,9 +212,12 @@ def test_serve_kv_bits_8_decodes_four_clients_together_each_as_alone_and_ps_show
     try:
         alone = [streamed(serve, "demo", n) for n in range(4)]
         assert engine_kv(serve)["largest_batch"] == 1
-        together = four_at_once(serve, "demo")
-        assert together == alone and all(alone)
-        engine = engine_kv(serve)
+        for _ in range(5):  # the toy answers in milliseconds: on a busy machine four requests may not overlap
+            together = four_at_once(serve, "demo")
+            assert together == alone and all(alone)  # every round, batched or not
+            engine = engine_kv(serve)
+            if engine["largest_batch"] >= 2:
+                break
         assert engine["largest_batch"] >= 2  # decoded in one batch (mlx_lm.server's --kv-bits: one at a time)
         assert engine["bits"] == 8 and engine["group_size"] == 32 and engine["start"] == 0
         row = serve.held()[0]
