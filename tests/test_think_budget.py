@@ -230,6 +230,7 @@ def test_bench_puts_budgets_side_by_side_and_a_cut_mid_reasoning_costs_the_toy_i
     (["bench", "--think-budget", "-4"], "from 0 to"),
     (["serve", "--plain", "--think-budget", "4"], "leave out --plain"),
     (["serve", "--think-budget", "many"], "whole number"),
+    (["chat", "-m", "demo-think", "--draft-model", "demo-think", "--think-budget", "4", "hi"], "cannot go together"),
 ])
 def test_nonsense_on_the_command_line_is_one_usage_line(args, needle, tmp_path):
     done = subprocess.run([sys.executable, "-m", "localchat", *args], capture_output=True, text=True, timeout=60,

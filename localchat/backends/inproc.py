@@ -34,7 +34,7 @@ from localchat.backends.reply import ReplySplitter, opens_reasoning
 from localchat.backends.saved_cache import model_fingerprint
 from localchat.errors import LocalchatError
 from localchat.grammar.answer_formats import AnswerFormat
-from localchat.grammar.think_budget import budgeted
+from localchat.grammar.think_budget import DRAFT_AND_BUDGET, budgeted
 from localchat.registry import ModelRef, context_length, local_dir, resolve
 from localchat.templates.render import ChatTemplate, check_tool_support
 
@@ -234,6 +234,8 @@ class InProcessBackend:
         masking = self.grammar.for_reply(params.answer, self.template.tools, traits, prompt_ids,
                                          offset=1 if self.draft_model is not None else len(prompt_ids) - cached,
                                          drafting=self.draft_model is not None)
+        if params.think_budget is not None and self.draft_model is not None:
+            raise LocalchatError(DRAFT_AND_BUDGET)
         budget = budgeted(params.think_budget, traits.reasoning, self.tokenizer,
                           opens_reasoning(self.tokenizer, prompt_ids, traits.reasoning))
         processors = [*(logits_processors_for(params, prompt_ids[:cached]) or []), *([masking] if masking else []),

@@ -33,7 +33,7 @@ from localchat.grammar.answer_formats import (
     regex_format,
     with_instruction,
 )
-from localchat.grammar.think_budget import ThinkBudget
+from localchat.grammar.think_budget import DRAFT_AND_BUDGET, ThinkBudget
 from localchat.home import keeps_conversations, records_dir
 from localchat.registry import DEFAULT_MODEL, ModelRef, resolve
 from localchat.store.keeper import SessionSaver, saved_state
@@ -103,6 +103,8 @@ def runtime_options(ref: ModelRef | None, opts: ChatOptions) -> RuntimeOptions:
     """mlx_lm's load-time features: the flags, else the model's defaults, else mlx_lm's."""
     flags, base = opts.runtime, RuntimeOptions()
     adapter = _given(ref, flags.adapter_path, "adapter_path", None)
+    if opts.generation.think_budget is not None and _given(ref, flags.draft_model, "draft_model", None):
+        raise UsageError(DRAFT_AND_BUDGET)
     return RuntimeOptions(
         adapter_path=Path(adapter).expanduser() if adapter is not None else None,
         draft_model=_given(ref, flags.draft_model, "draft_model", None),

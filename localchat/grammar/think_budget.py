@@ -19,6 +19,8 @@ from localchat.templates.reasoning_formats import ReasoningFormat
 MAX_BUDGET = 1_000_000  # more than any context window: a larger number is a mistake, not a budget
 MAX_MESSAGE_CHARS = 300
 HARMONY_TO_FINAL = "<|start|>assistant<|channel|>final<|message|>"
+DRAFT_AND_BUDGET = ("--think-budget and --draft-model cannot go together: a draft's tokens are counted before they "
+                    "are accepted, so the reasoning would be cut at the wrong token")
 # ``reasoning_effort`` (OpenAI) and ``reasoning.effort`` (Responses) as budgets: ``high`` (and ``xhigh``) is
 # the model's own length; the others cut where a small local model's reasoning of a chat turn is long.
 EFFORT_BUDGETS: dict[str, int | None] = {"none": 0, "minimal": 0, "low": 256, "medium": 1024, "high": None,
