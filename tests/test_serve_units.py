@@ -189,3 +189,27 @@ def test_the_gateway_keeps_reasoning_of_the_current_turn_only_and_tools_in_one_o
     tools = [{"type": "function", "function": {"name": name}} for name in ("Read", "Bash", "Edit")]
     assert [t["function"]["name"] for t in in_stable_order(tools)] == ["Bash", "Edit", "Read"]
     assert in_stable_order(tools[::-1]) == in_stable_order(tools)
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"think_budget": -1}, "think_budget"), ({"think_budget": 4.0}, "think_budget"),
+    ({"think_budget": 2, "think_budget_message": "\x07"}, "think_budget_message"),
+    ({"reasoning_effort": "enormous"}, "reasoning_effort"),
+])
+def test_a_requests_budget_is_refused_naming_its_field(body, param):
+    from localchat.serve.engine.requested import think_budget_of
+
+    with pytest.raises(RequestRefused) as refused:
+        think_budget_of(body, None)
+    assert refused.value.param == param and "\n" not in str(refused.value)
+
+
+def test_a_requests_own_budget_wins_over_serves_and_an_effort_is_one():
+    from localchat.grammar.think_budget import ThinkBudget
+    from localchat.serve.engine.requested import think_budget_of
+
+    default = ThinkBudget(tokens=64)
+    assert think_budget_of({}, default) == default and think_budget_of({"think_budget": "none"}, default) is None
+    assert think_budget_of({"think_budget": 8, "think_budget_message": "Answer."}, default) == ThinkBudget(8, "Answer.")
+    assert think_budget_of({"reasoning_effort": "minimal"}, default) == ThinkBudget(0)
+    assert think_budget_of({"reasoning_effort": "high"}, default) is None  # the model's own length

@@ -198,14 +198,19 @@ def think_budget_of(body: dict[str, Any], default: ThinkBudget | None) -> ThinkB
     --think-budget`` (``default``); ``RequestRefused`` for nonsense."""
     try:
         message = checked_message(body.get("think_budget_message"))
+    except ValueError as exc:
+        raise RequestRefused(str(exc), "think_budget_message") from None
+    try:
         if "think_budget" in body:
             tokens = parse_budget(body["think_budget"])
             return ThinkBudget(tokens=tokens, message=message) if tokens is not None else None
+    except ValueError as exc:
+        raise RequestRefused(str(exc), "think_budget") from None
+    try:
         if body.get("reasoning_effort") is not None:
             return budget_of_effort(body["reasoning_effort"])
     except ValueError as exc:
-        param = "reasoning_effort" if "effort" in str(exc) else "think_budget"
-        raise RequestRefused(str(exc), param) from None
+        raise RequestRefused(str(exc), "reasoning_effort") from None
     return default
 
 
