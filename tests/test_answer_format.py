@@ -126,7 +126,7 @@ BACKTRACKS = "^(a|aa)+$"  # Python's re takes hours over forty a's and a "!"; re
 def test_a_reply_is_checked_against_a_backtracking_pattern_in_seconds(fmt, reply):
     started = time.monotonic()
     value, why = fmt.check(reply)
-    assert time.monotonic() - started < 10 and value is None
+    assert time.monotonic() - started < 60 and value is None  # not hours (re's); 2 s alone, more on a busy machine
     assert why.startswith("testing it against") and "took over 2 s (a pattern that backtracks)" in why, why
 
 
