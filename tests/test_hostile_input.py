@@ -144,7 +144,7 @@ def test_copy_without_a_tool_or_with_one_that_hangs(tried, tmp_path, monkeypatch
     monkeypatch.setattr(clipboard, "TIMEOUT_S", 0.5)
     started = time.monotonic()
     tried.refused("/copy", "xclip did not finish within")
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 30  # not the hanging tool's 60 s
 
 
 # --- saved KV caches and sessions against the file system ------------------------------------------

@@ -306,7 +306,7 @@ def test_a_tool_that_hangs_is_stopped_and_the_next_call_works(host):
     started = time.monotonic()
     stopped = tools.run(call("hang", {"seconds": 60}))
     assert stopped.status == "timeout" and "did not finish within 2s" in stopped.content
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 30  # not the tool's 60 s
     assert tools.run(call("add", {"a": 1, "b": 1})).content == "2"  # a new process, the same tools
 
 

@@ -463,10 +463,10 @@ def test_a_page_that_goes_away_during_an_approval_denies_it_and_frees_the_conver
     started = time.monotonic()
     while True:  # free again at once, not after the approval's 300 s
         answer = httpx.post(f"{served.url}/api/chats/{uid}/stop", timeout=10).json()
-        if not answer["stopping"] or time.monotonic() - started > 10:
+        if not answer["stopping"] or time.monotonic() - started > 60:
             break
         time.sleep(0.1)
-    assert not answer["stopping"] and time.monotonic() - started < 10
+    assert not answer["stopping"] and time.monotonic() - started < 60
     assert turn_events(served, uid, "Hello")[-1]["status"] != "stopped"  # the next turn is its own
 
 
