@@ -10,9 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
-import os
 import shlex
-import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -20,6 +18,7 @@ from typing import Any
 
 from localchat.backends import GenerationParams
 from localchat.bench.arms import Arm, BenchPlan, BenchResult, TurnRecord, run_arm
+from localchat.bench.output_paths import check_outputs
 from localchat.bench.script import (
     BenchScript,
     builtin_scripts,
@@ -30,7 +29,6 @@ from localchat.bench.script import (
 from localchat.conversation.policy import parse_policies
 from localchat.environment import collect, conditions
 from localchat.errors import LocalchatError, UsageError
-from localchat.extras import install_hint
 from localchat.fit.check import FitSettings, check_local, smaller_variants
 from localchat.registry import (
     DEFAULT_MODEL,
@@ -103,43 +101,6 @@ def parse_budgets(text: str) -> tuple[int | None, ...]:
     if len(set(budgets)) != len(budgets):
         raise UsageError("--think-budget: each budget once")
     return tuple(budgets)
-
-
-def check_outputs(opts: Any) -> None:
-    """``opts.out`` and ``opts.plot`` (bench's options or load's) can be written."""
-    """Everything the run will write is checked before it starts, not after the last turn."""
-    if opts.out is not None:
-        check_writable_directory(opts.out, "--out")
-    if opts.plot is not None:
-        check_plot_path(opts.plot)
-
-
-def check_writable_directory(path: Path, option: str) -> None:
-    """``path`` can be written, or made where the nearest directory that exists can be written; it
-    is made only when the results are (a run refused later leaves no empty directory behind)."""
-    if path.exists() and not path.is_dir():
-        raise UsageError(f"{option} {path} is a file, not a directory")
-    existing = next((p for p in (path, *path.parents) if p.exists()), Path("."))
-    if not existing.is_dir():
-        raise UsageError(f"{option} {path}: {existing} is a file, not a directory")
-    try:
-        with tempfile.TemporaryFile(dir=existing):
-            pass
-    except OSError as exc:
-        raise UsageError(f"{option} {path} cannot be written: {exc.strerror or exc}") from None
-
-
-def check_plot_path(plot: Path) -> None:
-    if plot.is_dir():
-        raise UsageError(f"--plot {plot} is a directory: name the PNG file to write")
-    if not plot.parent.is_dir():
-        raise UsageError(f"--plot {plot}: the directory {plot.parent} does not exist")
-    if not os.access(plot.parent, os.W_OK):
-        raise UsageError(f"--plot {plot}: the directory {plot.parent} cannot be written")
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        raise UsageError(f"--plot needs matplotlib: {install_hint('plot')}") from None
 
 
 def environment_block(ref: ModelRef, tokenizer: Any, opts: BenchOptions) -> dict:

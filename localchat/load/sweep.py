@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from localchat.backends import DEFAULT_BASE_URL, DEFAULT_TIMEOUT_S, GenerationParams
-from localchat.bench.run import check_outputs
+from localchat.bench.output_paths import check_outputs
 from localchat.bench.script import SCRIPTS_DIR, load_script, script_path
 from localchat.conversation.settings import DEFAULT_TRIM_TO, TrimPolicy
 from localchat.environment import collect
