@@ -29,18 +29,16 @@ from localchat.cli.options import (
     OutputOptions,
     RuntimeFlags,
     StorageOptions,
-    ThinkBudgetMessageOpt,
-    ThinkBudgetOpt,
     ThinkOpt,
     TimeoutOpt,
     TrimToOpt,
-    budget_tokens,
     check_seed,
     check_size,
     check_text,
     converted,
     setting_callback,
 )
+from localchat.cli.think_options import ThinkBudgetMessageOpt, ThinkBudgetOpt, budget_tokens
 from localchat.cli.tool_options import (
     ApproveToolsOpt,
     MaxToolRoundsOpt,

@@ -16,9 +16,6 @@ from localchat.cli.options import (
     BaseUrlOpt,
     ForceOpt,
     MemoryLimitOpt,
-    ThinkBudgetMessageOpt,
-    ThinkBudgetOpt,
-    budget_tokens,
     converted,
 )
 from localchat.cli.serve_options import (
@@ -41,6 +38,7 @@ from localchat.cli.serve_options import (
     UpstreamOpt,
     ranks_of,
 )
+from localchat.cli.think_options import ThinkBudgetMessageOpt, ThinkBudgetOpt, budget_tokens
 from localchat.cli.tool_options import ApproveToolsOpt, McpOpt, ToolsOpt, tool_settings
 
 
