@@ -31,6 +31,7 @@ from localchat.serve.apis.chat_completions.checked import checked_body
 from localchat.serve.apis.names import APIS
 from localchat.serve.apis.replying import Replies
 from localchat.serve.apis.responses import responses as responses_api
+from localchat.serve.apis.responses.reply import ResponsesReply
 from localchat.serve.apis.responses.stored import ResponseStore
 from localchat.serve.bodies import json_body, raw_body
 from localchat.serve.front.guards import METRICS_PATH
@@ -130,7 +131,7 @@ class Gateway:
             body = await json_body(request)
             wanted = responses_api.read_request(body, self.store)
             lease = await self._lease(request, wanted.model, body)
-            reply = responses_api.ResponsesReply(request=wanted, body=body)
+            reply = ResponsesReply(request=wanted, body=body)
 
             def final(ended: Ended) -> dict[str, Any]:  # a whole reply: made once, kept as it was returned
                 response = reply.final(ended)
@@ -147,7 +148,7 @@ class Gateway:
                 lease.release()
             return self._error(request, exc, responses_api.error_body, clock.submitted)
 
-    def _keep(self, body: dict[str, Any], reply: responses_api.ResponsesReply, response: dict[str, Any]) -> None:
+    def _keep(self, body: dict[str, Any], reply: ResponsesReply, response: dict[str, Any]) -> None:
         if body.get("store", True) is not False:
             self.store.keep(reply.id, reply.conversation(), response)
 
