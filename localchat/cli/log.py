@@ -75,7 +75,7 @@ def show_entry(*, console: Console, key: str) -> None:
     """One conversation's every logged turn, in order, with its figures."""
     from localchat.cli.render import shortened
     from localchat.conversation.stats import stats_from_dict, stats_line
-    from localchat.store.saved_sessions import tool_steps
+    from localchat.store.tool_steps import tool_steps
 
     with _store().connect() as conn:
         uid = log.conversation_of(conn, key)

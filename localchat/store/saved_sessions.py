@@ -23,12 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from localchat import bounded_json
-from localchat.conversation.history import ToolStep, Turn
+from localchat.conversation.history import Turn
 from localchat.conversation.stats import stats_from_dict, stats_to_dict
 from localchat.errors import LocalchatError, UsageError
 from localchat.files import private_dirs
 from localchat.store.pictures import drop_unreferenced, keep_pictures, read_pictures, refs_json
 from localchat.store.schema import MIGRATIONS
+from localchat.store.tool_steps import tool_steps
 from localchat.vision.image import Picture
 
 DB_NAME = "sessions.sqlite3"
@@ -317,27 +318,6 @@ def _session_from_rows(row: tuple, turns: list[tuple],
                         system=row[5], params=params,
                         turns=tuple(loaded), created=row[7], updated=row[8], pins=tuple(pins), summary=row[10],
                         revision=row[11] if isinstance(row[11], int) else 0)
-
-
-def tool_steps(data: Any) -> tuple[ToolStep, ...]:
-    """Stored rounds of tool calls, checked whole: every call with an id, a name and its result
-    (ValueError otherwise: a half-kept round must never reach a template)."""
-    if not isinstance(data, list):
-        raise ValueError("not a list")
-    steps = []
-    for raw in data:
-        if not isinstance(raw, dict) or not isinstance(raw.get("text"), str) \
-                or not isinstance(raw.get("reasoning", ""), str):
-            raise ValueError("not a round")
-        calls, results = raw.get("calls"), raw.get("results")
-        if not isinstance(calls, list) or not isinstance(results, list) or not calls or len(calls) != len(results):
-            raise ValueError("calls and results do not pair")
-        if not all(isinstance(c, dict) and isinstance(c.get("id"), str) and isinstance(c.get("name"), str)
-                   and isinstance(c.get("arguments"), (dict, str)) for c in calls) \
-                or not all(isinstance(r, str) for r in results):
-            raise ValueError("a call or a result is malformed")
-        steps.append(ToolStep(raw["text"], tuple(calls), tuple(results), raw.get("reasoning", "")))
-    return tuple(steps)
 
 
 def default_store(busy_timeout_s: float = BUSY_TIMEOUT_S) -> SessionStore:
