@@ -11,7 +11,7 @@ distributed ranks. What this module uses of it is listed and checked in ``seam``
   enforced travels in our own request type (``requested.EnforcedRequest``: plain data, so ranks
   receive it too).
 - ``ResponseGenerator._tokenize``: with the prompt's ids and the tokenizer at hand, the reply's mask
-  (``MaskedDecoding``) is made and kept in ``ReplyMasks``, by the request's generation arguments.
+  (``MaskedDecoding``) is made and kept by the request's generation arguments (``ByIdentity``).
 - ``mlx_lm.server._make_sampler`` / ``_make_logits_processors``: the engine builds one sampler and one
   list of processors per request, in its batched path and its single one alike; the mask joins them.
 - ``APIHandler.generate_response`` / ``completion_usage_response``: every reply names the model by
@@ -40,7 +40,7 @@ from localchat.serve.engine.cache_breaks import LastBreak, Outcomes, located, lo
 from localchat.serve.engine.figures import EngineFigures
 from localchat.serve.engine.hangup import HangupWatch
 from localchat.serve.engine.kv_caches import KVLedger
-from localchat.serve.engine.reply_masks import EndOnDeadEnd, ReplyMasks, TokenizerGrammars, mask_for
+from localchat.serve.engine.reply_masks import ByIdentity, EndOnDeadEnd, TokenizerGrammars, mask_for
 from localchat.serve.engine.requested import (
     Enforcement,
     RequestRefused,
@@ -91,7 +91,7 @@ class Contexts:
 def install(server: Any) -> None:
     """Add the mask to mlx_lm.server's engine through the seam (in this process only)."""
     make_sampler, make_processors = server._make_sampler, server._make_logits_processors
-    masks, replies, contexts, windows = TokenizerGrammars(), ReplyMasks(), Contexts(), Windows()
+    masks, replies, contexts, windows = TokenizerGrammars(), ByIdentity(), Contexts(), Windows()
     ledger, outcomes, last_break, budgets = KVLedger(), Outcomes(), LastBreak(), ReplyBudgets()
     serve_budget = default_budget()  # serve --think-budget
     figures = EngineFigures(ledger.nbytes, ledger.batch_size, lambda: ledger.largest_batch)

@@ -12,28 +12,28 @@ from typing import Any
 from localchat.serve.engine.requested import Enforcement
 
 
-class ReplyMasks:
-    """Each request's mask, by its generation arguments (what the sampler and processors are made
-    from); an entry goes when its arguments do."""
+class ByIdentity:
+    """What was made for an object (a request's generation arguments: its mask; a request: its
+    budget), kept by the object's identity while it lives: an entry goes when its object does."""
 
     def __init__(self) -> None:
-        self._masks: dict[int, tuple[Any, Any]] = {}
+        self._kept: dict[int, Any] = {}
         self._lock = threading.Lock()
 
-    def put(self, args: Any, mask: tuple[Any, Any] | None) -> None:
-        if mask is None:
+    def put(self, owner: Any, value: Any) -> None:
+        if value is None:
             return
         with self._lock:
-            self._masks[id(args)] = mask
-        weakref.finalize(args, self._forget, id(args))
+            self._kept[id(owner)] = value
+        weakref.finalize(owner, self._forget, id(owner))
 
-    def of(self, args: Any) -> tuple[Any, Any] | None:
+    def of(self, owner: Any) -> Any:
         with self._lock:
-            return self._masks.get(id(args))
+            return self._kept.get(id(owner))
 
     def _forget(self, key: int) -> None:
         with self._lock:
-            self._masks.pop(key, None)
+            self._kept.pop(key, None)
 
 
 class TokenizerGrammars:
