@@ -219,6 +219,8 @@ class InProcessBackend:
         import mlx.core as mx
         from mlx_lm import stream_generate
 
+        if params.think_budget is not None and self.draft_model is not None:
+            raise LocalchatError(DRAFT_AND_BUDGET)
         prompt_ids = self.encode(messages, params.think)
         if not self.cache_reuse:
             self._cache = self._new_cache()
@@ -234,8 +236,6 @@ class InProcessBackend:
         masking = self.grammar.for_reply(params.answer, self.template.tools, traits, prompt_ids,
                                          offset=1 if self.draft_model is not None else len(prompt_ids) - cached,
                                          drafting=self.draft_model is not None)
-        if params.think_budget is not None and self.draft_model is not None:
-            raise LocalchatError(DRAFT_AND_BUDGET)
         budget = budgeted(params.think_budget, traits.reasoning, self.tokenizer,
                           opens_reasoning(self.tokenizer, prompt_ids, traits.reasoning))
         processors = [*(logits_processors_for(params, prompt_ids[:cached]) or []), *([masking] if masking else []),

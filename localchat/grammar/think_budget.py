@@ -101,18 +101,27 @@ class ReasoningCounter:
 
 class BudgetedReasoning:
     """The logits processor of one reply. mlx_lm calls it once a sampled token, the context's last
-    token being the one sampled before (the first call sees the prompt alone)."""
+    token being the one sampled before (the first call sees the prompt alone). Once the reasoning
+    is over (ended by itself, or its forced end written), the answer's steps cost it nothing."""
 
     def __init__(self, budget: int, counter: ReasoningCounter, ending: tuple[int, ...]):
         self.budget, self.counter, self.ending = budget, counter, ending
         self.forcing: list[int] = []
         self.cut = False  # the reasoning reached the budget and its end was forced
         self._calls = 0
+        self._entered = self._over = False
 
     def __call__(self, tokens: Any, logits: Any) -> Any:
+        if self._over:
+            return logits
         if self._calls:
             self.counter.add(int(tokens[-1].item()))
         self._calls += 1
+        if self.counter.inside:
+            self._entered = True
+        elif self._entered and not self.forcing:
+            self._over = True
+            return logits
         if not self.cut and self.counter.inside and self.counter.count >= self.budget:
             self.forcing, self.cut = list(self.ending), True
         if self.forcing:
