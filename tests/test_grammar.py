@@ -140,11 +140,10 @@ def test_smollm2_always_writes_json_that_validates(smollm2, monkeypatch):
 
     monkeypatch.setenv("LOCALCHAT_MODELS", str(ROOT / "localchat" / "models.yaml"))
     schema = json.loads(PERSON.read_text())
-    for prompt in ("Describe Ada Lovelace", "Describe Grace Hopper"):
-        done = runner.invoke(app, ["chat", "-m", str(smollm2), "--json-schema", str(PERSON), "--max-tokens", "200",
-                                   prompt])
-        assert done.exit_code == 0, done.stderr
-        jsonschema.validate(json.loads(done.stdout), schema)
+    done = runner.invoke(app, ["chat", "-m", str(smollm2), "--json-schema", str(PERSON), "--max-tokens", "200",
+                               "Describe Ada Lovelace"])
+    assert done.exit_code == 0, done.stderr
+    jsonschema.validate(json.loads(done.stdout), schema)
 
 
 # --- tool calls ----------------------------------------------------------------------------------------

@@ -167,10 +167,10 @@ def test_the_fit_counts_serves_cache_at_its_bits():
 # --- real engines -----------------------------------------------------------------------------------
 
 
-def streamed(serve: Serve, model: str, number: int) -> str:
+def streamed(serve: Serve, model: str, number: int, max_tokens: int = 24) -> str:
     """One streamed greedy request's text."""
     text = []
-    body = {"model": model, "stream": True, "max_tokens": 24, "temperature": 0,
+    body = {"model": model, "stream": True, "max_tokens": max_tokens, "temperature": 0,
             "messages": [{"role": "user", "content": f"Remember the code harbor {number}{number}. " * (number + 1)
                           + "What is the code?"}]}
     with httpx.stream("POST", serve.url + "/v1/chat/completions", json=body, timeout=300) as response:
@@ -183,11 +183,11 @@ def streamed(serve: Serve, model: str, number: int) -> str:
     return "".join(text)
 
 
-def four_at_once(serve: Serve, model: str) -> list[str]:
+def four_at_once(serve: Serve, model: str, max_tokens: int = 24) -> list[str]:
     answers: list[str] = [""] * 4
 
     def one(number: int) -> None:
-        answers[number] = streamed(serve, model, number)
+        answers[number] = streamed(serve, model, number, max_tokens)
 
     threads = [threading.Thread(target=one, args=(n,)) for n in range(4)]
     for thread in threads:
@@ -279,8 +279,8 @@ def test_a_quantized_prompt_cache_read_from_disk_after_a_restart_gives_the_same_
 def test_smollm2_kv_bits_8_answers_four_clients_at_once_as_each_alone(tmp_path, smollm2):
     serve = Serve(tmp_path / "home", "-m", str(smollm2), "--kv-bits", "8")
     try:
-        alone = [streamed(serve, str(smollm2), n) for n in range(4)]
-        assert four_at_once(serve, str(smollm2)) == alone and all(alone)
+        alone = [streamed(serve, str(smollm2), n, max_tokens=10) for n in range(4)]  # (~7 tok/s here)
+        assert four_at_once(serve, str(smollm2), max_tokens=10) == alone and all(alone)
         assert engine_kv(serve)["largest_batch"] >= 2
     finally:
         serve.stop()

@@ -39,6 +39,12 @@ def play(b) -> list:
     return [session.ask(t) for t in TURNS]
 
 
+@pytest.fixture(scope="module")
+def played(loaded) -> list:
+    """The three turns in-process with KV reuse, played once for the tests that compare against them."""
+    return play(backend(loaded))
+
+
 def test_it_answers_paris_from_the_command_line(smollm2):
     result = runner.invoke(app, ["chat", "-m", str(smollm2), "--max-tokens", "12",
                                  "What is the capital of France?"])
@@ -64,8 +70,8 @@ def test_the_templates_own_system_prompt_is_used_when_the_registry_sends_none(lo
     assert rendered.startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
 
 
-def test_kv_reuse_is_token_identical_to_re_prefilling_over_three_turns(loaded):
-    with_reuse, without = play(backend(loaded)), play(backend(loaded, reuse=False))
+def test_kv_reuse_is_token_identical_to_re_prefilling_over_three_turns(loaded, played):
+    with_reuse, without = played, play(backend(loaded, reuse=False))
     assert [r.text for r in with_reuse] == [r.text for r in without]
     assert [r.stats.prompt_tokens for r in with_reuse] == [r.stats.prompt_tokens for r in without]
     assert all(r.stats.cached_tokens == 0 for r in without)
@@ -76,9 +82,9 @@ def test_kv_reuse_is_token_identical_to_re_prefilling_over_three_turns(loaded):
         assert r.stats.cached_tokens + r.stats.cache_miss_tokens >= previous.stats.prompt_tokens
 
 
-def test_parity_in_process_against_mlx_lm_server(loaded, smollm2):
+def test_parity_in_process_against_mlx_lm_server(loaded, played, smollm2):
     ref = ModelRef("smollm2", str(smollm2), "local")
-    inproc = play(backend(loaded))
+    inproc = played
     server = start_ready(ref, port=free_port())
     try:
         http = backend_for(server.base_url, ref)

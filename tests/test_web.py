@@ -276,16 +276,29 @@ def test_markup_from_users_and_stored_answers_is_shown_as_text(page, served):
 
 
 def test_system_and_temperature_are_the_conversations_own(page, served):
+    """The temperature's answer arriving while the system prompt is being typed (a busy server) does
+    not undo the typing: what is saved is what was typed."""
     say(page, REMEMBER)
     uid = page.evaluate("() => location.hash.slice(1)")
+    held = []
+    page.route("**/api/chats/*", lambda route: held.append(route) if route.request.method == "PATCH" and
+               "temperature" in (route.request.post_data or "") else route.continue_())
     page.locator("#temperature").fill("0.7")
     page.locator("#temperature").press("Tab")
+    deadline = time.monotonic() + 30
+    while not held and time.monotonic() < deadline:
+        page.wait_for_timeout(50)
     page.locator("#system-box summary").click()
     page.locator("#system").fill("You are terse.")
+    with page.expect_response(lambda response: response.request.method == "PATCH"):
+        held[0].continue_()  # the temperature's answer comes now, mid-edit
     page.locator("#system-save").click()
-    page.wait_for_timeout(300)
-    shown = httpx.get(f"{served.url}/api/chats/{uid}").json()
+    deadline, shown = time.monotonic() + 30, {}
+    while shown.get("system") != "You are terse." and time.monotonic() < deadline:
+        time.sleep(0.1)
+        shown = httpx.get(f"{served.url}/api/chats/{uid}").json()
     assert shown["temperature"] == 0.7 and shown["system"] == "You are terse." and len(shown["turns"]) == 1
+    assert page.locator("#system").input_value() == "You are terse."
 
 
 def test_a_narrow_window_stays_usable(browser, served):

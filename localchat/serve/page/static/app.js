@@ -90,15 +90,24 @@ async function openChat(id) {
 }
 
 function show(chat) {
+  const same = state.chat && state.chat.id === chat.id;
   state.chat = chat;
   if (state.models.some((m) => m.id === chat.model)) $("model").value = chat.model;
   $("history").checked = chat.history;
-  $("temperature").value = chat.temperature ?? 0;
-  $("system").value = chat.system || "";
+  shown($("temperature"), String(chat.temperature ?? 0), same);
+  shown($("system"), chat.system || "", same);
   $("messages").replaceChildren(...chat.turns.flatMap(turnNodes));
   showAttach();
   scrollDown();
   loadList().catch(() => {});
+}
+
+// A field shows the conversation's value, unless the user is editing it: the answer to another
+// change (the temperature's, sent as its box lost focus) must not undo what is being typed in the system box.
+function shown(field, value, sameChat) {
+  if (sameChat && field.value !== field.dataset.shown && field.value !== value) return;
+  field.value = value;
+  field.dataset.shown = value;
 }
 
 function turnNodes(turn) {
