@@ -11,7 +11,9 @@ two models that do not both fit (what swapping costs).
    Messages API, and through a second front (``localchat gateway --upstream`` in front of the
    ``serve``), in rotation, each with a fresh prefix of the same length. Printed: medians, and the
    median of each round's difference (TTFT) and ratio (decode) against the engine direct (the
-   second front against the first). Targets: TTFT ≤ +10 ms, decode ≥ 0.99×.
+   second front against the first). Targets: TTFT ≤ +10 ms, decode ≥ 0.99×. Beside them, the floor:
+   ``scripts/bare_relay.py`` (bytes from socket to socket on uvloop, no HTTP, no app) before the same
+   engine, and each relay's own CPU a token (1b).
 2. **Cold loads.** ``serve -m demo -m demo-tools -m smollm2``: each other model's first request
    (the load is in its TTFT) against its second; the front's own "loaded … in" figure.
 3. **Memory.** The resident memory of the front and every child (``/proc``), with nothing loaded
@@ -106,6 +108,24 @@ class Gateway:
         self.proc.wait(60)
 
 
+class BareRelay:
+    """``scripts/bare_relay.py`` before an engine: the floor under any Python relay (no app at all)."""
+
+    def __init__(self, engine_url: str):
+        from urllib.parse import urlsplit
+
+        where = urlsplit(engine_url)
+        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("bare_relay.py")),
+                                      where.hostname or "127.0.0.1", str(where.port)], stdout=subprocess.PIPE,
+                                     text=True)
+        assert self.proc.stdout is not None
+        self.url = f"http://127.0.0.1:{int(self.proc.stdout.readline())}"
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(60)
+
+
 def cpu_seconds(pid: int) -> float:
     """A process's CPU time so far (user + system), from /proc (Linux); NaN elsewhere."""
     try:
@@ -127,11 +147,14 @@ def hop(home: Path, model: str, rounds: int, tokens: int, ban_end: bool) -> None
     serve = Serve(home / f"hop-{model}", "-m", model, "--keep-alive", "never", "--api", "anthropic")
     gateway = Gateway(serve.url + "/v1", model)
     banned = end_tokens(model) if ban_end else ()
+    bare = None
     try:
         engine = serve.held()[0]["engine_url"]
+        bare = BareRelay(engine)
         arms = {"direct": (engine, "default_model", "chat"),  # (the engine knows its model by that name)
                 "front": (serve.url + "/v1", model, "chat"),
-                "messages": (serve.url + "/v1", model, "messages"), "two fronts": (gateway.url + "/v1", model, "chat")}
+                "messages": (serve.url + "/v1", model, "messages"), "two fronts": (gateway.url + "/v1", model, "chat"),
+                "bare relay": (bare.url + "/v1", "default_model", "chat")}
         for name, (url, named, api) in arms.items():
             print(f"  warm-up {name}: {streamed(url, named, f'[warm-up {name}] {PROMPT}', tokens, banned, api)}")
         runs: dict[str, list[tuple[float, float]]] = {name: [] for name in arms}
@@ -141,15 +164,18 @@ def hop(home: Path, model: str, rounds: int, tokens: int, ban_end: bool) -> None
                 url, named, api = arms[name]
                 runs[name].append(streamed(url, named, f"[{i:02d}-{j}] {PROMPT}", tokens, banned, api))
     finally:
+        if bare is not None:
+            bare.stop()
         gateway.stop()
         serve.stop()
     print(f"\n1. the front's hop ({model}, {rounds} rounds, {tokens} tokens{', end token banned' if banned else ''}, "
           "streaming)")
     for name, timings in runs.items():
         rates = [r for _, r in timings if r == r]
-        print(f"  {name:<10} TTFT {statistics.median(t for t, _ in timings) * 1e3:7.1f} ms · "
+        print(f"  {name:<11} TTFT {statistics.median(t for t, _ in timings) * 1e3:7.1f} ms · "
               f"{statistics.median(rates) if rates else float('nan'):6.1f} tok/s")
-    for name, against in (("front", "direct"), ("messages", "direct"), ("two fronts", "front")):
+    for name, against in (("front", "direct"), ("messages", "direct"), ("two fronts", "front"),
+                          ("bare relay", "direct")):  # (the last: the floor under any relay in Python)
         pairs = list(zip(runs[against], runs[name]))
         delta = statistics.median(f[0] - d[0] for d, f in pairs) * 1e3
         ratios = [f[1] / d[1] for d, f in pairs if f[1] == f[1] and d[1] == d[1] and d[1] > 0]
@@ -164,21 +190,28 @@ def relay_cpu(home: Path, replies: int = 20) -> None:
     and mlx_lm.server's as it is (``--plain``: every chunk parsed for the path to rename)."""
     banned = end_tokens("demo")
     print("\n1b. the front's CPU (demo, end token banned): a request, and each token of its reply")
-    for label, args in (("relayed as it comes (our engine)", ()), ("parsed and renamed (serve --plain)", ("--plain",))):
-        serve = Serve(home / f"cpu{len(args)}", "-m", "demo", "--keep-alive", "never", *args)
+    for label, args in (("relayed as it comes (our engine)", ()), ("parsed and renamed (serve --plain)", ("--plain",)),
+                        ("a bare relay (no HTTP, no app: the floor)", ("bare",))):
+        serve = Serve(home / f"cpu{len(args)}{args[:1]}", "-m", "demo", "--keep-alive", "never",
+                      *(a for a in args if a != "bare"))
+        bare = BareRelay(serve.held()[0]["engine_url"]) if "bare" in args else None
+        url, pid = (bare.url, bare.proc.pid) if bare is not None else (serve.url, serve.proc.pid)
         try:
+            named = "default_model" if bare is not None else "demo"  # (the engine's own name for its model)
             for k in range(3):
-                streamed(serve.url + "/v1", "demo", f"[warm-{k}] {PROMPT}", 128, banned)
+                streamed(url + "/v1", named, f"[warm-{k}] {PROMPT}", 128, banned)
             spent = {}
             for tokens in (1, 128):
-                before = cpu_seconds(serve.proc.pid)
+                before = cpu_seconds(pid)
                 for k in range(replies):
-                    streamed(serve.url + "/v1", "demo", f"[{tokens}-{k}] {PROMPT}", tokens, banned)
-                spent[tokens] = (cpu_seconds(serve.proc.pid) - before) / replies
+                    streamed(url + "/v1", named, f"[{tokens}-{k}] {PROMPT}", tokens, banned)
+                spent[tokens] = (cpu_seconds(pid) - before) / replies
         finally:
+            if bare is not None:
+                bare.stop()
             serve.stop()
         per_token = (spent[128] - spent[1]) / 127 * 1e6
-        print(f"  {label:<36} {spent[1] * 1e3:5.1f} ms a request + {per_token:4.0f} µs a token")
+        print(f"  {label:<42} {spent[1] * 1e3:5.1f} ms a request + {per_token:4.0f} µs a token")
 
 
 def cold_loads_and_memory(home: Path) -> None:
