@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from typing import cast
 
 import uvloop
 
@@ -36,8 +37,7 @@ class ClientSide(asyncio.Protocol):
         self.waiting: list[bytes] = []
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)  # (uvloop's is not a subclass of asyncio's)
         asyncio.get_running_loop().create_task(self._open())
 
     async def _open(self) -> None:
