@@ -213,3 +213,64 @@ def test_a_requests_own_budget_wins_over_serves_and_an_effort_is_one():
     assert think_budget_of({"think_budget": 8, "think_budget_message": "Answer."}, default) == ThinkBudget(8, "Answer.")
     assert think_budget_of({"reasoning_effort": "minimal"}, default) == ThinkBudget(0)
     assert think_budget_of({"reasoning_effort": "high"}, default) is None  # the model's own length
+
+
+class HeldTransport:
+    """What ``EngineReply`` asks of the engine's socket: reading paused and resumed."""
+
+    def __init__(self):
+        self.reading, self.written = True, b""
+
+    def write(self, data: bytes) -> None:
+        self.written += data
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_relay_reads_the_engines_head_then_pieces_and_stops_reading_for_a_slow_client():
+    import asyncio
+
+    from localchat.serve.apis.chat_completions.engine_relay import HELD_BYTES, EngineReply
+
+    async def relayed() -> None:
+        reply, socket = EngineReply(b"POST /v1/chat/completions HTTP/1.1\r\n\r\n"), HeldTransport()
+        reply.connection_made(socket)  # type: ignore[arg-type]
+        assert socket.written.startswith(b"POST ")
+        reply.data_received(b"HTTP/1.0 200 OK\r\nX-Localchat-Prefix-Cache: cached=3\r\nContent-Type: text/event-")
+        reply.data_received(b"stream\r\n\r\ndata: {}\n\n")
+        status, headers, first = await reply.head()
+        assert (status, headers["content-type"], headers["x-localchat-prefix-cache"], first) == (
+            200, "text/event-stream", "cached=3", b"data: {}\n\n")
+        for _ in range(3):
+            reply.data_received(b"x" * (HELD_BYTES // 2))  # a client that reads none of it
+        assert not socket.reading
+        assert len(await reply.received()) == 3 * (HELD_BYTES // 2) and socket.reading
+        waiting = asyncio.ensure_future(reply.received())
+        await asyncio.sleep(0)
+        reply.eof_received()
+        assert await waiting == b"" and await reply.received() == b""  # the engine ended its reply
+
+    asyncio.run(relayed())
+
+
+def test_an_engine_that_ends_before_its_headers_is_a_clear_error():
+    import asyncio
+
+    from localchat.serve.apis.chat_completions.engine_relay import EngineReply
+
+    async def cut() -> None:
+        reply = EngineReply(b"")
+        reply.connection_made(HeldTransport())  # type: ignore[arg-type]
+        reply.data_received(b"HTTP/1.0 200 OK\r\nContent-Ty")
+        reply.connection_lost(None)
+        with pytest.raises(ValueError, match="ended before its headers"):
+            await reply.head()
+
+    asyncio.run(cut())
