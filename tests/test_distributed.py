@@ -154,6 +154,19 @@ def test_smollm2_is_refused_at_two_ranks_and_its_heads_are_served_at_three(home,
     assert proc.returncode == 0 and gone(proc.pid) and gone(sid)  # SIGTERM stops a server cleanly
 
 
+def test_a_feed_forward_width_the_ranks_cannot_share_is_refused_before_anything_starts(home, tmp_path):
+    """mlx_lm splits the feed-forward layers across the ranks as well as the heads: a width of 128
+    at three ranks would start every rank and end in a traceback of each ("Cannot shard the output")."""
+    from demo.random_model import build_random_model
+
+    toy = build_random_model(tmp_path / "narrow", hidden=72, layers=2, intermediate=128, heads=9, kv_heads=3)
+    refused = runner.invoke(app, ["serve", "-m", str(toy), "--ranks", "3"])
+    errors = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
+    assert refused.exit_code == 2 and len(errors) == 1, refused.stderr
+    assert "9 attention heads (3 key/value heads) and a feed-forward width of 128: 3 ranks cannot share" in errors[0]
+    assert "or --pipeline" in errors[0]  # (qwen2: mlx_lm splits its layers)
+
+
 def test_a_rank_killed_mid_request_stops_every_rank_and_names_it(home):
     proc, port, _ = serve("--ranks", "2", home=home)
     sid = launcher_session(proc.pid)

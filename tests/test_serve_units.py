@@ -274,3 +274,45 @@ def test_an_engine_that_ends_before_its_headers_is_a_clear_error():
             await reply.head()
 
     asyncio.run(cut())
+
+
+def test_the_front_writes_a_relayed_body_below_uvicorns_messages_and_the_client_reads_it_whole():
+    """The installed uvicorn still has what ``front.direct_body`` takes of it (else relayed bodies
+    would go back to a message a piece without a word): a body written to the client's socket,
+    between the ASGI head and end, arrives whole and in order, framed as uvicorn framed the response."""
+    import threading
+    import time
+
+    import httpx
+    import uvicorn
+
+    from localchat.serve.apis.chat_completions.engine_relay import DIRECT_BODY
+    from localchat.serve.front.guards import header_deadline_protocol
+    from localchat.server.launch import free_port
+
+    seen: dict[str, bool] = {}
+
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+        direct = scope["extensions"][DIRECT_BODY]
+        seen["usable"] = direct.usable()
+        if seen["usable"]:
+            for piece in (b"data: one\n\n", b"", b"data: two\n\n"):
+                direct.write(piece)
+        await send({"type": "http.response.body", "body": b"data: three\n\n", "more_body": False})
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical", lifespan="off",
+                                           http=header_deadline_protocol(), loop="uvloop"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.02)
+        with httpx.Client() as client:
+            answers = [client.post(f"http://127.0.0.1:{port}/").text for _ in range(2)]  # (a kept-alive connection)
+    finally:
+        server.should_exit = True
+        thread.join(30)
+    assert seen["usable"] and answers == ["data: one\n\ndata: two\n\ndata: three\n\n"] * 2

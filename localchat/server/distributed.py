@@ -108,9 +108,13 @@ def check_split(config: dict, ranks: Ranks) -> None:
         raise UsageError(f"mlx_lm {splits.version} cannot split {splits.kind} models by heads; "
                          + ("add --pipeline (layers split across the ranks)" if splits.by_layers else
                             "nor by layers: serve it on one machine"))
-    if not isinstance(heads, int) or not isinstance(kv_heads, int) or (heads % n == 0 and kv_heads % n == 0):
+    if not isinstance(heads, int) or not isinstance(kv_heads, int):
         return
-    fits = [k for k in range(2, min(heads, MAX_RANKS) + 1) if heads % k == 0 and kv_heads % k == 0]
+    width = text.get("intermediate_size")  # (the feed-forward layers are split across the ranks too)
+    width = width if isinstance(width, int) and width > 0 else n
+    if heads % n == 0 and kv_heads % n == 0 and width % n == 0:
+        return
+    fits = [k for k in range(2, min(heads, MAX_RANKS) + 1) if heads % k == 0 and kv_heads % k == 0 and width % k == 0]
     hint = f"use --ranks {fits[0]}" if fits else "this model cannot be split by heads"
     if splits is None or splits.by_layers:
         hint += ", or --pipeline (layers split across the ranks)"
@@ -118,8 +122,9 @@ def check_split(config: dict, ranks: Ranks) -> None:
         hint += (
             f" (--pipeline, which splits layers instead, is not in mlx_lm {splits.version} for {splits.kind} models)"
         )
-    raise UsageError(f"the model has {heads} attention heads ({kv_heads} key/value heads): {n} ranks cannot share "
-                     f"them evenly; {hint}")
+    shared = f"{heads} attention heads ({kv_heads} key/value heads)" + (
+        f" and a feed-forward width of {width}" if width % n else "")
+    raise UsageError(f"the model has {shared}: {n} ranks cannot share them evenly; {hint}")
 
 
 @dataclass(frozen=True)

@@ -126,13 +126,23 @@ async def _preflight(send: Callable, origin: str) -> None:
 def header_deadline_protocol() -> type:
     """uvicorn's httptools protocol (a C parser: the front relays a reply's chunks with the least
     work a chunk), closing a connection whose next request's headers are not whole within
-    ``HEADERS_S`` (uvicorn itself waits for them forever: slowloris)."""
+    ``HEADERS_S`` (uvicorn itself waits for them forever: slowloris); each request's scope carries
+    the client's socket for a relayed body (``direct_body``)."""
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    from localchat.serve.apis.chat_completions.engine_relay import DIRECT_BODY
+    from localchat.serve.front.direct_body import ClientSocket
 
     class HeaderDeadline(HttpToolsProtocol):
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
             self._arm()
+
+        def on_headers_complete(self) -> None:
+            super().on_headers_complete()
+            cycle = getattr(self, "cycle", None)
+            if cycle is not None and getattr(cycle, "scope", None) is self.scope:
+                self.scope.setdefault("extensions", {})[DIRECT_BODY] = ClientSocket(cycle)
 
         def on_response_complete(self) -> None:
             super().on_response_complete()

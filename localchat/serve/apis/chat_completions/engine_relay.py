@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 from urllib.parse import urlsplit
 
 from starlette.responses import Response
@@ -27,6 +27,21 @@ if TYPE_CHECKING:
 
 HEAD_BYTES = 1 << 16  # an engine's status line and headers: far below this
 HELD_BYTES = 1 << 20  # a reply's bytes held for a slow client before the engine's socket is read no more
+RESUME_CHECK_S = 0.05
+DIRECT_BODY = "localchat.direct_body"  # the scope's extension: the client's socket, when the server gives it
+
+
+class DirectBody(Protocol):
+    """The client's socket below the server's per-message path (``serve.front.direct_body``)."""
+
+    def usable(self) -> bool:
+        """Whether a body may be written here now (the head sent, its framing known, the client there)."""
+
+    def write(self, piece: bytes) -> None:
+        """``piece`` written on, framed as the response's body is."""
+
+    def unsent(self) -> int:
+        """Bytes written but not yet taken by the client."""
 
 
 class EngineReply(asyncio.Protocol):
@@ -40,17 +55,48 @@ class EngineReply(asyncio.Protocol):
         self.held = 0
         self.ended = False
         self.waiter: asyncio.Future[None] | None = None
+        self.direct: DirectBody | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # (uvloop's is not a subclass of asyncio's)
         self.transport.write(self.request)
 
     def data_received(self, data: bytes) -> None:
+        if self.direct is not None:
+            self.direct.write(data)
+            if self.direct.unsent() > HELD_BYTES and self.transport is not None:
+                self.transport.pause_reading()
+                asyncio.get_running_loop().call_later(RESUME_CHECK_S, self._resume_when_taken)
+            return
         self.pieces.append(data)
         self.held += len(data)
         if self.held > HELD_BYTES and self.transport is not None:
             self.transport.pause_reading()
         self._wake()
+
+    def send_directly(self, body: DirectBody) -> None:
+        """From now on each piece goes to ``body`` as it arrives, with no wake-up of the response."""
+        for piece in self.pieces:
+            body.write(piece)
+        self.pieces.clear()
+        self.direct = body
+        if self.held > HELD_BYTES and self.transport is not None:
+            self.transport.resume_reading()
+        self.held = 0
+
+    def _resume_when_taken(self) -> None:
+        if self.ended or self.direct is None or self.transport is None:
+            return
+        if self.direct.unsent() < HELD_BYTES // 2:
+            self.transport.resume_reading()
+        else:
+            asyncio.get_running_loop().call_later(RESUME_CHECK_S, self._resume_when_taken)
+
+    async def finished(self) -> None:
+        """Once the engine has ended its reply."""
+        while not self.ended:
+            self.waiter = asyncio.get_running_loop().create_future()
+            await self.waiter
 
     def eof_received(self) -> bool:
         self.ended = True
@@ -113,10 +159,17 @@ class RelayedResponse(Response):
         watching = asyncio.ensure_future(self._hangup(receive))
         try:
             await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-            piece = self.first or await self.reply.received()
-            while piece:
-                await send({"type": "http.response.body", "body": piece, "more_body": True})
-                piece = await self.reply.received()
+            direct = scope.get("extensions", {}).get(DIRECT_BODY)
+            if direct is not None and direct.usable():  # each piece written as it arrives: no message a piece
+                if self.first:
+                    direct.write(self.first)
+                self.reply.send_directly(direct)
+                await self.reply.finished()
+            else:
+                piece = self.first or await self.reply.received()
+                while piece:
+                    await send({"type": "http.response.body", "body": piece, "more_body": True})
+                    piece = await self.reply.received()
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             watching.cancel()
