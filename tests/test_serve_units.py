@@ -316,3 +316,43 @@ def test_the_front_writes_a_relayed_body_below_uvicorns_messages_and_the_client_
         server.should_exit = True
         thread.join(30)
     assert seen["usable"] and answers == ["data: one\n\ndata: two\n\ndata: three\n\n"] * 2
+
+
+def test_a_body_written_straight_to_a_slow_client_pauses_the_engine_until_the_client_takes_it():
+    import asyncio
+
+    from localchat.serve.apis.chat_completions.engine_relay import HELD_BYTES, EngineReply
+
+    class SlowClient:
+        def __init__(self):
+            self.written, self.waiting = [], 0
+
+        def usable(self) -> bool:
+            return True
+
+        def write(self, piece: bytes) -> None:
+            self.written.append(piece)
+            self.waiting += len(piece)
+
+        def unsent(self) -> int:
+            return self.waiting
+
+    async def relayed() -> None:
+        reply, engine, client = EngineReply(b""), HeldTransport(), SlowClient()
+        reply.connection_made(engine)  # type: ignore[arg-type]
+        reply.data_received(b"held before")  # (arrived before the head was sent on)
+        reply.send_directly(client)
+        reply.data_received(b"x" * (HELD_BYTES + 1))
+        assert client.written[0] == b"held before" and not engine.reading
+        await asyncio.sleep(0.12)
+        assert not engine.reading  # the client has taken nothing yet
+        client.waiting = 0
+        await asyncio.sleep(0.12)
+        assert engine.reading
+        ending = asyncio.ensure_future(reply.finished())
+        await asyncio.sleep(0)
+        assert not ending.done()
+        reply.connection_lost(None)
+        await asyncio.wait_for(ending, 5)
+
+    asyncio.run(relayed())
