@@ -15,14 +15,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing
-import os
 import socket
 import statistics
-import subprocess
-import sys
 import time
-from pathlib import Path
 from typing import Any
+
+from bench_router import BareRelay, cpu_seconds  # (this directory: the script's own)
+
+from localchat.server.launch import free_port
 
 CHUNK = b'data: {"id":"chatcmpl-1","choices":[{"index":0,"delta":{"content":" word"}}],"model":"demo"}\n\n'
 CHUNKS, GAP_S = 128, 0.0025
@@ -94,11 +94,6 @@ def served(layer: str, engine_port: int, port: int) -> None:
                 lifespan="off")
 
 
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def fetched(port: int) -> None:
     """One whole answer, read as a client reads it (no parsing: the client's cost is not measured)."""
     with socket.create_connection(("127.0.0.1", port)) as client:
@@ -107,18 +102,10 @@ def fetched(port: int) -> None:
             pass
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def started(layer: str, engine_port: int) -> tuple[Any, int]:
     if layer == "bare":
-        proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("bare_relay.py")), "127.0.0.1",
-                                 str(engine_port)], stdout=subprocess.PIPE, text=True)
-        assert proc.stdout is not None
-        return proc, int(proc.stdout.readline())
+        bare = BareRelay(f"http://127.0.0.1:{engine_port}")
+        return bare.proc, int(bare.url.rsplit(":", 1)[1])
     port = free_port()
     process = multiprocessing.Process(target=served, args=(layer, engine_port, port), daemon=True)
     process.start()

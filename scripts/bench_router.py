@@ -190,11 +190,11 @@ def relay_cpu(home: Path, replies: int = 20) -> None:
     and mlx_lm.server's as it is (``--plain``: every chunk parsed for the path to rename)."""
     banned = end_tokens("demo")
     print("\n1b. the front's CPU (demo, end token banned): a request, and each token of its reply")
-    for label, args in (("relayed as it comes (our engine)", ()), ("parsed and renamed (serve --plain)", ("--plain",)),
-                        ("a bare relay (no HTTP, no app: the floor)", ("bare",))):
-        serve = Serve(home / f"cpu{len(args)}{args[:1]}", "-m", "demo", "--keep-alive", "never",
-                      *(a for a in args if a != "bare"))
-        bare = BareRelay(serve.held()[0]["engine_url"]) if "bare" in args else None
+    for label, args, floor in (("relayed as it comes (our engine)", (), False),
+                               ("parsed and renamed (serve --plain)", ("--plain",), False),
+                               ("a bare relay (no HTTP, no app: the floor)", (), True)):
+        serve = Serve(home / f"cpu-{len(args)}-{floor}", "-m", "demo", "--keep-alive", "never", *args)
+        bare = BareRelay(serve.held()[0]["engine_url"]) if floor else None
         url, pid = (bare.url, bare.proc.pid) if bare is not None else (serve.url, serve.proc.pid)
         try:
             named = "default_model" if bare is not None else "demo"  # (the engine's own name for its model)

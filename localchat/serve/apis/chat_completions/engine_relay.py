@@ -95,8 +95,11 @@ class EngineReply(asyncio.Protocol):
     async def finished(self) -> None:
         """Once the engine has ended its reply."""
         while not self.ended:
-            self.waiter = asyncio.get_running_loop().create_future()
-            await self.waiter
+            await self._woken()
+
+    async def _woken(self) -> None:
+        self.waiter = asyncio.get_running_loop().create_future()
+        await self.waiter
 
     def eof_received(self) -> bool:
         self.ended = True
@@ -114,8 +117,7 @@ class EngineReply(asyncio.Protocol):
     async def received(self) -> bytes:
         """What has arrived since the last call (waiting for something); ``b""`` once the engine has ended."""
         while not self.pieces and not self.ended:
-            self.waiter = asyncio.get_running_loop().create_future()
-            await self.waiter
+            await self._woken()
         data = self.pieces[0] if len(self.pieces) == 1 else b"".join(self.pieces)
         self.pieces.clear()
         if self.held > HELD_BYTES and self.transport is not None:
