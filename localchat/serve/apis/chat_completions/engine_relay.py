@@ -3,11 +3,13 @@ by the id it is served by (``LOCALCHAT_SERVED_ID``), so nothing in its reply is 
 reply is read from the socket in whatever pieces arrive and written on as they are (no HTTP client
 parses each chunk; mlx_lm.server answers HTTP/1.0 and ends a reply by closing the connection).
 
-A piece costs one wake-up and one ASGI message: the engine's connection is an ``asyncio.Protocol``
-whose pieces the response awaits directly (no stream reader, no generator, no ``StreamingResponse``
-and its task group: ~30 µs a piece here, ``scripts/bench_relay_layers.py``). A client that hangs up
-closes the engine's connection, and the engine stops generating. What the relay costs a reply is
-measured by ``scripts/bench_router.py`` (docs/router.md), beside a bare relay that has no HTTP at all.
+The engine's connection is an ``asyncio.Protocol``. Once the head is sent, each piece is written to
+the client's socket from its own callback when the server gives that socket (``DIRECT_BODY``:
+``serve.front.direct_body``); otherwise the response awaits the pieces and sends one ASGI message
+each, still without a stream reader, a generator or ``StreamingResponse`` and its task group
+(``scripts/bench_relay_layers.py`` measures each layer). A client that hangs up closes the engine's
+connection, and the engine stops generating. What the relay costs a reply is measured by
+``scripts/bench_router.py`` (docs/router.md), beside a bare relay that has no HTTP at all.
 """
 
 from __future__ import annotations
