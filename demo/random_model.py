@@ -64,7 +64,7 @@ def build_random_model(out: Path, *, hidden: int, layers: int, intermediate: int
     config = {
         "model_type": "qwen2", "hidden_size": hidden, "num_hidden_layers": layers,
         "intermediate_size": intermediate, "num_attention_heads": heads,
-        "num_key_value_heads": kv_heads or heads, "rms_norm_eps": 1e-6,
+        "num_key_value_heads": kv_heads or heads, "head_dim": hidden // heads, "rms_norm_eps": 1e-6,
         "vocab_size": demo_config["vocab_size"], "max_position_embeddings": 4096,
         "rope_theta": 10000.0, "tie_word_embeddings": not never_stop, "eos_token_id": eos_id,
     }

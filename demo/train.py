@@ -54,7 +54,8 @@ def model_config(args, vocab_size: int, eos_id: int) -> dict:
         "model_type": "llama", "architectures": ["LlamaForCausalLM"], "attention_bias": True, "mlp_bias": False,
         "hidden_size": args.hidden, "num_hidden_layers": args.layers,
         "intermediate_size": args.intermediate, "num_attention_heads": args.heads,
-        "num_key_value_heads": args.heads, "rms_norm_eps": 1e-6, "vocab_size": vocab_size,
+        "num_key_value_heads": args.heads, "head_dim": args.hidden // args.heads, "rms_norm_eps": 1e-6,
+        "vocab_size": vocab_size,
         "max_position_embeddings": 1024, "rope_theta": args.rope_theta, "tie_word_embeddings": True,
         "eos_token_id": eos_id, "torch_dtype": "float32",
     }

@@ -28,9 +28,12 @@ class TerminationRequested(KeyboardInterrupt):
 
 def raise_on_sigterm() -> threading.Event:
     """SIGTERM raises ``TerminationRequested`` where the main thread is. The event it returns stays
-    set: a Python handler's exception is lost when it lands inside a finalizer (``__del__``, where
-    Python only prints it), so a loop that waits on a server looks at it too (``raise_if_set``)."""
+    set: a Python handler's exception is lost when it lands inside a finalizer (``__del__``) or an
+    at-fork callback (logging's, after a child is started), where Python only reports it as
+    unraisable, so a loop that waits on a server looks at it too (``raise_if_set``), and that report
+    is not printed (it would be a traceback for a SIGTERM that is handled)."""
     import signal
+    import sys
 
     came = threading.Event()
 
@@ -38,7 +41,12 @@ def raise_on_sigterm() -> threading.Event:
         came.set()
         raise TerminationRequested()
 
+    def unraisable(report) -> None:
+        if not isinstance(report.exc_value, TerminationRequested):
+            sys.__unraisablehook__(report)
+
     signal.signal(signal.SIGTERM, handler)
+    sys.unraisablehook = unraisable
     return came
 
 

@@ -53,6 +53,32 @@ def test_gemma_3_4b_reads_the_heads_its_config_leaves_out_and_caps_its_sliding_l
     assert kv_cache_bytes(shape, 512) == 5 * 512 * per_token + 29 * 512 * per_token
 
 
+@pytest.mark.parametrize("name", sorted(p.stem for p in CONFIGS.glob("*.json")))
+def test_a_config_read_without_mlx_lm_gives_the_shape_mlx_lm_gives(name, monkeypatch):
+    """A config that states every number is read as written (no mlx_lm import, 1.4 s here); one
+    that leaves one out is read by mlx_lm's ``ModelArgs``: both give the shape mlx_lm builds."""
+    from localchat.fit import shape as shapes
+
+    config = json.loads((CONFIGS / f"{name}.json").read_text())
+    as_written = shapes._states_every_count(shapes._as_written(config))
+    assert as_written == (name != "gemma-3-4b-it")  # (Gemma 3 4B names no head counts)
+    read = published(name)
+    monkeypatch.setattr(shapes, "_states_every_count", lambda part: False)  # mlx_lm reads every config
+    assert published(name) == read
+
+
+def test_a_front_estimates_our_demo_models_without_importing_mlx_lm():
+    import subprocess
+    import sys
+
+    script = ("import sys; from localchat.fit.shape import local_shape; from localchat.registry import resolve; "
+              "from pathlib import Path; [local_shape(Path(resolve(m).location)) for m in ('demo', 'demo-tools', "
+              "'demo-think')]; "
+              "print('mlx_lm' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "False", done.stderr
+
+
 def test_the_prefill_counts_materialized_attention_off_metal_and_not_with_metals_fused_kernel():
     shape = published("qwen3-8b")
     cpu, metal = estimate(shape, 8192), estimate(shape, 8192, metal=True)

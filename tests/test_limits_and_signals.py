@@ -149,3 +149,23 @@ def test_ctrl_c_during_a_one_shot_reply_leaves_its_partial_text_on_the_screen_on
     streamed = [w for w in words if w.startswith("w") and w[1:].isdigit()]
     assert len(streamed) >= 130 and len(streamed) == len(set(streamed)), streamed  # each word once
     assert streamed == [f"w{i}" for i in range(len(streamed))] and "interrupted" in words
+
+
+def test_a_sigterm_that_lands_where_python_cannot_raise_it_is_kept_and_not_printed():
+    """A SIGTERM handled inside a finalizer or an at-fork callback (logging's, right after a child
+    starts) cannot raise there: Python reports it as unraisable. It is kept for the waiting loop and
+    not printed as a traceback (``came`` tells the loop); any other unraisable error still is."""
+    script = """
+from localchat.errors import TerminationRequested, raise_on_sigterm
+came = raise_on_sigterm()
+class Dying:
+    def __del__(self):
+        raise TerminationRequested()
+class Broken:
+    def __del__(self):
+        raise ValueError("still shown")
+Dying(); Broken()
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "TerminationRequested" not in done.stderr, done.stderr
+    assert "ValueError: still shown" in done.stderr

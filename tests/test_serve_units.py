@@ -216,7 +216,7 @@ def test_a_requests_own_budget_wins_over_serves_and_an_effort_is_one():
 
 
 class HeldTransport:
-    """What ``EngineReply`` asks of the engine's socket: reading paused and resumed."""
+    """What ``UpstreamReply`` asks of the engine's socket: reading paused and resumed."""
 
     def __init__(self):
         self.reading, self.written = True, b""
@@ -237,10 +237,10 @@ class HeldTransport:
 def test_the_relay_reads_the_engines_head_then_pieces_and_stops_reading_for_a_slow_client():
     import asyncio
 
-    from localchat.serve.apis.chat_completions.engine_relay import HELD_BYTES, EngineReply
+    from localchat.serve.apis.chat_completions.byte_relay import HELD_BYTES, UpstreamReply
 
     async def relayed() -> None:
-        reply, socket = EngineReply(b"POST /v1/chat/completions HTTP/1.1\r\n\r\n"), HeldTransport()
+        reply, socket = UpstreamReply(b"POST /v1/chat/completions HTTP/1.1\r\n\r\n"), HeldTransport()
         reply.connection_made(socket)  # type: ignore[arg-type]
         assert socket.written.startswith(b"POST ")
         reply.data_received(b"HTTP/1.0 200 OK\r\nX-Localchat-Prefix-Cache: cached=3\r\nContent-Type: text/event-")
@@ -263,10 +263,10 @@ def test_the_relay_reads_the_engines_head_then_pieces_and_stops_reading_for_a_sl
 def test_an_engine_that_ends_before_its_headers_is_a_clear_error():
     import asyncio
 
-    from localchat.serve.apis.chat_completions.engine_relay import EngineReply
+    from localchat.serve.apis.chat_completions.byte_relay import UpstreamReply
 
     async def cut() -> None:
-        reply = EngineReply(b"")
+        reply = UpstreamReply(b"")
         reply.connection_made(HeldTransport())  # type: ignore[arg-type]
         reply.data_received(b"HTTP/1.0 200 OK\r\nContent-Ty")
         reply.connection_lost(None)
@@ -286,7 +286,7 @@ def test_the_front_writes_a_relayed_body_below_uvicorns_messages_and_the_client_
     import httpx
     import uvicorn
 
-    from localchat.serve.apis.chat_completions.engine_relay import DIRECT_BODY
+    from localchat.serve.apis.chat_completions.byte_relay import DIRECT_BODY
     from localchat.serve.front.guards import header_deadline_protocol
     from localchat.server.launch import free_port
 
@@ -321,7 +321,7 @@ def test_the_front_writes_a_relayed_body_below_uvicorns_messages_and_the_client_
 def test_a_body_written_straight_to_a_slow_client_pauses_the_engine_until_the_client_takes_it():
     import asyncio
 
-    from localchat.serve.apis.chat_completions.engine_relay import HELD_BYTES, EngineReply
+    from localchat.serve.apis.chat_completions.byte_relay import HELD_BYTES, UpstreamReply
 
     class SlowClient:
         def __init__(self):
@@ -338,7 +338,7 @@ def test_a_body_written_straight_to_a_slow_client_pauses_the_engine_until_the_cl
             return self.waiting
 
     async def relayed() -> None:
-        reply, engine, client = EngineReply(b""), HeldTransport(), SlowClient()
+        reply, engine, client = UpstreamReply(b""), HeldTransport(), SlowClient()
         reply.connection_made(engine)  # type: ignore[arg-type]
         reply.data_received(b"held before")  # (arrived before the head was sent on)
         reply.send_directly(client)

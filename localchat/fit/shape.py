@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from localchat.errors import LocalchatError
-from localchat.registry import context_length, positive
+from localchat.registry import CONTEXT_KEYS, context_length, positive
 
 DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "U32": 4, "I16": 2, "U16": 2,
                "I8": 1, "U8": 1, "BOOL": 1}
@@ -46,10 +46,33 @@ class ModelShape:
     last_layer_global: bool = True  # Gemma 3 with a multiple of 6 layers ends on a global one
 
 
+# each number the estimate reads, by any of its names (a Gemma 3's sliding pattern besides: ``_sliding``)
+COUNTS = (("num_hidden_layers", "n_layer", "num_layers"), ("hidden_size", "n_embd", "d_model"),
+          ("num_attention_heads", "n_head"), ("num_key_value_heads", "n_head_kv"), ("head_dim",),
+          ("intermediate_size", "n_inner"), ("vocab_size",), CONTEXT_KEYS)
+
+
+def _as_written(config: dict[str, Any]) -> dict[str, Any]:
+    """The config with its language model's part (``text_config``) over it."""
+    text = config.get("text_config")
+    return {**config, **text} if isinstance(text, dict) else config
+
+
+def _states_every_count(part: dict[str, Any]) -> bool:
+    """Whether the config itself gives every number the estimate reads (then mlx_lm, which takes
+    a stated number as it is, would fill in nothing)."""
+    sliding = str(part.get("model_type", "")).startswith("gemma3") and part.get("sliding_window") is not None
+    needed = COUNTS + ((("sliding_window_pattern",),) if sliding else ())
+    return all(positive(part, *names) is not None for names in needed)
+
+
 def _as_mlx_lm_reads(config: dict[str, Any]) -> dict[str, Any]:
     """The config's numbers as mlx_lm builds the model from them: its ``ModelArgs`` fill in what a
     published config leaves out (Gemma 3 4B names no head counts), and a multimodal config's
-    language model is its ``text_config``. A type mlx_lm does not know is read as written."""
+    language model is its ``text_config``. A type mlx_lm does not know is read as written. mlx_lm
+    (1.4 s to import here, with transformers) is asked only when the config leaves a number out."""
+    if _states_every_count(_as_written(config)):
+        return _as_written(config)
     from mlx_lm.utils import _get_classes
 
     def args_of(part: dict[str, Any]) -> dict[str, Any]:

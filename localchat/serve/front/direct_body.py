@@ -16,7 +16,7 @@ from typing import Any
 
 @dataclass
 class ClientSocket:
-    """``engine_relay.DirectBody`` over one uvicorn request cycle."""
+    """``byte_relay.DirectBody`` over one uvicorn request cycle."""
 
     cycle: Any  # uvicorn.protocols.http.httptools_impl.RequestResponseCycle
 

@@ -130,7 +130,7 @@ def header_deadline_protocol() -> type:
     the client's socket for a relayed body (``direct_body``)."""
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-    from localchat.serve.apis.chat_completions.engine_relay import DIRECT_BODY
+    from localchat.serve.apis.chat_completions.byte_relay import DIRECT_BODY
     from localchat.serve.front.direct_body import ClientSocket
 
     class HeaderDeadline(HttpToolsProtocol):

@@ -111,15 +111,17 @@ async def relay(request_method: str, path: str, query: Any, content: bytes | Non
                 lease: Lease, log: Callable[[str], None], gone: Callable[[], Awaitable[bool]]) -> Response:
     """The request sent on as it is (``content`` already checked), the answer streamed back with
     the server's own ``X-Localchat-*`` headers and its model named by id, never by the server's
-    own name for it (a path on this machine); ``lease`` is given back when the answer has ended. A
+    own name for it (a path on this machine): byte for byte (``byte_relay``) when nothing in it is
+    rewritten, else read with httpx and rewritten; ``lease`` is given back when the answer has ended. A
     client that hangs up before the answer starts closes the request upstream (``gone``), so the
     server stops generating it."""
     started, upstream = time.perf_counter(), lease.upstream
-    if upstream.writes_id and upstream.api_key is None:  # our own engine: its bytes as they come
-        from localchat.serve.apis.chat_completions.engine_relay import engine_relay
+    own_names = _own_names(upstream)
+    if not upstream.api_key and not own_names:  # nothing in the reply to rewrite: its bytes as they come
+        from localchat.serve.apis.chat_completions.byte_relay import relayed_bytes
 
-        return await engine_relay(request_method, path, str(query or ""), content, content_type, lease, log,
-                                  lambda work: unless_gone(work, gone))
+        return await relayed_bytes(request_method, path, str(query or ""), content, content_type, lease, log,
+                                   lambda work: unless_gone(work, gone))
     headers = {"content-type": content_type}
     if upstream.api_key:
         headers["authorization"] = f"Bearer {upstream.api_key}"
@@ -136,7 +138,7 @@ async def relay(request_method: str, path: str, query: Any, content: bytes | Non
         lease.release()
         log(f"{request_method} {path} (passed through) · {upstream.model_id} · the client hung up first")
         return Response(status_code=499)
-    redactor = Redactor(upstream.api_key or "", also=_own_names(upstream))
+    redactor = Redactor(upstream.api_key or "", also=own_names)
 
     async def relayed() -> AsyncIterator[bytes]:
         try:
@@ -183,8 +185,6 @@ def _own_names(upstream: Upstream) -> dict[str, str]:
 def _cut(redactor: Redactor, chunk: bytes) -> bytes:
     """A chunk with the upstream key cut out and the model named by id (held back where a chunk
     ends inside one)."""
-    if not redactor.replacements:
-        return chunk
     return redactor.feed(chunk.decode("utf-8", errors="surrogateescape")).encode("utf-8", errors="surrogateescape")
 
 
