@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import threading
+from dataclasses import dataclass
 
 
 class LocalchatError(Exception):
@@ -26,31 +26,50 @@ class TerminationRequested(KeyboardInterrupt):
     """SIGTERM, turned into the same clean path as Ctrl+C (see ``raise_on_sigterm``); exit 143."""
 
 
-def raise_on_sigterm() -> threading.Event:
-    """SIGTERM raises ``TerminationRequested`` where the main thread is. The event it returns stays
-    set: a Python handler's exception is lost when it lands inside a finalizer (``__del__``) or an
-    at-fork callback (logging's, after a child is started), where Python only reports it as
-    unraisable, so a loop that waits on a server looks at it too (``raise_if_set``), and that report
-    is not printed (it would be a traceback for a SIGTERM that is handled)."""
+@dataclass
+class Termination:
+    """Whether SIGTERM came, and whether its exception was lost where Python cannot raise one.
+    Plain fields, no lock: a signal handler runs between any two steps of the main thread, inside
+    a lock's own code too (an ``Event``'s lock, taken by a handler that interrupted it, never comes
+    free)."""
+
+    came: bool = False
+    lost: bool = False
+
+    def is_set(self) -> bool:
+        return self.came
+
+
+def raise_on_sigterm() -> Termination:
+    """SIGTERM raises ``TerminationRequested`` where the main thread is; a SIGTERM that comes while
+    that is being handled (the cleanup after it) raises nothing more, so the cleanup is not cut
+    short. The exception is lost when it lands inside a finalizer (``__del__``) or an at-fork
+    callback (logging's, after a child is started), where Python only reports it as unraisable:
+    that report is not printed (a traceback for a SIGTERM that is handled), a loop that waits on a
+    server looks at ``came`` (``raise_if_set``), and the next SIGTERM raises again."""
     import signal
     import sys
 
-    came = threading.Event()
+    termination = Termination()
 
     def handler(signum, frame):
-        came.set()
+        if termination.came and not termination.lost:
+            return  # (already stopping)
+        termination.came, termination.lost = True, False
         raise TerminationRequested()
 
     def unraisable(report) -> None:
-        if not isinstance(report.exc_value, TerminationRequested):
+        if isinstance(report.exc_value, TerminationRequested):
+            termination.lost = True
+        else:
             sys.__unraisablehook__(report)
 
     signal.signal(signal.SIGTERM, handler)
     sys.unraisablehook = unraisable
-    return came
+    return termination
 
 
-def raise_if_set(came: threading.Event) -> None:
+def raise_if_set(termination: Termination) -> None:
     """The termination a lost exception did not carry out (see ``raise_on_sigterm``)."""
-    if came.is_set():
+    if termination.came:
         raise TerminationRequested()

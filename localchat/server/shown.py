@@ -3,19 +3,18 @@ tail of its log when it failed, and why a server on several ranks ended."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
 from rich.console import Console
 
-from localchat.errors import raise_if_set
+from localchat.errors import Termination, raise_if_set
 from localchat.server.distributed import Ranks, exit_words, failed_rank
 from localchat.server.launch import RunningServer, ServerStartError, last_lines
 
 
-def heeding(terminated: threading.Event, show: Callable[[str], None]) -> Callable[[str], None]:
+def heeding(terminated: Termination, show: Callable[[str], None]) -> Callable[[str], None]:
     """``show``, after raising a termination whose exception was lost (see ``raise_on_sigterm``)."""
 
     def on_poll(text: str) -> None:

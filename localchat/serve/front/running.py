@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 from rich.console import Console
 
-from localchat.errors import LocalchatError, UsageError, raise_if_set
+from localchat.errors import LocalchatError, Termination, UsageError, raise_if_set
 from localchat.serve.front.app import Gateway
 from localchat.serve.front.guards import BrowserPolicy, guarded, header_deadline_protocol
 from localchat.serve.pool.lease import Routes
@@ -123,7 +123,7 @@ def serve_gateway(routes: Routes, host: str, port: int, apis: tuple[str, ...], a
     return running
 
 
-def serve_until_stopped(running: RunningGateway, terminated: threading.Event, ended: str) -> int:
+def serve_until_stopped(running: RunningGateway, terminated: Termination, ended: str) -> int:
     """Serve until Ctrl+C or SIGTERM (success); a front that ends by itself is one line."""
     try:
         while running.alive:
