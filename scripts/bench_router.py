@@ -13,7 +13,8 @@ two models that do not both fit (what swapping costs).
    median of each round's difference (TTFT) and ratio (decode) against the engine direct (the
    second front against the first). Targets: TTFT ≤ +10 ms, decode ≥ 0.99×. Beside them, the floor:
    ``scripts/bare_relay.py`` (bytes from socket to socket on uvloop, no HTTP, no app) before the same
-   engine, and each relay's own CPU a token (1b).
+   engine, a second bare relay before that one (the floor under a second hop, against the first),
+   and each relay's own CPU a token (1b: a front, ``--plain``, a second front, a bare relay).
 2. **Cold loads.** ``serve -m demo -m demo-tools -m smollm2``: each other model's first request
    (the load is in its TTFT) against its second; the front's own "loaded … in" figure.
 3. **Memory.** The resident memory of the front and every child (``/proc``), with nothing loaded
@@ -147,14 +148,16 @@ def hop(home: Path, model: str, rounds: int, tokens: int, ban_end: bool) -> None
     serve = Serve(home / f"hop-{model}", "-m", model, "--keep-alive", "never", "--api", "anthropic")
     gateway = Gateway(serve.url + "/v1", model)
     banned = end_tokens(model) if ban_end else ()
-    bare = None
+    bare = bare_twice = None
     try:
         engine = serve.held()[0]["engine_url"]
         bare = BareRelay(engine)
+        bare_twice = BareRelay(bare.url)  # (two hops that do nothing: the floor under a second front)
         arms = {"direct": (engine, "default_model", "chat"),  # (the engine knows its model by that name)
                 "front": (serve.url + "/v1", model, "chat"),
                 "messages": (serve.url + "/v1", model, "messages"), "two fronts": (gateway.url + "/v1", model, "chat"),
-                "bare relay": (bare.url + "/v1", "default_model", "chat")}
+                "bare relay": (bare.url + "/v1", "default_model", "chat"),
+                "two bare": (bare_twice.url + "/v1", "default_model", "chat")}
         for name, (url, named, api) in arms.items():
             print(f"  warm-up {name}: {streamed(url, named, f'[warm-up {name}] {PROMPT}', tokens, banned, api)}")
         runs: dict[str, list[tuple[float, float]]] = {name: [] for name in arms}
@@ -164,8 +167,9 @@ def hop(home: Path, model: str, rounds: int, tokens: int, ban_end: bool) -> None
                 url, named, api = arms[name]
                 runs[name].append(streamed(url, named, f"[{i:02d}-{j}] {PROMPT}", tokens, banned, api))
     finally:
-        if bare is not None:
-            bare.stop()
+        for relay in (bare_twice, bare):
+            if relay is not None:
+                relay.stop()
         gateway.stop()
         serve.stop()
     print(f"\n1. the front's hop ({model}, {rounds} rounds, {tokens} tokens{', end token banned' if banned else ''}, "
@@ -175,7 +179,7 @@ def hop(home: Path, model: str, rounds: int, tokens: int, ban_end: bool) -> None
         print(f"  {name:<11} TTFT {statistics.median(t for t, _ in timings) * 1e3:7.1f} ms · "
               f"{statistics.median(rates) if rates else float('nan'):6.1f} tok/s")
     for name, against in (("front", "direct"), ("messages", "direct"), ("two fronts", "front"),
-                          ("bare relay", "direct")):  # (the last: the floor under any relay in Python)
+                          ("bare relay", "direct"), ("two bare", "bare relay")):  # (the floor under each hop)
         pairs = list(zip(runs[against], runs[name]))
         delta = statistics.median(f[0] - d[0] for d, f in pairs) * 1e3
         ratios = [f[1] / d[1] for d, f in pairs if f[1] == f[1] and d[1] == d[1] and d[1] > 0]
@@ -187,17 +191,20 @@ def hop(home: Path, model: str, rounds: int, tokens: int, ban_end: bool) -> None
 
 def relay_cpu(home: Path, replies: int = 20) -> None:
     """The front's own CPU a request and a token, side by side: our engine's reply relayed as it comes,
-    and mlx_lm.server's as it is (``--plain``: every chunk parsed for the path to rename)."""
+    mlx_lm.server's as it is (``--plain``: every chunk parsed for the path to rename), a second front's
+    (``gateway --upstream`` before a serve: the first front's chunks read and relayed), and a bare relay's."""
     banned = end_tokens("demo")
-    print("\n1b. the front's CPU (demo, end token banned): a request, and each token of its reply")
-    for label, args, floor in (("relayed as it comes (our engine)", (), False),
-                               ("parsed and renamed (serve --plain)", ("--plain",), False),
-                               ("a bare relay (no HTTP, no app: the floor)", (), True)):
-        serve = Serve(home / f"cpu-{len(args)}-{floor}", "-m", "demo", "--keep-alive", "never", *args)
-        bare = BareRelay(serve.held()[0]["engine_url"]) if floor else None
-        url, pid = (bare.url, bare.proc.pid) if bare is not None else (serve.url, serve.proc.pid)
+    print("\n1b. a relay's CPU (demo, end token banned): a request, and each token of its reply")
+    for label, args, relay in (("relayed as it comes (our engine)", (), "front"),
+                               ("parsed and renamed (serve --plain)", ("--plain",), "front"),
+                               ("a second front (gateway --upstream)", (), "gateway"),
+                               ("a bare relay (no HTTP, no app: the floor)", (), "bare")):
+        serve = Serve(home / f"cpu-{len(args)}-{relay}", "-m", "demo", "--keep-alive", "never", *args)
+        other = BareRelay(serve.held()[0]["engine_url"]) if relay == "bare" else \
+            Gateway(serve.url + "/v1", "demo") if relay == "gateway" else None
+        url, pid = (other.url, other.proc.pid) if other is not None else (serve.url, serve.proc.pid)
         try:
-            named = "default_model" if bare is not None else "demo"  # (the engine's own name for its model)
+            named = "default_model" if relay == "bare" else "demo"  # (the engine's own name for its model)
             for k in range(3):
                 streamed(url + "/v1", named, f"[warm-{k}] {PROMPT}", 128, banned)
             spent = {}
@@ -207,8 +214,8 @@ def relay_cpu(home: Path, replies: int = 20) -> None:
                     streamed(url + "/v1", named, f"[{tokens}-{k}] {PROMPT}", tokens, banned)
                 spent[tokens] = (cpu_seconds(pid) - before) / replies
         finally:
-            if bare is not None:
-                bare.stop()
+            if other is not None:
+                other.stop()
             serve.stop()
         per_token = (spent[128] - spent[1]) / 127 * 1e6
         print(f"  {label:<42} {spent[1] * 1e3:5.1f} ms a request + {per_token:4.0f} µs a token")
