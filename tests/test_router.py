@@ -245,8 +245,11 @@ def test_a_model_served_elsewhere_is_routed_never_loaded(serves):
     reply = sdk.chat.completions.create(model="far", messages=[{"role": "user", "content": "What is 2 plus 3?"}],
                                         max_tokens=64, temperature=0)
     assert reply.choices[0].finish_reason in ("stop", "tool_calls")
+    streamed = list(sdk.chat.completions.create(model="far", messages=[{"role": "user", "content": "Hi"}],
+                                                max_tokens=8, temperature=0, stream=True))  # (chunks of chunks)
+    assert streamed[-1].choices[0].finish_reason in ("stop", "length") and {c.model for c in streamed} == {reply.model}
     assert front.held_names() == {"demo"}  # nothing of far's is held here
-    assert "far · " in front.wait_log("far · ")
+    assert "(relayed) · far · " in front.wait_log("far · ")  # byte for byte: nothing in it is rewritten
 
 
 @pytest.mark.parametrize("keep_alive, status", [(True, 400), ([1], 400), ("soon", 400), ("nan", 400), ({"a": 1}, 400),

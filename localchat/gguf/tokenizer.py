@@ -84,7 +84,7 @@ def build_tokenizer(spec: TokenizerSpec) -> Any:
         tokenizer_object=tok, bos_token=name(spec.bos_id), eos_token=name(spec.eos_id),
         pad_token=name(spec.pad_id), unk_token=name(spec.unk_id), clean_up_tokenization_spaces=False,
         model_max_length=spec.context_length or 4096)
-    hf.add_bos_token = spec.add_bos  # type: ignore[misc]  # (its stubs call it read-only; transformers sets it)
+    hf.add_bos_token = spec.add_bos
     if spec.chat_template:
         hf.chat_template = spec.chat_template
     return hf
