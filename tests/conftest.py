@@ -32,6 +32,25 @@ os.environ.pop("LOCALCHAT_MODELS", None)
 signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def _one_tls_context() -> None:
+    """The tests' own top-level httpx calls (``httpx.get(…)``, ``httpx.post(…)``, ``httpx.stream(…)``)
+    share one TLS context, as localchat's clients do (``backends.http.shared_ssl_context``): httpx
+    builds one per call otherwise, reading the whole certificate store, 15-30 ms each: ~30 s of the
+    workers' CPU over the suite, for calls to loopback ports. A call that names its own ``verify``
+    keeps it."""
+    import functools
+
+    import httpx
+
+    from localchat.backends.http import shared_ssl_context
+
+    for name in ("request", "get", "post", "put", "patch", "delete", "stream"):
+        setattr(httpx, name, functools.partial(getattr(httpx, name), verify=shared_ssl_context()))
+
+
+_one_tls_context()
+
+
 LOOK_ALIKES = (["sleep", "3600"],
                [sys.executable, "-c", "import time; time.sleep(3600)", "add_server.py", "mcp_server_time",
                 "hostile_mcp.py", "localchat.mcp.guard", "mlx_lm server --model default_model",

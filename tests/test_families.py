@@ -6,6 +6,7 @@ server). Each family's conversations run once (``runs``); the checks read what t
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass, field
@@ -274,13 +275,20 @@ TRAITS = {  # fold system, system moves, reasoning field, reasoning format, thin
 }
 
 
-@pytest.mark.parametrize("family", [f.name for f in FAMILIES])
-def test_the_probe_finds_what_each_template_needs(family, family_dirs):
+@functools.cache
+def probed_tokenizer(path: Path):
+    """A family's tokenizer for the probes, which only read it: loaded once (its tokenizer.json is
+    SmolLM2's, 3.5 MB of JSON to parse for each load)."""
     from mlx_lm.utils import load_tokenizer
 
+    return load_tokenizer(path)
+
+
+@pytest.mark.parametrize("family", [f.name for f in FAMILIES])
+def test_the_probe_finds_what_each_template_needs(family, family_dirs):
     from localchat.templates.render import ChatTemplate
 
-    traits = ChatTemplate(load_tokenizer(family_dirs[family]), family).traits
+    traits = ChatTemplate(probed_tokenizer(family_dirs[family]), family).traits
     found = (traits.fold_system, traits.system_moves, traits.reasoning_field,
              traits.reasoning.name if traits.reasoning else None, traits.think_switch, traits.always_thinks)
     assert found == TRAITS[family]
@@ -292,12 +300,10 @@ TOOLS = {"qwen3": "markers", "qwen2.5": "markers", "llama3": "json", "mistral-v0
 
 @pytest.mark.parametrize("family", [f.name for f in FAMILIES])
 def test_the_probe_finds_whether_and_how_each_template_calls_tools(family, family_dirs):
-    from mlx_lm.utils import load_tokenizer
-
     from localchat.errors import UsageError
     from localchat.templates.render import ChatTemplate, check_tool_support
 
-    template = ChatTemplate(load_tokenizer(family_dirs[family]), family)
+    template = ChatTemplate(probed_tokenizer(family_dirs[family]), family)
     traits = template.traits
     assert (traits.tool_format.name if traits.tool_format else None) == TOOLS.get(family)
     assert traits.takes_tools == (family in TOOLS)
@@ -307,12 +313,10 @@ def test_the_probe_finds_whether_and_how_each_template_calls_tools(family, famil
 
 
 def test_notices_say_what_the_switches_do(family_dirs):
-    from mlx_lm.utils import load_tokenizer
-
     from localchat.templates.render import ChatTemplate
 
     def said(family, **kwargs):
-        return " | ".join(ChatTemplate(load_tokenizer(family_dirs[family]), family).traits.notices(family, **kwargs))
+        return " | ".join(ChatTemplate(probed_tokenizer(family_dirs[family]), family).traits.notices(family, **kwargs))
 
     assert "always opens its think block: --no-think changes nothing" in said("deepseek-r1", system=False, think=False)
     assert "--think sets reasoning_effort to high" in said("gpt-oss", system=False, think=True)

@@ -99,9 +99,11 @@ def show_models(console: Console) -> None:
 def server_answers(base_url: str) -> str:
     import httpx
 
+    from localchat.backends.http import shared_ssl_context
+
     root = base_url.rstrip("/").removesuffix("/v1")
     try:
-        response = httpx.get(f"{root}/health", timeout=1.0)
+        response = httpx.get(f"{root}/health", timeout=1.0, verify=shared_ssl_context())
     except httpx.HTTPError as exc:
         return f"nothing answers at {root} ({type(exc).__name__})"
     return f"{root}/health answered HTTP {response.status_code}"

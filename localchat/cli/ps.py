@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.table import Column, Table
 
 from localchat import bounded_json
+from localchat.backends.http import shared_ssl_context
 from localchat.errors import LocalchatError
 from localchat.safe_text import visible
 from localchat.sizes import shown_size
@@ -56,7 +57,8 @@ def fetch_held(base_url: str, api_key: str | None = None) -> dict[str, Any]:
     root = base_url.rstrip("/").removesuffix("/v1")
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        with httpx.stream("GET", root + PS_PATH, headers=headers, timeout=10.0) as response:
+        with httpx.stream("GET", root + PS_PATH, headers=headers, timeout=10.0,
+                          verify=shared_ssl_context()) as response:
             body = _bounded(response, root)
     except httpx.HTTPError as exc:
         raise LocalchatError(f"nothing answers at {root} ({type(exc).__name__}): start one with localchat serve, "

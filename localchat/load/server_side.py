@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from localchat.backends.http import shared_ssl_context
+
 SCRAPE_S = 10.0
 
 
@@ -36,7 +38,7 @@ def scrape(base_url: str, api_key: str | None = None) -> Scrape | None:
     root = base_url.rstrip("/").removesuffix("/v1")
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        response = httpx.get(root + "/metrics", headers=headers, timeout=SCRAPE_S)
+        response = httpx.get(root + "/metrics", headers=headers, timeout=SCRAPE_S, verify=shared_ssl_context())
         if response.status_code != 200 or not response.headers.get("content-type", "").startswith("text/plain"):
             return None
         families = list(text_string_to_metric_families(response.text))

@@ -12,6 +12,7 @@ from typing import IO
 
 import httpx
 
+from localchat.backends.http import shared_ssl_context
 from localchat.server.launch import free_port
 
 READY_LINE = "Ctrl+C stops the server"
@@ -40,7 +41,7 @@ class StartedServe:
         return False
 
     def held(self) -> list[dict]:
-        return httpx.get(self.url + "/localchat/ps", timeout=10).json()["models"]
+        return httpx.get(self.url + "/localchat/ps", timeout=10, verify=shared_ssl_context()).json()["models"]
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -23,6 +23,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 
+from localchat.backends.http import shared_ssl_context
+
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 API_OF_PATH = {"/v1/chat/completions": "chat_completions", "/v1/completions": "completions",
                "/v1/messages": "messages", "/v1/responses": "responses"}  # the requests counted
@@ -114,7 +116,8 @@ def engines_figures(rows: list[dict[str, Any]]) -> Iterator[Metric]:
         if row.get("state") != "loaded" or not isinstance(row.get("engine_url"), str):
             continue
         try:
-            text = httpx.get(row["engine_url"].removesuffix("/v1") + "/metrics", timeout=ENGINE_SCRAPE_S).text
+            text = httpx.get(row["engine_url"].removesuffix("/v1") + "/metrics", timeout=ENGINE_SCRAPE_S,
+                             verify=shared_ssl_context()).text
             parsed = list(text_string_to_metric_families(text))
         except (httpx.HTTPError, ValueError):
             continue  # an engine that does not answer (``--plain``, a picture model's): its figures are absent

@@ -27,10 +27,13 @@ def engine_kv(engine_url: str | None) -> dict[str, Any]:
     or does not answer at once."""
     import httpx
 
+    from localchat.backends.http import shared_ssl_context
+
     if engine_url is None:
         return {}
     try:
-        said = httpx.get(engine_url.removesuffix("/v1") + "/localchat/kv", timeout=2.0).json()
+        said = httpx.get(engine_url.removesuffix("/v1") + "/localchat/kv", timeout=2.0,
+                         verify=shared_ssl_context()).json()
     except (httpx.HTTPError, ValueError):
         return {}
     if not isinstance(said, dict):

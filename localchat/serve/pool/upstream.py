@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 
 from localchat.backends import DEFAULT_TIMEOUT_S, Event, Finished, Message, ReasoningChunk, TextChunk
-from localchat.backends.http import make_client
+from localchat.backends.http import make_client, shared_ssl_context
 from localchat.backends.openai_http import SERVER_DEFAULT_MODEL, ServerBackend
 from localchat.conversation.history import system_first
 from localchat.conversation.result import Listeners, StreamOutcome, consume
@@ -254,7 +254,8 @@ def reach_upstream(base_url: str, ref: ModelRef | None, api_key: str | None = No
     chat completions, passed through, need none). A server that does not answer is one line."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        listed = httpx.get(base_url.rstrip("/") + "/models", headers=headers, timeout=5.0)
+        listed = httpx.get(base_url.rstrip("/") + "/models", headers=headers, timeout=5.0,
+                           verify=shared_ssl_context())
         answer = listed.json() if listed.status_code == 200 else {}
         entries = answer.get("data") if isinstance(answer, dict) else []  # (a server may answer anything)
         entries = entries if isinstance(entries, list) else []
