@@ -51,6 +51,20 @@ def _one_tls_context() -> None:
 _one_tls_context()
 
 
+def _one_click_command() -> None:
+    """Typer's test runner builds the click command again for each ``invoke``, reading the type hints
+    of every command and option (~20 s of the workers' CPU over the suite): built once per app here,
+    as ``localchat`` builds it once per process."""
+    import functools
+
+    import typer.testing
+
+    typer.testing._get_command = functools.cache(typer.testing._get_command)
+
+
+_one_click_command()
+
+
 LOOK_ALIKES = (["sleep", "3600"],
                [sys.executable, "-c", "import time; time.sleep(3600)", "add_server.py", "mcp_server_time",
                 "hostile_mcp.py", "localchat.mcp.guard", "mlx_lm server --model default_model",

@@ -8,7 +8,6 @@ command keeps its own signal handling (Ctrl+C and SIGTERM stop the gateway and t
 
 from __future__ import annotations
 
-import gc
 import threading
 import time
 from collections.abc import Callable
@@ -125,10 +124,7 @@ def serve_gateway(routes: Routes, host: str, port: int, apis: tuple[str, ...], a
 
 
 def serve_until_stopped(running: RunningGateway, terminated: Termination, ended: str) -> int:
-    """Serve until Ctrl+C or SIGTERM (success); a front that ends by itself is one line. What start-up
-    built (modules, tokenizers, templates: most of the heap) is frozen first: no collection scans it
-    again while replies stream through (a pause in a relay is a pause in every stream through it)."""
-    gc.freeze()
+    """Serve until Ctrl+C or SIGTERM (success); a front that ends by itself is one line."""
     try:
         while running.alive:
             raise_if_set(terminated)
