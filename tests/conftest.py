@@ -188,11 +188,14 @@ def pytest_xdist_auto_num_workers(config):
     return (os.cpu_count() or 1) + 1
 
 
-LONGEST_FIRST = ("test_web.py", "test_router.py", "test_distributed.py", "test_real_model.py",
-                 "test_server_enforcing.py", "test_prompt_cache.py", "test_kv_bits.py", "test_grammar.py",
-                 "test_serve_hostile.py",
-                 "test_gateway_models.py", "test_wheel.py", "test_vision.py", "test_vision_circuit.py",
-                 "test_trainer.py", "test_bench.py", "test_load.py", "test_mcp.py")
+# by their time in two whole runs here (longest first): a long file started last is the run's tail
+LONGEST_FIRST = ("test_prompt_cache.py", "test_web.py", "test_pull.py", "test_router.py", "test_real_model.py",
+                 "test_families.py", "test_pull_hostile.py", "test_server_enforcing.py", "test_vision.py",
+                 "test_distributed.py", "test_kv_bits.py", "test_mcp.py", "test_metrics.py", "test_tool_limits.py",
+                 "test_repl_pty.py", "test_conversation_log.py", "test_first_minutes.py", "test_bench.py",
+                 "test_tool_families.py", "test_vision_circuit.py", "test_hostile_input.py", "test_faults.py",
+                 "test_server_live.py", "test_grammar.py", "test_wheel.py", "test_trainer.py", "test_gateway_models.py",
+                 "test_serve_hostile.py", "test_load.py")
 
 
 def pytest_collection_modifyitems(config, items):
