@@ -129,3 +129,16 @@ def test_a_silent_server_is_hung_up_on_after_its_limit():
 
     timed_out, waited = asyncio.run(silent())
     assert timed_out and 0.2 <= waited < 5
+
+
+def test_an_upstream_paused_for_a_slow_client_is_not_taken_for_a_silent_one():
+    from localchat.serve.apis.chat_completions.byte_relay import HELD_BYTES
+
+    async def paused() -> bool:
+        reply, socket = UpstreamReply(b"", idle_limit_s=0.2), Socket()
+        reply.connection_made(socket)  # type: ignore[arg-type]
+        reply.data_received(b"x" * (HELD_BYTES + 1))  # nobody takes it: reading paused
+        await asyncio.sleep(0.8)
+        return socket.closed or reply.timed_out
+
+    assert not asyncio.run(paused())

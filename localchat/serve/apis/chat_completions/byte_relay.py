@@ -108,9 +108,12 @@ class UpstreamReply(asyncio.Protocol):
         return data
 
     def _hang_up_when_idle(self) -> None:
+        """A silent upstream is hung up on; one we stopped reading (a slow client) is not silent."""
         assert self.idle_limit_s is not None
         if self.ended or self.transport is None:
             return
+        if self.held > HELD_BYTES or (self.direct is not None and self.direct.unsent() > 0):
+            self.last_s = time.monotonic()
         if time.monotonic() - self.last_s > self.idle_limit_s:
             self.timed_out = True
             self.transport.close()
