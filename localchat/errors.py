@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 class LocalchatError(Exception):
@@ -58,15 +59,25 @@ def raise_on_sigterm() -> Termination:
         termination.came, termination.lost = True, False
         raise TerminationRequested()
 
-    def unraisable(report) -> None:
-        if isinstance(report.exc_value, TerminationRequested):
-            termination.lost = True
-        else:
-            sys.__unraisablehook__(report)
-
     signal.signal(signal.SIGTERM, handler)
-    sys.unraisablehook = unraisable
+    sys.unraisablehook = QuietTermination(termination=termination, previous=getattr(
+        sys.unraisablehook, "previous", sys.unraisablehook))  # (set again: the hook before the first)
     return termination
+
+
+@dataclass
+class QuietTermination:
+    """Python's hook for an exception it cannot raise: a ``TerminationRequested`` is kept as lost, not
+    printed; any other goes to the hook that was there before."""
+
+    termination: Termination
+    previous: Any
+
+    def __call__(self, report: Any) -> None:
+        if isinstance(report.exc_value, TerminationRequested):
+            self.termination.lost = True
+        else:
+            self.previous(report)
 
 
 def raise_if_set(termination: Termination) -> None:

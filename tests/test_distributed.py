@@ -302,7 +302,7 @@ def test_a_sigterm_whose_exception_was_lost_still_ends_the_wait_for_a_server():
     from localchat.errors import TerminationRequested, raise_on_sigterm
     from localchat.server.shown import heeding
 
-    before = signal.getsignal(signal.SIGTERM)
+    before, hook = signal.getsignal(signal.SIGTERM), sys.unraisablehook
     try:
         came = raise_on_sigterm()
         shown: list[str] = []
@@ -319,3 +319,4 @@ def test_a_sigterm_whose_exception_was_lost_still_ends_the_wait_for_a_server():
         assert shown == ["loading … 1s"]
     finally:
         signal.signal(signal.SIGTERM, before)
+        sys.unraisablehook = hook
