@@ -1,4 +1,6 @@
+import atexit
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,6 +21,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 # No test writes to the user's data directory: the worker gets a directory of its own (what module
 # fixtures start sees it), and each test one of its own again (``own_home``).
 os.environ["LOCALCHAT_HOME"] = tempfile.mkdtemp(prefix="localchat-tests-home-")
+atexit.register(shutil.rmtree, os.environ["LOCALCHAT_HOME"], ignore_errors=True)
 os.environ["COLUMNS"] = "200"  # stable Rich output
 # Bytecode is cached as Python does by default, even where the environment says not to (a CI image's
 # PYTHONDONTWRITEBYTECODE=1): the suite starts ~700 Python processes, and without the cache each one
@@ -151,8 +154,6 @@ def smollm2():
     digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
     with machine_cache(f"smollm2-{digest}") as cache:
         if not (cache / "config.json").is_file():
-            import shutil
-
             shutil.rmtree(cache, ignore_errors=True)
             import_gguf(source, cache)
     return cache

@@ -54,7 +54,7 @@ def serve(*args: str, home: Path) -> tuple[subprocess.Popen, int, list[str]]:
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "localchat", "serve", "--port", str(port), *args],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            env={**os.environ, "LOCALCHAT_HOME": str(home)})
+                            env={**os.environ, "LOCALCHAT_HOME": str(home), "TMPDIR": str(temporary(home))})
     lines: list[str] = []
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
@@ -66,6 +66,13 @@ def serve(*args: str, home: Path) -> tuple[subprocess.Popen, int, list[str]]:
             return proc, port, lines
     proc.kill()
     raise AssertionError("serve never became ready: " + "".join(lines))
+
+
+def temporary(home: Path) -> Path:
+    """The temporary directory a test's ``serve`` is given (``TMPDIR``): what is in it after it ends
+    was left behind."""
+    (home.parent / "tmp").mkdir(exist_ok=True)
+    return home.parent / "tmp"
 
 
 def gone(sid: int, seconds: float = 20) -> bool:
@@ -99,6 +106,7 @@ def test_two_ranks_of_the_demo_serve_chat_and_smoke_and_ctrl_c_leaves_nothing(ho
         left = session_processes(sid)  # the moment serve has returned: no rank may still be there
     assert proc.returncode == 0 and "server stopped (every rank)" in out
     assert left == [] and gone(proc.pid)
+    assert list(temporary(home).iterdir()) == []  # (mlx.launch's ranks mktemp two files each)
 
 
 def test_no_rank_outlives_a_serve_killed_with_sigkill(home):

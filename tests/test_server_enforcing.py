@@ -53,10 +53,11 @@ def ask(client, content, **fields):
     return raw.headers.get(ENFORCED_HEADER), raw.parse().choices[0]
 
 
-@pytest.mark.parametrize("prompt", PROMPTS)
-def test_a_json_schema_reply_is_valid_every_time(smol, prompt):
+def test_a_json_schema_reply_is_valid(smol):
+    """(SmolLM2 decodes at ~7 tok/s here: one prompt; the chat below and four formats at once ask
+    for the same schema, and the grammar's own tests hold every kind of format and hostile schema.)"""
     fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
-    enforced, choice = ask(smol, prompt, response_format=fmt, max_tokens=120)
+    enforced, choice = ask(smol, PROMPTS[1], response_format=fmt, max_tokens=120)
     assert enforced == "json_schema"
     jsonschema.validate(json.loads(choice.message.content), PERSON)  # required fields, the enum, the nesting
 
@@ -89,11 +90,11 @@ def test_a_request_without_a_format_is_plain_mlx_lm_servers_greedy_answer(smol, 
     try:
         wait_ready(plain, timeout_s=120)
         client = openai_client(plain.base_url)
-        for prompt in PROMPTS[:2]:  # (SmolLM2 decodes at ~7 tok/s here: 16 tokens tell two greedy decodes apart)
-            enforced, ours = ask(smol, prompt, max_tokens=16)
-            header, theirs = ask(client, prompt, max_tokens=16)
-            assert enforced is None and header is None
-            assert ours.message.content == theirs.message.content and ours.finish_reason == theirs.finish_reason
+        # (SmolLM2 decodes at ~7 tok/s here: 16 tokens of one prompt tell two greedy decodes apart)
+        enforced, ours = ask(smol, PROMPTS[0], max_tokens=16)
+        header, theirs = ask(client, PROMPTS[0], max_tokens=16)
+        assert enforced is None and header is None
+        assert ours.message.content == theirs.message.content and ours.finish_reason == theirs.finish_reason
     finally:
         plain.stop()
 

@@ -3,6 +3,7 @@
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -18,7 +19,8 @@ from localchat.cli.app import app
 from localchat.conversation.history import Conversation
 from localchat.conversation.turn import ChatSession
 from localchat.registry import resolve
-from localchat.server.launch import free_port
+from localchat.server import launch
+from localchat.server.launch import QUIET_PORTS, free_port
 from servers import serving
 
 runner = CliRunner()
@@ -142,6 +144,17 @@ def test_smoke_fails_against_nothing():
     report = json.loads(result.stdout)
     assert report["ok"] is False
     assert not report["checks"][0]["ok"] and "cannot connect" in report["checks"][0]["detail"]
+
+
+def test_a_free_port_is_one_no_outgoing_connection_can_take_and_never_a_bound_one(monkeypatch):
+    ports = {free_port() for _ in range(20)}
+    assert len(ports) > 1 and all(QUIET_PORTS[0] <= port < QUIET_PORTS[1] for port in ports), ports
+    bound, other = sorted(ports)[:2]
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", bound))
+        tries = iter([bound, other])
+        monkeypatch.setattr(launch.random, "randrange", lambda *_: next(tries))
+        assert free_port() == other
 
 
 def test_serve_refuses_a_busy_port(live_server):

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import errno
 import os
+import random
 import re
+import shutil
 import signal
 import socket
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 from collections import deque
 from collections.abc import Callable
@@ -35,6 +38,7 @@ LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 GRACE_S = 5.0
 READY_TIMEOUT_S = 600.0
 POLL_S = 0.2
+QUIET_PORTS = (20000, 32768)  # below every kernel's range for outgoing connections (see ``free_port``)
 
 
 class ServerStartError(LocalchatError):
@@ -60,6 +64,18 @@ def port_is_free(host: str, port: int) -> bool:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing is bound to, for a child to listen on in a moment. Picked below the ports the
+    kernel gives outgoing connections (Linux 32768-60999, macOS 49152-65535): a port from
+    ``bind(0)`` is one of those, and any connection opened on this machine meanwhile could take it
+    before the child binds it ("address already in use"). The kernel's choice is the last resort."""
+    for _ in range(64):
+        port = random.randrange(*QUIET_PORTS)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+        return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
@@ -101,6 +117,8 @@ class RunningServer:
     load_s: float = 0.0
     log_from: int = 0  # where this child's own output starts in its log (a reload appends)
     writes_id: bool = False  # our engine, told the id it is served by (``SERVED_ID``): it names the model so
+    scratch: Path | None = None  # the ranks' temporary directory (see ``rank_scratch``), removed by ``stop``
+    vision: bool = False  # mlx_vlm.server (its API has no plain-text completions)
 
     def failure(self) -> str:
         """What this child's own output says went wrong (never what an earlier child left)."""
@@ -119,7 +137,10 @@ class RunningServer:
         """SIGTERM to the child's whole process group (every rank of a distributed server is in
         it), then SIGKILL after ``grace_s``; returns once every rank has exited, with the child's
         exit code."""
-        return stop_group(self.process, grace_s)
+        code = stop_group(self.process, grace_s)
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+        return code
 
 
 def server_command(model_location: str, host: str, port: int, extra_args: tuple[str, ...] = (),
@@ -144,21 +165,30 @@ def launch(model_location: str, *, host: str = "127.0.0.1", port: int = 8080, lo
     ensure_hub_cache()
     with open_log(log_path, append=append_log) as log:
         log_from = log.tell()
+        scratch = rank_scratch() if ranks is not None else None
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   env=server_env(distributed=ranks is not None) | (env or {}),
+                                   env=server_env(distributed=ranks is not None, scratch=scratch) | (env or {}),
                                    start_new_session=True, preexec_fn=child_preexec(signal.SIGKILL))
     return RunningServer(process, host, port, model_location, log_path, log_from=log_from,
-                         writes_id=not (plain or vision) and SERVED_ID in (env or {}))
+                         writes_id=not (plain or vision) and SERVED_ID in (env or {}), scratch=scratch, vision=vision)
 
 
-def server_env(*, distributed: bool) -> dict[str, str]:
-    """The server's environment: it never downloads, and its ranks know whom not to outlive.
-    mlx.launch writes its ``Node with rank 1 exited with code -9`` a word at a time when Python is
-    unbuffered, so another rank's output could land inside the number: its lines stay whole."""
+def rank_scratch() -> Path:
+    """A temporary directory for one group of ranks, removed when it stops: mlx.launch (0.32) has
+    each local rank's shell ``mktemp`` a PID file and a host file and never removes either, so
+    without it every ``--ranks`` start would leave two files a rank in the machine's /tmp."""
+    return Path(tempfile.mkdtemp(prefix="localchat-ranks-"))
+
+
+def server_env(*, distributed: bool, scratch: Path | None = None) -> dict[str, str]:
+    """The server's environment: it never downloads, and its ranks know whom not to outlive and
+    write their temporary files in ``scratch``. mlx.launch writes its ``Node with rank 1 exited
+    with code -9`` a word at a time when Python is unbuffered, so another rank's output could land
+    inside the number: its lines stay whole."""
     env = os.environ | {"HF_HUB_OFFLINE": "1", SERVE_PID: str(os.getpid())}
     if distributed:
         env.pop("PYTHONUNBUFFERED", None)
-    return env
+    return env | ({"TMPDIR": str(scratch)} if scratch is not None else {})
 
 
 def ensure_hub_cache() -> None:
@@ -214,12 +244,21 @@ def _ready_once(client: httpx.Client, server: RunningServer) -> bool:
     if health is None or health.status_code != 200:
         return False
     try:
-        reply = client.post(f"{server.base_url}/chat/completions", json={
-            "model": server.model_location, "max_tokens": 1, "temperature": 0.0,
-            "messages": [{"role": "user", "content": "Hi"}]})
+        url, body = _one_token_request(server)
+        reply = client.post(url, json=body)
         return reply.status_code == 200 and bool(reply.json().get("choices"))
     except (httpx.HTTPError, ValueError, AttributeError):
         return False
+
+
+def _one_token_request(server: RunningServer) -> tuple[str, dict]:
+    """The completion that proves a server ready: one token after the one-word prompt ``Hi``, as
+    plain text (a chat template would put its system prompt before it: ~30 tokens, ~3 s of prefill
+    on this CPU for SmolLM2), or as a chat for mlx_vlm.server, which serves chats only."""
+    settings = {"model": server.model_location, "max_tokens": 1, "temperature": 0.0}
+    if server.vision:
+        return f"{server.base_url}/chat/completions", settings | {"messages": [{"role": "user", "content": "Hi"}]}
+    return f"{server.base_url}/completions", settings | {"prompt": "Hi"}
 
 
 def _log_shows_failure(server: RunningServer) -> bool:
