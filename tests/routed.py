@@ -19,8 +19,8 @@ HELLO = [{"role": "user", "content": "Remember the code harbor 17. Reply only OK
 class Serve(StartedServe):
     """``localchat serve`` in a subprocess, up to "Ctrl+C stops the server"; its log (stderr) kept."""
 
-    def __init__(self, home: Path, *args: str):
-        super().__init__(home, *args)
+    def __init__(self, home: Path, *args: str, env: dict[str, str] | None = None):
+        super().__init__(home, *args, env=env)
         self.log: list[str] = []
         threading.Thread(target=self._read_log, daemon=True).start()
         ready = self.wait_ready()

@@ -266,6 +266,15 @@ def prompt_caches_for(env, repo: str) -> Path:
     return root / "ours"
 
 
+def test_pull_takes_the_files_mlx_lm_takes():
+    """pull writes mlx_lm's download patterns out (importing mlx_lm.utils would take transformers with it)."""
+    from mlx_lm.utils import DEFAULT_ALLOW_PATTERNS
+
+    from localchat.pull.plan import MLX_LM_TAKES
+
+    assert list(MLX_LM_TAKES) == DEFAULT_ALLOW_PATTERNS
+
+
 def test_offline_is_named_instead_of_a_hang(env):
     result = localchat(env | {"HF_HUB_OFFLINE": "1"}, "pull", DEMO)
     assert result.returncode == 2 and "HF_HUB_OFFLINE" in error_line(result)

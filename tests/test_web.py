@@ -45,9 +45,20 @@ def rambling_model(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, rambling_model):
+    """The page's serve, with the rambling model in its registry as ``rambling``: 192 tokens a reply
+    (a page has no token limit of its own: a registry's default is what it takes)."""
     home = tmp_path_factory.mktemp("web-home")
-    serve = Serve(home, "-m", "demo", "-m", "demo-tools", "-m", "demo-vision", "-m", str(rambling_model),
-                  "--tools", str(ROOT / "examples" / "tools" / "add.py"), "--results", str(ROOT / "docs"))
+    models = tmp_path_factory.mktemp("registry") / "models.yaml"
+    models.write_text((ROOT / "localchat" / "models.yaml").read_text() + f"""
+  - id: rambling
+    source: {rambling_model}
+    description: a random-weight model that never ends its reply
+    family: demo
+    defaults: {{temperature: 0.0, max_tokens: 192}}
+""")
+    serve = Serve(home, "-m", "demo", "-m", "demo-tools", "-m", "demo-vision", "-m", "rambling",
+                  "--tools", str(ROOT / "examples" / "tools" / "add.py"), "--results", str(ROOT / "docs"),
+                  env={"LOCALCHAT_MODELS": str(models)})
     serve.home = home
     yield serve
     serve.stop()
@@ -141,8 +152,8 @@ def test_retry_edit_and_undo_follow_the_terminal(page):
         "Remember the code lantern 42. Reply only OK."]
 
 
-def test_stop_mid_stream_keeps_nothing(page, served, rambling_model):
-    page.get_by_test_id("model").select_option(str(rambling_model))
+def test_stop_mid_stream_keeps_nothing(page, served):
+    page.get_by_test_id("model").select_option("rambling")
     page.get_by_test_id("composer").fill("Talk forever.")
     page.get_by_test_id("send").click()
     page.locator("[data-role=assistant] .body p").first.wait_for()  # text is streaming
@@ -560,10 +571,10 @@ def test_open_without_a_browser_says_where_the_page_is(tmp_path):
         proc.wait(60)
 
 
-def test_a_turn_after_an_abandoned_one_is_not_stopped_by_it(served, rambling_model):
+def test_a_turn_after_an_abandoned_one_is_not_stopped_by_it(served):
     """The page goes away mid-reply (its turn is discarded); the next turn sent to that conversation,
     as soon as it is free, runs to its own end: a stop belongs to its turn."""
-    uid = httpx.post(served.url + "/api/chats", json={"model": str(rambling_model)}).json()["id"]
+    uid = httpx.post(served.url + "/api/chats", json={"model": "rambling"}).json()["id"]
     assert turn_events(served, uid, "Talk forever.", until="text")[-1]["type"] == "text"  # then hung up
     deadline, events = time.monotonic() + 60, []
     while not events and time.monotonic() < deadline:

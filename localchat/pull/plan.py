@@ -76,7 +76,7 @@ def _free_disk(path: Path) -> int:
     return shutil.disk_usage(path).free
 
 
-def _wanted(name: str, patterns: list[str]) -> bool:
+def _wanted(name: str, patterns: tuple[str, ...]) -> bool:
     return any(fnmatch.fnmatch(name, pattern) for pattern in patterns)
 
 
@@ -125,7 +125,7 @@ def _listing(api, repo: str) -> tuple[str, list[RemoteFile]]:
     return info.sha, [_checked(repo, sibling) for sibling in siblings]
 
 
-def _files(repo: str, revision: str, listed: list[RemoteFile], patterns: list[str]) -> list[RemoteFile]:
+def _files(repo: str, revision: str, listed: list[RemoteFile], patterns: tuple[str, ...]) -> list[RemoteFile]:
     """The files mlx_lm's own download takes (``patterns``), each marked when the cache has it."""
     from huggingface_hub import try_to_load_from_cache
 
@@ -205,11 +205,17 @@ def _within(deadline: float, what: str, work: Callable[[], Any]) -> Any:
     return value
 
 
+# the files mlx_lm's own download takes (``mlx_lm.utils.DEFAULT_ALLOW_PATTERNS``), written out:
+# importing mlx_lm.utils imports transformers, ~0.9 s of every pull (a test keeps the two equal)
+MLX_LM_TAKES = ("*.json", "model*.safetensors", "*.py", "tokenizer.model", "*.tiktoken", "tiktoken.model", "*.txt",
+                "*.jsonl", "*.jinja")
+
+
 def make_plan(repo: str, judge_fit) -> PullPlan:
     """``judge_fit(shape)`` gives the verdict for this machine and the user's settings. The Hub is
-    asked in a thread, under one deadline; what runs MLX (the files mlx_lm takes, which imports it)
-    runs here in the main thread: MLX first started from another thread aborts the process at its
-    exit ("terminate called without an active exception")."""
+    asked in a thread, under one deadline; what runs MLX (the verdict) runs here in the main thread:
+    MLX first started from another thread aborts the process at its exit ("terminate called
+    without an active exception")."""
     if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
         raise UsageError("HF_HUB_OFFLINE is set: a pull needs the Hub (unset it, or point HF_ENDPOINT at a mirror)")
     from huggingface_hub import HfApi, constants
@@ -217,9 +223,7 @@ def make_plan(repo: str, judge_fit) -> PullPlan:
     api = HfApi()
     deadline = time.monotonic() + hub_deadline_s()
     revision, listed = _within(deadline, repo, lambda: _listing(api, repo))
-    from mlx_lm.utils import DEFAULT_ALLOW_PATTERNS
-
-    files = _files(repo, revision, listed, DEFAULT_ALLOW_PATTERNS)
+    files = _files(repo, revision, listed, MLX_LM_TAKES)
     shape = _within(deadline, repo, lambda: remote_shape(api, repo, revision, files))
     cache_dir = Path(constants.HF_HUB_CACHE)
     return PullPlan(repo=repo, revision=revision, files=tuple(files), cache_dir=cache_dir,
