@@ -166,9 +166,14 @@ def launch(model_location: str, *, host: str = "127.0.0.1", port: int = 8080, lo
     with open_log(log_path, append=append_log) as log:
         log_from = log.tell()
         scratch = rank_scratch() if ranks is not None else None
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   env=server_env(distributed=ranks is not None, scratch=scratch) | (env or {}),
-                                   start_new_session=True, preexec_fn=child_preexec(signal.SIGKILL))
+        try:
+            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                       env=server_env(distributed=ranks is not None, scratch=scratch) | (env or {}),
+                                       start_new_session=True, preexec_fn=child_preexec(signal.SIGKILL))
+        except BaseException:
+            if scratch is not None:
+                shutil.rmtree(scratch, ignore_errors=True)
+            raise
     return RunningServer(process, host, port, model_location, log_path, log_from=log_from,
                          writes_id=not (plain or vision) and SERVED_ID in (env or {}), scratch=scratch, vision=vision)
 
