@@ -109,8 +109,14 @@ def answers(page) -> list[str]:
 
 
 def localchat(home: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "localchat", *args], capture_output=True, text=True, timeout=120,
-                          env=os.environ | {"LOCALCHAT_HOME": str(home), "COLUMNS": "200"})
+    """The terminal's side of a conversation: the CLI, run in this process (Typer's runner) on the
+    page's data directory; what is shared is the directory, not a process."""
+    from typer.testing import CliRunner
+
+    from localchat.cli.app import app
+
+    done = CliRunner().invoke(app, list(args), env={"LOCALCHAT_HOME": str(home), "COLUMNS": "200"})
+    return subprocess.CompletedProcess(list(args), done.exit_code, done.stdout, done.stderr)
 
 
 def test_two_turns_recall_show_their_figures_and_are_in_the_log(page, served):
