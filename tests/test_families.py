@@ -90,8 +90,6 @@ _RUNS: dict[str, FamilyRun] = {}
 
 @pytest.fixture(scope="module")
 def runs(family_dirs, server):
-    from mlx_lm.utils import load_tokenizer
-
     from localchat.backends.openai_http import backend_for
 
     def run(name: str) -> FamilyRun:
@@ -109,7 +107,8 @@ def runs(family_dirs, server):
                 thinking = chat(in_process(), think=think)
                 done.think[think] = ([thinking.ask(q) for q in QUESTIONS[:2]], thinking.conversation.history())
             done.no_reuse = _replay(in_process(cache_reuse=False))
-            over_http = backend_for(server.base_url, None, name=str(path), load_tokenizer=lambda: load_tokenizer(path))
+            over_http = backend_for(server.base_url, None, name=str(path),
+                                    load_tokenizer=lambda: probed_tokenizer(path))  # (only read: one load a family)
             done.server = _replay_session(chat(over_http, seed=0))
             over_http.close()
             _RUNS[name] = done
