@@ -21,6 +21,7 @@ import pytest
 from PIL import Image
 
 from demo.pictures import SHAPES, draw
+from in_process import run_cli
 from localchat.conversation.history import Conversation, Turn
 from localchat.store.saved_sessions import DB_NAME
 from localchat.vision.image import picture_from_bytes
@@ -48,17 +49,6 @@ def localchat(home: Path, *args: str, stdin: str = "", env: dict | None = None) 
     environment = dict(os.environ) | {"LOCALCHAT_HOME": str(home), "HF_HUB_OFFLINE": "1"} | (env or {})
     return subprocess.run([sys.executable, "-m", "localchat", *args], input=stdin, capture_output=True, text=True,
                           timeout=180, env=environment, cwd=ROOT)
-
-
-def in_process(home: Path, *args: str, stdin: str = "") -> subprocess.CompletedProcess:
-    """The same CLI run in this process (Typer's runner), as most tests here ask it: the toy is the
-    same, without a process start and an import of mlx-vlm for each command."""
-    from typer.testing import CliRunner
-
-    from localchat.cli.app import app
-
-    done = CliRunner().invoke(app, list(args), input=stdin, env={"LOCALCHAT_HOME": str(home)})
-    return subprocess.CompletedProcess(list(args), done.exit_code, done.stdout, done.stderr)
 
 
 def answers(stdout: str) -> list[str]:
@@ -93,7 +83,7 @@ def test_the_answer_changes_with_the_picture(tmp_path):
     """The toy really looks: another picture, another colour named (not a memorized reply)."""
     for colour, shape in (("blue", "square"), ("yellow", "triangle"), ("green", "circle")):
         path = picture_file(tmp_path, colour, shape, f"{colour}.png")
-        done = in_process(tmp_path, "chat", "-m", "demo-vision", "--image", str(path), WHAT, "--no-log")
+        done = run_cli(tmp_path, "chat", "-m", "demo-vision", "--image", str(path), WHAT, "--no-log")
         assert named(done.stdout.strip(), colour), done.stderr
 
 
@@ -108,7 +98,7 @@ def test_the_repl_attaches_with_slash_image_and_recalls_it_turns_later(tmp_path)
     """``/image`` shows the picture's size and tokens first; later turns ask about it without it."""
     script = "\n".join([f"/image {RED_CIRCLE}", WHAT, "What colour was it?", "What shape was it?", "/history",
                         "/save pictured"]) + "\n"
-    done = in_process(tmp_path, "chat", "-m", "demo-vision", stdin=script)
+    done = run_cli(tmp_path, "chat", "-m", "demo-vision", stdin=script)
     assert done.returncode == 0, done.stderr
     assert "attached [image: red-circle.png, 200×160, 19 tokens]" in done.stderr
     said = answers(done.stdout)
@@ -117,21 +107,21 @@ def test_the_repl_attaches_with_slash_image_and_recalls_it_turns_later(tmp_path)
     assert "base64" not in done.stderr + done.stdout
     assert "(cached" in done.stderr  # the turns after the picture reuse its prefix (mlx-vlm's prompt cache)
 
-    resumed = in_process(tmp_path, "chat", "--resume", "pictured", stdin="What was in the picture?\n")
+    resumed = run_cli(tmp_path, "chat", "--resume", "pictured", stdin="What was in the picture?\n")
     assert len(answers(resumed.stdout)) == 1 and named(answers(resumed.stdout)[0], "red", "circle"), resumed.stderr
 
-    log = in_process(tmp_path, "log", "show", "pictured")
+    log = run_cli(tmp_path, "log", "show", "pictured")
     assert "user: [image: red-circle.png, 200×160, 19 tokens]" in log.stdout
-    found = in_process(tmp_path, "log", "-q", '"red-circle.png"')
+    found = run_cli(tmp_path, "log", "-q", '"red-circle.png"')
     assert "**red-circle.png**" in found.stdout and "What is in the" in found.stdout  # the text around it
-    found = in_process(tmp_path, "log", "-q", "picture")
+    found = run_cli(tmp_path, "log", "-q", "picture")
     assert "What is in the **picture**" in found.stdout
 
-    exported = json.loads(in_process(tmp_path, "sessions", "export", "pictured", "--format", "json").stdout)
+    exported = json.loads(run_cli(tmp_path, "sessions", "export", "pictured", "--format", "json").stdout)
     parts = exported["messages"][1]["content"]
     assert parts[0]["type"] == "image_url" and parts[0]["image_url"]["url"].startswith("data:image/png;base64,")
     assert base64.b64decode(parts[0]["image_url"]["url"].split(",", 1)[1]) == RED_CIRCLE.read_bytes()
-    markdown = in_process(tmp_path, "sessions", "export", "pictured", "--format", "md").stdout
+    markdown = run_cli(tmp_path, "sessions", "export", "pictured", "--format", "md").stdout
     assert "![red-circle.png](data:image/png;base64," in markdown
 
     with sqlite3.connect(tmp_path / DB_NAME) as db:  # the bytes once, however many rows refer to them
@@ -146,14 +136,14 @@ def test_a_new_picture_after_reset_is_seen_not_the_cached_one(tmp_path):
     first = picture_file(tmp_path, "red", "circle", "first.png")
     second = picture_file(tmp_path, "blue", "square", "second.png")
     script = f"/image {first}\n{WHAT}\n/reset\n/image {second}\n{WHAT}\n"
-    done = in_process(tmp_path, "chat", "-m", "demo-vision", "--no-log", stdin=script)
+    done = run_cli(tmp_path, "chat", "-m", "demo-vision", "--no-log", stdin=script)
     said = answers(done.stdout)
     assert len(said) == 2 and named(said[0], "red") and named(said[1], "blue"), done.stderr
 
 
 def test_records_keep_each_picture_once_beside_them(tmp_path):
     records = tmp_path / "records"
-    done = in_process(tmp_path, "chat", "-m", "demo-vision", "--record", str(records), "--no-log",
+    done = run_cli(tmp_path, "chat", "-m", "demo-vision", "--record", str(records), "--no-log",
                      stdin=f"/image {RED_CIRCLE}\n{WHAT}\nWhat colour was it?\n")
     assert done.returncode == 0, done.stderr
     pictures = list((records / "images").iterdir())
@@ -285,7 +275,7 @@ def hostile_pictures(tmp_path: Path) -> dict[str, tuple[Path, str]]:
 
 def test_hostile_pictures_are_one_line_each_and_nothing_is_kept(tmp_path):
     for case, (path, said) in hostile_pictures(tmp_path).items():
-        done = in_process(tmp_path, "chat", "-m", "demo-vision", "--image", str(path), WHAT)
+        done = run_cli(tmp_path, "chat", "-m", "demo-vision", "--image", str(path), WHAT)
         assert done.returncode == 2, (case, done.stderr)
         assert len(done.stderr.strip().splitlines()) == 1 and said in done.stderr, (case, done.stderr)
         assert "loaded" not in done.stderr and "Traceback" not in done.stderr
@@ -295,18 +285,18 @@ def test_hostile_pictures_are_one_line_each_and_nothing_is_kept(tmp_path):
 def test_a_hostile_picture_in_the_repl_is_one_line_and_the_repl_goes_on(tmp_path):
     corpus = hostile_pictures(tmp_path)
     script = "".join(f"/image {path}\n" for path, _ in corpus.values()) + f"/image {RED_CIRCLE}\n{WHAT}\n"
-    done = in_process(tmp_path, "chat", "-m", "demo-vision", "--no-log", stdin=script)
+    done = run_cli(tmp_path, "chat", "-m", "demo-vision", "--no-log", stdin=script)
     assert done.returncode == 0 and len(errors(done)) == len(corpus), done.stderr
     assert len(answers(done.stdout)) == 1 and named(answers(done.stdout)[0], "red", "circle")
 
 
 def test_a_text_only_model_given_a_picture_names_a_vision_model(tmp_path):
-    done = in_process(tmp_path, "chat", "-m", "demo", "--image", str(RED_CIRCLE), WHAT)
+    done = run_cli(tmp_path, "chat", "-m", "demo", "--image", str(RED_CIRCLE), WHAT)
     assert done.returncode == 2
     assert errors(done) == ["error: demo is a text-only model: it cannot see pictures; use a vision model "
                             "(e.g. -m demo-vision, or -m qwen2.5-vl-3b on a Mac)"]
     assert "loaded" not in done.stderr
-    repl = in_process(tmp_path, "chat", "-m", "demo", "--no-log", stdin=f"/image {RED_CIRCLE}\nhi\n")
+    repl = run_cli(tmp_path, "chat", "-m", "demo", "--no-log", stdin=f"/image {RED_CIRCLE}\nhi\n")
     assert "demo is a text-only model" in repl.stderr and repl.returncode == 0
 
 

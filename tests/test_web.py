@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from in_process import run_cli
 from routed import Serve
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -109,14 +110,9 @@ def answers(page) -> list[str]:
 
 
 def localchat(home: Path, *args: str) -> subprocess.CompletedProcess:
-    """The terminal's side of a conversation: the CLI, run in this process (Typer's runner) on the
-    page's data directory; what is shared is the directory, not a process."""
-    from typer.testing import CliRunner
-
-    from localchat.cli.app import app
-
-    done = CliRunner().invoke(app, list(args), env={"LOCALCHAT_HOME": str(home), "COLUMNS": "200"})
-    return subprocess.CompletedProcess(list(args), done.exit_code, done.stdout, done.stderr)
+    """The terminal's side of a conversation, on the page's data directory: what the two share is
+    the directory, not a process (the CLI runs in this one)."""
+    return run_cli(home, *args)
 
 
 def test_two_turns_recall_show_their_figures_and_are_in_the_log(page, served):
