@@ -201,6 +201,7 @@ def test_a_rank_killed_mid_request_stops_every_rank_and_names_it(home):
     assert errors[0].startswith("error: mlx_lm.server on 2 ranks ended: rank 1 was killed by SIGKILL; "), errors[0]
     assert "every rank has stopped" in errors[0] and "exit code 0" not in out and "Prompt processing" not in errors[0]
     assert "Traceback" not in out.split("the end of")[0] and gone(proc.pid) and gone(sid)
+    assert list(temporary(home).iterdir()) == []  # a group that ended by itself leaves its files neither
 
 
 @pytest.mark.parametrize("log, words", [

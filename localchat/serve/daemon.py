@@ -290,8 +290,9 @@ def run_ranks(ref: ModelRef, asked: ServeRequest, ranks: Ranks, fit: FitSettings
     finally:
         if front is not None:
             front.stop()
-        if server.process.poll() is None:
-            server.stop()  # returns once every rank has exited
+        running = server.process.poll() is None
+        server.stop()  # returns once every rank has exited (and what a launcher that died left), its files gone
+        if running:
             console.print("server stopped (every rank)", style="dim")
 
 
