@@ -4,12 +4,14 @@ two models that do not both fit (what swapping costs).
 
     uv run python scripts/bench_router.py [--rounds 8] [--tokens 48] [--requests 6]
 
-1. **Hop.** ``serve -m demo`` (a TTFT of milliseconds; its end token banned, so every reply is
-   ``--tokens`` long) and ``serve -m smollm2`` (a decode of seconds); the same streaming request
-   straight to the engine child (its URL from ``/localchat/ps``), through the front (chat completions
-   relayed as they come: the engine writes the model's id itself), through the front's Anthropic
-   Messages API, and through a second front (``localchat gateway --upstream`` in front of the
-   ``serve``), in rotation, each with a fresh prefix of the same length. Printed: medians, and the
+1. **Hop.** ``serve`` of the demo (a TTFT of milliseconds; a copy of it with no end token, so that
+   every reply is 128 tokens through every API: Messages has no ``logit_bias`` to ban one) and of
+   ``smollm2`` (a decode of seconds); the same streaming request straight to the engine child (its
+   URL from ``/localchat/ps``), through the front (chat completions relayed as they come: the engine
+   writes the model's id itself), through the front's Anthropic Messages API, and through a second
+   front (``localchat gateway --upstream`` in front of the ``serve``), in rotation, each prompt ending
+   in a tag of its own (the shared start is cached by the engine, as in a conversation: what a relay
+   adds does not depend on the prefill, whose own swing would hide it). Printed: medians, and the
    median of each round's difference (TTFT) and ratio (decode) against the engine direct (the
    second front against the first). Targets: TTFT ≤ +10 ms, decode ≥ 0.99×. Beside them, the floor:
    ``scripts/bare_relay.py`` (bytes from socket to socket on uvloop, no HTTP, no app) before the same
@@ -39,6 +41,7 @@ from pathlib import Path
 
 import httpx
 
+import localchat
 from localchat.environment import collect
 from localchat.processes import resident_bytes
 from localchat.serve.started import StartedServe
@@ -63,14 +66,13 @@ class Serve(StartedServe):
         return sum(resident_bytes(pid) or 0 for pid in pids)
 
 
-def streamed(base_url: str, model: str, prompt: str, max_tokens: int, banned: tuple[int, ...] = (),
-             api: str = "chat") -> tuple[float, float]:
+def streamed(base_url: str, model: str, prompt: str, max_tokens: int, api: str = "chat") -> tuple[float, float]:
     """(TTFT s, decode tok/s) as a client times them: to the first text, then over the text; through
     chat completions or Anthropic's Messages (``api="messages"``)."""
     body: dict = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
                   "temperature": 0.0, "stream": True}
     if api == "chat":
-        body |= {"stream_options": {"include_usage": True}, "logit_bias": {str(t): -1000 for t in banned}}
+        body |= {"stream_options": {"include_usage": True}}
     started, first, last, tokens = time.perf_counter(), None, None, 0
     path = "/chat/completions" if api == "chat" else "/messages"
     with httpx.stream("POST", base_url + path, json=body, timeout=300) as response:
@@ -136,18 +138,34 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def end_tokens(model: str) -> tuple[int, ...]:
-    from mlx_lm.utils import load_tokenizer
-
+def register_endless_demo(home: Path) -> None:
+    """``demo-endless``: a copy of the demo (its files linked) that never ends a reply (no end token
+    in its config or its tokenizer's), so that every reply is ``max_tokens`` long, as a big model's
+    reply often is; registered for this run's processes (``LOCALCHAT_MODELS``), beside the others."""
     from localchat.registry import local_dir, resolve
 
-    return tuple(load_tokenizer(local_dir(resolve(model))).eos_token_ids)
+    source, copy = local_dir(resolve("demo")), home / "demo-endless"
+    copy.mkdir(parents=True, exist_ok=True)
+    for file in source.iterdir():
+        if file.is_file() and file.name not in ("config.json", "tokenizer_config.json"):
+            (copy / file.name).unlink(missing_ok=True)
+            (copy / file.name).symlink_to(file)
+    for name, key, value in (("config.json", "eos_token_id", []), ("tokenizer_config.json", "eos_token", None)):
+        settings = json.loads((source / name).read_text())
+        (copy / name).write_text(json.dumps(settings | {key: value}))
+    registry = home / "models.yaml"
+    registry.write_text((Path(localchat.__file__).with_name("models.yaml")).read_text() + f"""
+  - id: demo-endless
+    source: {copy}
+    description: the demo with no end token
+    family: demo
+""")
+    os.environ["LOCALCHAT_MODELS"] = str(registry)
 
 
-def hop(home: Path, model: str, rounds: int, tokens: int, ban_end: bool) -> None:
+def hop(home: Path, model: str, rounds: int, tokens: int) -> None:
     serve = Serve(home / f"hop-{model}", "-m", model, "--keep-alive", "never", "--api", "anthropic")
     gateway = Gateway(serve.url + "/v1", model)
-    banned = end_tokens(model) if ban_end else ()
     bare = bare_twice = None
     try:
         engine = serve.held()[0]["engine_url"]
@@ -159,21 +177,20 @@ def hop(home: Path, model: str, rounds: int, tokens: int, ban_end: bool) -> None
                 "bare relay": (bare.url + "/v1", "default_model", "chat"),
                 "two bare": (bare_twice.url + "/v1", "default_model", "chat")}
         for name, (url, named, api) in arms.items():
-            print(f"  warm-up {name}: {streamed(url, named, f'[warm-up {name}] {PROMPT}', tokens, banned, api)}")
+            print(f"  warm-up {name}: {streamed(url, named, f'{PROMPT} [warm-up {name}]', tokens, api)}")
         runs: dict[str, list[tuple[float, float]]] = {name: [] for name in arms}
         order = list(arms)
         for i in range(rounds):
             for j, name in enumerate(order[i % len(order):] + order[:i % len(order)]):
                 url, named, api = arms[name]
-                runs[name].append(streamed(url, named, f"[{i:02d}-{j}] {PROMPT}", tokens, banned, api))
+                runs[name].append(streamed(url, named, f"{PROMPT} [{i:02d}-{j}]", tokens, api))
     finally:
         for relay in (bare_twice, bare):
             if relay is not None:
                 relay.stop()
         gateway.stop()
         serve.stop()
-    print(f"\n1. the front's hop ({model}, {rounds} rounds, {tokens} tokens{', end token banned' if banned else ''}, "
-          "streaming)")
+    print(f"\n1. the front's hop ({model}, {rounds} rounds, {tokens} tokens, streaming)")
     for name, timings in runs.items():
         rates = [r for _, r in timings if r == r]
         print(f"  {name:<11} TTFT {statistics.median(t for t, _ in timings) * 1e3:7.1f} ms · "
@@ -191,27 +208,29 @@ def hop(home: Path, model: str, rounds: int, tokens: int, ban_end: bool) -> None
 
 def relay_cpu(home: Path, replies: int = 20) -> None:
     """The front's own CPU a request and a token, side by side: our engine's reply relayed as it comes,
-    mlx_lm.server's as it is (``--plain``: every chunk parsed for the path to rename), a second front's
-    (``gateway --upstream`` before a serve: the first front's chunks read and relayed), and a bare relay's."""
-    banned = end_tokens("demo")
-    print("\n1b. a relay's CPU (demo, end token banned): a request, and each token of its reply")
-    for label, args, relay in (("relayed as it comes (our engine)", (), "front"),
-                               ("parsed and renamed (serve --plain)", ("--plain",), "front"),
-                               ("a second front (gateway --upstream)", (), "gateway"),
-                               ("a bare relay (no HTTP, no app: the floor)", (), "bare")):
-        serve = Serve(home / f"cpu-{len(args)}-{relay}", "-m", "demo", "--keep-alive", "never", *args)
+    mlx_lm.server's as it is (``--plain``: every chunk parsed for the path to rename), the reply
+    translated into Anthropic's events (through the one client path), a second front's (``gateway
+    --upstream`` before a serve: the first front's chunks read and relayed), and a bare relay's."""
+    demo = "demo-endless"
+    print("\n1b. a relay's CPU (the demo, no end token): a request, and each token of its reply")
+    for label, args, relay, api in (("relayed as it comes (our engine)", (), "front", "chat"),
+                                    ("parsed and renamed (serve --plain)", ("--plain",), "front", "chat"),
+                                    ("translated (Anthropic Messages)", ("--api", "anthropic"), "front", "messages"),
+                                    ("a second front (gateway --upstream)", (), "gateway", "chat"),
+                                    ("a bare relay (no HTTP, no app: the floor)", (), "bare", "chat")):
+        serve = Serve(home / f"cpu-{api}-{len(args)}-{relay}", "-m", demo, "--keep-alive", "never", *args)
         other = BareRelay(serve.held()[0]["engine_url"]) if relay == "bare" else \
-            Gateway(serve.url + "/v1", "demo") if relay == "gateway" else None
+            Gateway(serve.url + "/v1", demo) if relay == "gateway" else None
         url, pid = (other.url, other.proc.pid) if other is not None else (serve.url, serve.proc.pid)
         try:
-            named = "default_model" if relay == "bare" else "demo"  # (the engine's own name for its model)
+            named = "default_model" if relay == "bare" else demo  # (the engine's own name for its model)
             for k in range(3):
-                streamed(url + "/v1", named, f"[warm-{k}] {PROMPT}", 128, banned)
+                streamed(url + "/v1", named, f"{PROMPT} [warm-{k}]", 128, api)
             spent = {}
             for tokens in (1, 128):
                 before = cpu_seconds(pid)
                 for k in range(replies):
-                    streamed(url + "/v1", named, f"[{tokens}-{k}] {PROMPT}", tokens, banned)
+                    streamed(url + "/v1", named, f"{PROMPT} [{tokens}-{k}]", tokens, api)
                 spent[tokens] = (cpu_seconds(pid) - before) / replies
         finally:
             if other is not None:
@@ -289,11 +308,12 @@ def main() -> None:
     env = collect()
     print(f"hardware: {env.hardware_label} · mlx {env.mlx_version} · mlx-lm {env.mlx_lm_version}")
     home = Path(tempfile.mkdtemp(prefix="bench-router-"))
+    register_endless_demo(home)
     for model in args.models.split(","):
         if model == "demo":
-            hop(home, "demo", 3 * args.rounds, 128, ban_end=True)  # milliseconds a token: a per-chunk cost would show
+            hop(home, "demo-endless", 3 * args.rounds, 128)  # milliseconds a token: a per-chunk cost would show
         else:
-            hop(home, model, args.rounds, args.tokens, ban_end=False)  # seconds a reply: the relay's share of it
+            hop(home, model, args.rounds, args.tokens)  # seconds a reply: the relay's share of it
     relay_cpu(home)
     if args.hop_only:
         return
