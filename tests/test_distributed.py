@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 from typer.testing import CliRunner
 
@@ -90,6 +91,9 @@ def test_two_ranks_of_the_demo_serve_chat_and_smoke_and_ctrl_c_leaves_nothing(ho
         ranks = sorted(r for r in map(rank_of, session_processes(sid)) if r is not None)
         assert ranks == [0, 1]  # two mlx_lm.server processes, started by mlx.launch
         base = f"http://127.0.0.1:{port}/v1"
+        named = httpx.post(base + "/chat/completions", timeout=60, json={
+            "model": "demo", "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]}).json()
+        assert named["model"] == "demo"  # behind the front by its name; the ranks write the id themselves
         smoke = runner.invoke(app, ["smoke", "--base-url", base, "-m", "demo", "--json"])
         assert smoke.exit_code == 0, smoke.stdout
         checks = json.loads(smoke.stdout)["checks"]

@@ -270,7 +270,7 @@ def test_an_engine_that_ends_before_its_headers_is_a_clear_error():
         reply.connection_made(HeldTransport())  # type: ignore[arg-type]
         reply.data_received(b"HTTP/1.0 200 OK\r\nContent-Ty")
         reply.connection_lost(None)
-        with pytest.raises(ValueError, match="ended before its headers"):
+        with pytest.raises(ValueError, match="closed the connection before its answer"):
             await reply.head()
 
     asyncio.run(cut())

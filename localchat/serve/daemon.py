@@ -21,7 +21,6 @@ from localchat.serve.front.running import check_public, logger, serve_until_stop
 from localchat.serve.kv_options import KVChoice, engine_args, refuse_engine_kv_flags
 from localchat.server.distributed import Ranks, check_ranks
 from localchat.server.launch import (
-    LOOPBACK,
     RunningServer,
     ServerStartError,
     default_log,
@@ -242,35 +241,26 @@ def show_ready(console: Console, url: str, models: list, server: RunningServer, 
 
 def run_ranks(ref: ModelRef, asked: ServeRequest, ranks: Ranks, fit: FitSettings, smoke: Smoke | None,
               console: Console, err: Console) -> int:
-    """One model on several ranks: mlx.launch's server on the public port, as it comes; with
-    ``--api``, on a loopback port behind the gateway."""
+    """One model on several ranks: mlx.launch's server on a loopback port, an entry of a pool of one
+    behind the front on the public port, as every model ``serve`` serves (its name, keys, APIs)."""
+    from localchat.processes import SERVED_ID
     from localchat.serve.front.running import serve_gateway
-    from localchat.serve.pool.entries import upstream_pool
-    from localchat.serve.pool.upstream import reach_upstream
+    from localchat.serve.pool.entries import engine_upstream, kv_settings_of, upstream_pool
 
-    host, port = ("127.0.0.1", free_port()) if asked.apis else (asked.host, asked.port)
-    if asked.apis:
-        check_public(asked.host, asked.port, asked.api_key, err)
-    elif host not in LOOPBACK:
-        console.print(f"[yellow]warning: binding {host}: mlx_lm.server has no authentication; "
-                      "anyone who can reach this port can use the model[/yellow]")
-    from localchat.serve.pool.entries import kv_settings_of
-
+    check_public(asked.host, asked.port, asked.api_key, err)
     kv = kv_settings_of(ref, asked.kv)
     terminated = raise_on_sigterm()
     with console.status("starting mlx_lm.server …") as status, shown_log_on_failure(console):
-        server = start_ready(ref, host=host, port=port, log=asked.log, extra=(*asked.extra, *engine_args(kv)),
+        server = start_ready(ref, port=free_port(), log=asked.log, extra=(*asked.extra, *engine_args(kv)),
                              on_poll=heeding(terminated, status.update), ranks=ranks, fit=replace(fit, kv=kv),
-                             plain=asked.plain, env=budget_env(asked) or None)
+                             plain=asked.plain, env=budget_env(asked) | {SERVED_ID: ref.id})
     where = f" · {ranks.size} ranks ({ranks.backend}{', pipeline' if ranks.pipeline else ''})"
     front = None
     try:
-        url = server.base_url
-        if asked.apis:
-            front = serve_gateway(upstream_pool(reach_upstream(server.base_url, ref)), asked.host, asked.port,
-                                  asked.apis, asked.api_key, logger(err), origins=asked.origins, model=ref.location,
-                                  image_urls=asked.image_urls)
-            url = front.url + "/v1"
+        front = serve_gateway(upstream_pool(engine_upstream(server, ref, bool(asked.apis))), asked.host, asked.port,
+                              asked.apis, asked.api_key, logger(err), origins=asked.origins, model=ref.id,
+                              image_urls=asked.image_urls)
+        url = front.url + "/v1"
         console.print(f"[green]ready[/green] {url} · model {ref.id} ({ref.location}){where} · "
                       f"loaded in {server.load_s:.1f}s · log {server.log_path}")
         if smoke is not None:
@@ -279,7 +269,7 @@ def run_ranks(ref: ModelRef, asked: ServeRequest, ranks: Ranks, fit: FitSettings
         console.print(f"  {run_as()} chat --backend server --base-url {url} -m {ref.id}",
                       markup=False, overflow="ignore", crop=False)
         console.print("Ctrl+C stops the server.", style="dim")
-        while server.process.poll() is None and (front is None or front.alive):
+        while server.process.poll() is None and front.alive:
             raise_if_set(terminated)
             time.sleep(0.5)
         server.stop()  # what the launcher left: every rank ends before the line is said

@@ -180,8 +180,10 @@ class UpstreamReply(asyncio.Protocol):
         seen = b""
         while b"\r\n\r\n" not in seen:
             piece = await self.received()
-            if not piece or len(seen) > HEAD_BYTES:
-                raise ValueError("the answer ended before its headers did")
+            if not piece:
+                raise ValueError("closed the connection before its answer's headers ended")
+            if len(seen) > HEAD_BYTES:
+                raise ValueError(f"sent headers of over {HEAD_BYTES:,} bytes")
             seen += piece
         head, _, rest = seen.partition(b"\r\n\r\n")
         lines = head.decode("latin-1").split("\r\n")
@@ -250,7 +252,8 @@ async def relayed_bytes(method: str, path: str, query: str, content: bytes | Non
     try:
         opened = await waited(_opened(reply, address, method))
     except (OSError, ValueError, IndexError) as exc:
-        cause = f"no answer in {upstream.timeout_s:g}s" if reply.timed_out else f"{type(exc).__name__} ({exc})"
+        cause = f"no answer in {upstream.timeout_s:g}s" if reply.timed_out else \
+            str(exc) if type(exc) is ValueError else f"{type(exc).__name__} ({exc})"
         raise ApiError(502, "api_error", f"{whose}: {cause}") from None
     if opened is None:
         reply.close()
