@@ -215,9 +215,15 @@ def kill_group(process: subprocess.Popen) -> None:
 
 def stray_members() -> list[int]:
     """The other living members of this process's own group, and the processes below it: what a
-    tool left running. (Called by the group's leader.)"""
-    me = os.getpid()
-    return sorted({*group_members(os.getpgrp()), *descendants(me)} - {me})
+    tool left running. A process that does not lead its group (run by hand from a shell, not
+    started by localchat) owns no one in it: only what is below it."""
+    me, group = os.getpid(), own_group()
+    return sorted({*(group_members(group) if group is not None else []), *descendants(me)} - {me})
+
+
+def own_group() -> int | None:
+    """This process's group, when this process leads it (localchat starts its guards and workers so)."""
+    return os.getpgrp() if os.getpgrp() == os.getpid() else None
 
 
 def reap_children() -> None:

@@ -1,4 +1,5 @@
-"""The front's relay thread gives way to the engines' decode, and nothing it starts inherits that."""
+"""The front's relay thread gives way to the engines' decode, and nothing it starts inherits that; a
+guard run by hand stops nothing of the group it was started in."""
 
 import os
 import subprocess
@@ -47,3 +48,12 @@ def test_an_mcp_servers_guard_puts_its_server_back_on_the_normal_policy():
                                                     start_new_session=True))
     assert seen["result"].returncode == 0, seen["result"].stderr
     assert int(seen["result"].stdout) == os.SCHED_OTHER
+
+
+def test_a_guard_that_does_not_lead_its_group_leaves_the_others_in_it_alone():
+    """Run by hand from a shell, the guard is a member of the shell's group: what it stops when its
+    server ends is what is below it, never the shell (which, here, says it survived)."""
+    shell = f"{sys.executable} -m localchat.mcp.guard {sys.executable} -c pass; echo survived"
+    done = subprocess.run(["sh", "-c", shell], capture_output=True, text=True, timeout=60,
+                          start_new_session=True)  # (a group of this test's own: the shell leads it)
+    assert done.stdout.strip() == "survived", (done.returncode, done.stderr)

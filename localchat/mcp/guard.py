@@ -25,6 +25,7 @@ from localchat.processes import (
     descendants,
     kill_pids,
     normal_scheduling,
+    own_group,
     signal_group,
     stray_members,
     watch_parent,
@@ -60,7 +61,8 @@ def orphaned(pidfile: str | None) -> None:
     for pid in descendants(os.getpid()):
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
-    signal_group(os.getpgrp(), signal.SIGKILL)
+    if (group := own_group()) is not None:  # (a guard run by hand leads no group: its shell's is not its own)
+        signal_group(group, signal.SIGKILL)
 
 
 def main() -> None:
