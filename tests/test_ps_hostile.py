@@ -76,3 +76,15 @@ def test_json_is_json_and_a_long_name_is_never_cut_at_sixty_columns(fake):
         assert GOOD_ROW["model"] in "".join(shown.stdout.split()), shown.stdout  # wrapped, every character there
         assert "loading" in shown.stdout and "2 waiting" in shown.stdout
         assert all(len(line) <= columns for line in shown.stdout.splitlines())
+
+
+def test_a_model_served_by_another_server_is_named_with_its_address_and_odd_ones_are_left_out(fake):
+    body = json.dumps({"models": [], "served": ["demo", "far"], "upstreams": {
+        "demo": "http://127.0.0.1:24001/v1", "far": 7, "x" * 10_000: "http://elsewhere/v1"}})
+    shown = ps(fake, body, columns=60)
+    assert shown.returncode == 0, shown.stderr
+    text = " ".join(shown.stdout.split())
+    assert "no model loaded (serving demo, far)" in text
+    assert "demo: served by http://127.0.0.1:24001/v1 (not loaded or unloaded here)" in text
+    assert "far:" not in text and len(shown.stdout) < 2_000  # (not an address; a name cut at 500 characters)
+    assert ps(fake, json.dumps({"models": [], "served": [], "upstreams": ["x"]})).returncode == 0

@@ -138,7 +138,7 @@ def run_ps(*, base_url: str, api_key: str | None, as_json: bool, console: Consol
     served = held.get("served")
     if not rows:
         names = ", ".join(str(s) for s in served[:50]) if isinstance(served, list) else "?"
-        console.print(f"no model loaded (serving {names})", markup=False)
+        console.print(f"no model loaded (serving {names})", markup=False, overflow="fold", soft_wrap=False)
     elif console.width < max(len(row.model) for row in rows) + OTHER_COLUMNS:
         show_blocks(console, rows)
     else:
@@ -147,9 +147,21 @@ def run_ps(*, base_url: str, api_key: str | None, as_json: bool, console: Consol
         if row.last_break:
             console.print(f"{row.model}: the last prompt broke from its cache at {row.last_break}", style="dim",
                           markup=False, overflow="fold")
+    _show_upstreams(console, held.get("upstreams"))
     _show_budget(console, rows, held)
     _show_disk(console, held.get("prompt_cache"))
     return 0
+
+
+def _show_upstreams(console: Console, upstreams: Any) -> None:
+    """The models served by another server (``--upstream``, ``gateway --upstream``, a ``--ranks``
+    group): never loaded or unloaded by this one, so in no row above."""
+    if not isinstance(upstreams, dict):
+        return
+    for name, url in list(upstreams.items())[:50]:
+        if isinstance(url, str):
+            console.print(f"{name[:500]}: served by {url[:500]} (not loaded or unloaded here)", style="dim",
+                          markup=False, overflow="fold", soft_wrap=False)
 
 
 def show_table(console: Console, rows: list[HeldModel]) -> None:
