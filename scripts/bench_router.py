@@ -40,14 +40,16 @@ import time
 from pathlib import Path
 
 import httpx
+from model_variants import register_demo_variants
 
-import localchat
 from localchat.environment import collect
 from localchat.processes import resident_bytes
 from localchat.serve.started import StartedServe
 from localchat.server.launch import free_port
 
 PROMPT = "Write a short paragraph about the sea, the wind and a small boat."
+# the demo with no end token: every reply is ``max_tokens`` long, as a big model's reply often is
+ENDLESS = {"config.json": {"eos_token_id": []}, "tokenizer_config.json": {"eos_token": None}}
 HELLO = "Remember the code harbor 17. Reply only OK."
 
 
@@ -136,31 +138,6 @@ def cpu_seconds(pid: int) -> float:
     except OSError:
         return float("nan")
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def register_endless_demo(home: Path) -> None:
-    """``demo-endless``: a copy of the demo (its files linked) that never ends a reply (no end token
-    in its config or its tokenizer's), so that every reply is ``max_tokens`` long, as a big model's
-    reply often is; registered for this run's processes (``LOCALCHAT_MODELS``), beside the others."""
-    from localchat.registry import local_dir, resolve
-
-    source, copy = local_dir(resolve("demo")), home / "demo-endless"
-    copy.mkdir(parents=True, exist_ok=True)
-    for file in source.iterdir():
-        if file.is_file() and file.name not in ("config.json", "tokenizer_config.json"):
-            (copy / file.name).unlink(missing_ok=True)
-            (copy / file.name).symlink_to(file)
-    for name, key, value in (("config.json", "eos_token_id", []), ("tokenizer_config.json", "eos_token", None)):
-        settings = json.loads((source / name).read_text())
-        (copy / name).write_text(json.dumps(settings | {key: value}))
-    registry = home / "models.yaml"
-    registry.write_text((Path(localchat.__file__).with_name("models.yaml")).read_text() + f"""
-  - id: demo-endless
-    source: {copy}
-    description: the demo with no end token
-    family: demo
-""")
-    os.environ["LOCALCHAT_MODELS"] = str(registry)
 
 
 def hop(home: Path, model: str, rounds: int, tokens: int) -> None:
@@ -307,8 +284,12 @@ def main() -> None:
     args = parser.parse_args()
     env = collect()
     print(f"hardware: {env.hardware_label} · mlx {env.mlx_version} · mlx-lm {env.mlx_lm_version}")
-    home = Path(tempfile.mkdtemp(prefix="bench-router-"))
-    register_endless_demo(home)
+    with tempfile.TemporaryDirectory(prefix="bench-router-") as where:  # (its prompt caches: ~100 MB a model)
+        measure(Path(where), args)
+
+
+def measure(home: Path, args: argparse.Namespace) -> None:
+    register_demo_variants(home, {"demo-endless": ENDLESS})
     for model in args.models.split(","):
         if model == "demo":
             hop(home, "demo-endless", 3 * args.rounds, 128)  # milliseconds a token: a per-chunk cost would show
@@ -321,7 +302,6 @@ def main() -> None:
     print(f"\n4. two users on demo, two on demo-tools, {args.requests} requests each")
     swapping(home, args.requests, None)
     swapping(home, args.requests, "50MB")
-    print(f"logs: {home}")
 
 
 if __name__ == "__main__":

@@ -27,12 +27,19 @@ def send(page, text: str) -> None:
 
 
 def main() -> None:
-    from playwright.sync_api import sync_playwright
-
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "web-page.png")
     args = parser.parse_args()
-    serve = StartedServe(Path(tempfile.mkdtemp(prefix="page-shot-")), "-m", "demo", "-m", "demo-tools",
+    with tempfile.TemporaryDirectory(prefix="page-shot-") as home:
+        shoot(Path(home), args.out)
+    print(f"wrote {args.out}")
+
+
+def shoot(home: Path, out: Path) -> None:
+    """The page of a serve whose data directory is ``home``, after a tool call and a recall, in ``out``."""
+    from playwright.sync_api import sync_playwright
+
+    serve = StartedServe(home, "-m", "demo", "-m", "demo-tools",
                          "--tools", str(ROOT / "examples" / "tools" / "add.py"))
     try:
         if not serve.wait_ready():
@@ -51,11 +58,10 @@ def main() -> None:
             page.get_by_test_id("model").select_option("demo")
             send(page, "Remember the code harbor 17. Reply only OK.")
             send(page, "What was the code? Reply with the code only.")
-            page.screenshot(path=str(args.out))
+            page.screenshot(path=str(out))
             browser.close()
     finally:
         serve.stop()
-    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":
