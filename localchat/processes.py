@@ -10,7 +10,6 @@ inside a process, on any system, for processes localchat does not start itself (
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import os
 import signal
@@ -38,34 +37,6 @@ def die_with_parent(death_signal: int = signal.SIGTERM) -> None:
         pass
 
 
-def yield_to_compute() -> bool:
-    """Linux: the calling thread no longer preempts a running thread when it wakes (``SCHED_BATCH``;
-    its share of the CPU is unchanged). For a relay woken on every token: on a CPU with few cores,
-    an engine's decode hands work between its threads tens of times a token, and a relay that
-    preempts one of them at each wake-up costs the decode more than its own CPU accounts for
-    (``scripts/bench_router.py``). Threads started from this thread inherit it; the processes
-    localchat starts go back to the normal policy (``normal_scheduling``). False elsewhere."""
-    if sys.platform != "linux":
-        return False
-    try:
-        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
-    except (OSError, AttributeError):
-        return False
-    return True
-
-
-def normal_scheduling() -> None:
-    """Linux: the calling thread back on the normal policy, whichever thread started its process."""
-    if sys.platform == "linux":
-        with contextlib.suppress(OSError, AttributeError):
-            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
-
-
-def _linux_child_start(death_signal: int) -> None:
-    die_with_parent(death_signal)
-    normal_scheduling()
-
-
 def become_subreaper() -> bool:
     """Linux: what this process's descendants leave orphaned (a double fork, a ``setsid``) becomes
     its child, not init's, so it can stop them; False where there is no such thing (macOS)."""
@@ -78,13 +49,12 @@ def become_subreaper() -> bool:
 
 
 def child_preexec(death_signal: int = signal.SIGTERM) -> Callable[[], None] | None:
-    """What a child runs before it starts (Linux): the parent-death signal, and the normal
-    scheduling policy. An engine child gets SIGKILL: a child that is stopped (SIGSTOP, Ctrl+Z)
-    takes no other signal until it is continued, and would outlive a front killed meanwhile,
-    holding its model's memory."""
+    """What a child runs before it starts: the parent-death signal where there is one. An engine
+    child gets SIGKILL: a child that is stopped (SIGSTOP, Ctrl+Z) takes no other signal until it
+    is continued, and would outlive a front killed meanwhile, holding its model's memory."""
     import functools
 
-    return functools.partial(_linux_child_start, death_signal) if sys.platform == "linux" else None
+    return functools.partial(die_with_parent, death_signal) if sys.platform == "linux" else None
 
 
 def _stat_fields(pid: str) -> tuple[str, int, int] | None:

@@ -24,7 +24,6 @@ from localchat.processes import (
     become_subreaper,
     descendants,
     kill_pids,
-    normal_scheduling,
     own_group,
     signal_group,
     stray_members,
@@ -69,7 +68,6 @@ def main() -> None:
     pidfile = os.environ.get(PIDFILE)
     if pidfile:
         write_pid(pidfile)
-    normal_scheduling()  # (started by a thread of the front that gives way to compute: the server need not)
     become_subreaper()  # Linux: a double fork or a setsid cannot take a server's children out of reach
     signal.signal(signal.SIGTERM, lambda *_: None)  # a handler, not SIG_IGN: the server gets the default back
     try:

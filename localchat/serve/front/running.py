@@ -18,7 +18,6 @@ import httpx
 from rich.console import Console
 
 from localchat.errors import LocalchatError, Termination, UsageError, raise_if_set
-from localchat.processes import yield_to_compute
 from localchat.serve.front.app import Gateway
 from localchat.serve.front.guards import BrowserPolicy, guarded, header_deadline_protocol
 from localchat.serve.pool.lease import Routes
@@ -62,7 +61,7 @@ def start_gateway(gateway: Gateway, host: str, port: int, origins: tuple[str, ..
                             timeout_graceful_shutdown=5, server_header=False, http=header_deadline_protocol(),
                             loop="uvloop")  # (with httptools: the least work a relayed chunk costs)
     server = uvicorn.Server(config)
-    thread = threading.Thread(target=_relaying, args=(server,), name="gateway", daemon=True)
+    thread = threading.Thread(target=server.run, name="gateway", daemon=True)
     thread.start()
     shown_host = f"[{host}]" if ":" in host else host
     running = RunningGateway(server=server, thread=thread, url=f"http://{shown_host}:{port}")
@@ -73,12 +72,6 @@ def start_gateway(gateway: Gateway, host: str, port: int, origins: tuple[str, ..
             raise GatewayStartError(f"the gateway could not listen on {host}:{port}")
         time.sleep(0.02)
     return running
-
-
-def _relaying(server: Any) -> None:
-    """uvicorn's loop, in a thread that gives way to the engines' decode (``yield_to_compute``)."""
-    yield_to_compute()
-    server.run()
 
 
 def wait_ready(running: RunningGateway, apis: tuple[str, ...], api_key: str | None, model: str,
