@@ -47,22 +47,32 @@ def raise_on_sigterm() -> Termination:
     short. The exception is lost when it lands inside a finalizer (``__del__``) or an at-fork
     callback (logging's, after a child is started), where Python only reports it as unraisable:
     that report is not printed (a traceback for a SIGTERM that is handled), a loop that waits on a
-    server looks at ``came`` (``raise_if_set``), and the next SIGTERM raises again."""
+    server looks at ``came`` (``raise_if_set``), and the next SIGTERM raises again. Called again
+    (a command after the CLI's own start), it keeps a ``Termination`` whose SIGTERM was lost: one
+    lost while the command was still importing is not forgotten."""
     import signal
     import sys
 
-    termination = Termination()
-
-    def handler(signum, frame):
-        if termination.came and not termination.lost:
-            return  # (already stopping)
-        termination.came, termination.lost = True, False
-        raise TerminationRequested()
-
-    signal.signal(signal.SIGTERM, handler)
+    installed = signal.getsignal(signal.SIGTERM)
+    lost = installed.termination if isinstance(installed, RaisingHandler) and installed.termination.lost else None
+    termination = lost or Termination()
+    signal.signal(signal.SIGTERM, RaisingHandler(termination=termination))
     sys.unraisablehook = QuietTermination(termination=termination, previous=getattr(
         sys.unraisablehook, "previous", sys.unraisablehook))  # (set again: the hook before the first)
     return termination
+
+
+@dataclass
+class RaisingHandler:
+    """SIGTERM's handler: ``TerminationRequested``, once."""
+
+    termination: Termination
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        if self.termination.came and not self.termination.lost:
+            return  # (already stopping)
+        self.termination.came, self.termination.lost = True, False
+        raise TerminationRequested()
 
 
 @dataclass

@@ -182,7 +182,13 @@ try:
     os.kill(os.getpid(), signal.SIGTERM)
 except TerminationRequested:
     print("raised again")
+raise_on_sigterm()  # (the one above was handled: a fresh start)
+Dying()  # lost, then the handler installed anew (a command after the CLI's start): not forgotten
+try:
+    raise_if_set(raise_on_sigterm())
+except TerminationRequested:
+    print("still")
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0 and done.stdout.split() == ["cleaned", "up", "kept", "raised", "again"], done
+    assert done.returncode == 0 and done.stdout.split() == ["cleaned", "up", "kept", "raised", "again", "still"], done
     assert "TerminationRequested" not in done.stderr and "ValueError: still shown" in done.stderr
