@@ -128,10 +128,15 @@ def test_sigterm_in_the_first_moments_of_serve_is_one_line_143_and_leaves_nothin
     proc = subprocess.Popen([sys.executable, "-m", "localchat", "serve", "--ranks", "2", "--port", str(free_port())],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
                             env={**os.environ, "LOCALCHAT_HOME": str(home)})
-    owned.wait_until_localchat_runs(proc.pid)
-    time.sleep(delay)
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=60)
+    try:
+        owned.wait_until_localchat_runs(proc.pid)
+        time.sleep(delay)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:  # (a serve that ignored it: the test fails without leaving it serving)
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
     assert proc.returncode == 143 and "terminated (SIGTERM)" in err and "Traceback" not in err, err
     assert gone(proc.pid, seconds=5)
 
