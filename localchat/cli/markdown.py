@@ -58,9 +58,9 @@ class ChatMarkdown(Markdown):
 
 class _Lines:
     """Already rendered lines, as a renderable (the last screenful of the block in progress), without
-    the padding Markdown gives them: the cursor must never rest in the last column, where the
-    terminal's echo of a Ctrl+C (``^C``) wraps to a new line, and the erase that ends the live region
-    then misses the line it shows (left on the screen, above the reply's final text)."""
+    the padding Markdown gives them, and two columns short of the edge: the terminal echoes a Ctrl+C
+    (``^C``, two characters) where the cursor rests, and had it wrapped to a new line, the erase that
+    ends the live region would miss its top line (left on the screen, above the reply's final text)."""
 
     def __init__(self, lines: list[list[Segment]]):
         self.lines = [unpadded(line) for line in lines]
@@ -139,7 +139,7 @@ class MarkdownStream:
 
     def _redraw(self) -> None:
         tail = self.text[self.printed:]
-        narrower = self.console.options.update_width(max(1, self.console.width - 1))  # (the last column stays free)
+        narrower = self.console.options.update_width(max(1, self.console.width - 2))  # (room for a ``^C``)
         lines = self.console.render_lines(ChatMarkdown(tail), narrower, pad=False) if tail.strip() else []
         visible = lines[-max(1, self.console.size.height - 1):]
         if self.live is None:
