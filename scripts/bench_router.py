@@ -13,7 +13,10 @@ two models that do not both fit (what swapping costs).
    in a tag of its own (the shared start is cached by the engine, as in a conversation: what a relay
    adds does not depend on the prefill, whose own swing would hide it). Printed: medians, and the
    median of each round's difference (TTFT) and ratio (decode) against the engine direct (the
-   second front against the first). Targets: TTFT ≤ +10 ms, decode ≥ 0.99×. Beside them, the floor:
+   second front against the first). Targets: TTFT ≤ +10 ms, decode ≥ 0.99×. The demo's is measured
+   on shared cores, then with the engine alone on one core (Linux; the client and the relays on the
+   others), as a Mac's many cores leave it: at ~430 tok/s any process woken on a token that lands on
+   a core the engine's threads want shows in its decode. Beside them, the floor:
    ``scripts/bare_relay.py`` (bytes from socket to socket on uvloop, no HTTP, no app) before the same
    engine, a second bare relay before that one (the floor under a second hop, against the first),
    and each relay's own CPU a token (1b: a front, ``--plain``, a second front, a bare relay).
@@ -140,14 +143,34 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def hop(home: Path, model: str, rounds: int, tokens: int) -> None:
+def own_core() -> tuple[int, ...]:
+    """A core for the engine alone, where one can be given (Linux, two cores or more): on a Mac's
+    many cores a relay never wakes on the engine's; on two shared ones any extra process can."""
+    cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
+    return (max(cores),) if len(cores) >= 2 else ()
+
+
+def pin(pid: int, cores: set[int]) -> None:
+    """Every thread of a process (those it starts later inherit it) to ``cores`` (Linux)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        os.sched_setaffinity(int(task.name), cores)
+
+
+def hop(home: Path, model: str, rounds: int, tokens: int, engine_core: int | None) -> None:
     serve = Serve(home / f"hop-{model}", "-m", model, "--keep-alive", "never", "--api", "anthropic")
     gateway = Gateway(serve.url + "/v1", model)
     bare = bare_twice = None
+    mine = os.sched_getaffinity(0) if engine_core is not None else set()
     try:
-        engine = serve.held()[0]["engine_url"]
+        row = serve.held()[0]
+        engine = row["engine_url"]
         bare = BareRelay(engine)
         bare_twice = BareRelay(bare.url)  # (two hops that do nothing: the floor under a second front)
+        if engine_core is not None:  # (the engine on a core of its own; the client and every relay on the rest)
+            pin(row["pid"], {engine_core})
+            rest = mine - {engine_core}
+            for pid in (os.getpid(), serve.proc.pid, gateway.proc.pid, bare.proc.pid, bare_twice.proc.pid):
+                pin(pid, rest)
         arms = {"direct": (engine, "default_model", "chat"),  # (the engine knows its model by that name)
                 "front": (serve.url + "/v1", model, "chat"),
                 "messages": (serve.url + "/v1", model, "messages"), "two fronts": (gateway.url + "/v1", model, "chat"),
@@ -167,7 +190,10 @@ def hop(home: Path, model: str, rounds: int, tokens: int) -> None:
                 relay.stop()
         gateway.stop()
         serve.stop()
-    print(f"\n1. the front's hop ({model}, {rounds} rounds, {tokens} tokens, streaming)")
+        if mine:
+            os.sched_setaffinity(0, mine)  # (what this script starts next runs anywhere again)
+    where = "shared cores" if engine_core is None else f"the engine alone on core {engine_core}, the rest elsewhere"
+    print(f"\n1. the front's hop ({model}, {rounds} rounds, {tokens} tokens, streaming; {where})")
     for name, timings in runs.items():
         rates = [r for _, r in timings if r == r]
         print(f"  {name:<11} TTFT {statistics.median(t for t, _ in timings) * 1e3:7.1f} ms · "
@@ -292,9 +318,10 @@ def measure(home: Path, args: argparse.Namespace) -> None:
     register_demo_variants(home, {"demo-endless": ENDLESS})
     for model in args.models.split(","):
         if model == "demo":
-            hop(home, "demo-endless", 3 * args.rounds, 128)  # milliseconds a token: a per-chunk cost would show
+            for engine_core in (None, *own_core()):  # (ms a token: a chunk's cost, or a wake-up's, shows)
+                hop(home, "demo-endless", 3 * args.rounds, 128, engine_core)
         else:
-            hop(home, model, args.rounds, args.tokens)  # seconds a reply: the relay's share of it
+            hop(home, model, args.rounds, args.tokens, None)  # seconds a reply: the relay's share of it
     relay_cpu(home)
     if args.hop_only:
         return
