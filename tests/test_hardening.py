@@ -183,6 +183,28 @@ def test_a_type_that_cannot_be_imported_is_named_not_hidden_by_cleanup(tmp_path,
     no_debris(home)
 
 
+@pytest.mark.parametrize("kind, name, damage", [
+    ("Q8_0", "blk.0.ffn_up.weight", lambda raw: raw[0].__setitem__(slice(0, 2), [0x00, 0x7C])),  # scale f16 inf
+    ("Q4_K", "blk.1.attn_v.weight", lambda raw: raw[0].__setitem__(slice(2, 4), [0x00, 0x7E])),  # dmin f16 NaN
+    ("F32", "blk.0.attn_norm.weight", lambda raw: raw.__setitem__(3, np.nan)),
+])
+def test_a_tensor_with_numbers_that_are_not_finite_is_refused(tmp_path, home, kind, name, damage):
+    """A damaged or hostile file's inf or NaN (a scale of 0x7C00) would import silently into a model
+    that answers garbage: it is one line naming the tensor, and nothing is written."""
+    def damaged(writer):
+        info = writer.tensors[0][name]
+        raw = info.tensor.copy()
+        damage(raw)
+        writer.tensors[0][name] = replace(info, tensor=raw)
+
+    write_tiny_gguf(tmp_path / "m.gguf", "llama", kind, hidden=256, ffn=256, mutate=damaged)
+    result = imported(tmp_path / "m.gguf")
+    assert "RuntimeWarning" not in result.stderr
+    one_error(result, 1, f"tensor {name} holds {'1 number' if kind == 'F32' else ''}")
+    assert "not finite (inf or NaN): the file is damaged" in result.stderr
+    no_debris(home)
+
+
 @pytest.mark.parametrize("signal_name, code", [("SIGINT", 130), ("SIGTERM", 143)])
 def test_ctrl_c_or_sigterm_during_import_leaves_nothing(tmp_path, home, monkeypatch, signal_name, code):
     from localchat.gguf import convert

@@ -25,9 +25,10 @@ import numpy as np
 
 from localchat.errors import LocalchatError
 from localchat.gguf.reader import GgufFile
-from localchat.gguf.tensors import Quantized, to_mlx
+from localchat.gguf.tensors import Quantized, non_finite, to_mlx
 from localchat.gguf.tokenizer import TokenizerSpec, build_tokenizer, check_tokenizer, save_tokenizer
 from localchat.gguf.validate import Hyperparameters, check_tensors, hyperparameters, tokenizer_fields
+from localchat.wording import count
 
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
 LAYER_NAMES = {
@@ -154,6 +155,9 @@ def converted_tensors(reader: GgufFile, h: Hyperparameters, arch: str, report: I
         report.tensor_types[tensor.kind] = report.tensor_types.get(tensor.kind, 0) + 1
         value = to_mlx(tensor.kind, reader.raw(tensor), tensor.shape)
         reader.release(tensor)
+        if bad := non_finite(value):
+            raise GgufImportError(f"tensor {tensor.name} holds {count(bad, 'number')} that are not finite (inf or "
+                                  "NaN): the file is damaged")
         if arch == "llama" and tensor.name.endswith(("attn_q.weight", "attn_k.weight")):
             value = unpermute_rows(value, h.heads if "attn_q" in tensor.name else h.kv_heads)
         if not isinstance(value, Quantized):

@@ -128,7 +128,8 @@ def to_mlx(kind: str, raw: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | Q
     rows, cols = shape
     if kind in EXACT:
         decode, size = EXACT[kind]
-        codes, scales, biases, bits = decode(raw.reshape(rows, -1, size))
+        with np.errstate(over="ignore", invalid="ignore"):  # (a damaged scale: counted by ``non_finite``)
+            codes, scales, biases, bits = decode(raw.reshape(rows, -1, size))
         codes = codes.reshape(rows, cols)
         return Quantized(weight=pack(codes, bits), scales=scales.reshape(rows, -1).astype(np.float32),
                          biases=biases.reshape(rows, -1).astype(np.float32), bits=bits)
@@ -136,6 +137,14 @@ def to_mlx(kind: str, raw: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | Q
         return _requantized(kind, raw, rows, cols, NEAREST[kind])
     raise LocalchatError(f"tensor type {kind} cannot be imported (supported: "
                          f"{', '.join([*sorted(FLOATS), *EXACT, *NEAREST])})")
+
+
+def non_finite(value: np.ndarray | Quantized) -> int:
+    """How many of a tensor's numbers (its values, or its scales and biases) are inf or NaN: a model
+    never holds one, a damaged or hostile file may (an f16 scale of 0x7C00), and the model it gave
+    would answer garbage."""
+    arrays = (value.scales, value.biases) if isinstance(value, Quantized) else (value,)
+    return sum(int(array.size - np.count_nonzero(np.isfinite(array))) for array in arrays)
 
 
 def _floats(kind: str, raw: np.ndarray) -> np.ndarray:
