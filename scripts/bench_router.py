@@ -9,12 +9,13 @@ two models that do not both fit (what swapping costs).
    ``smollm2`` (a decode of seconds); the same streaming request straight to the engine child (its
    URL from ``/localchat/ps``), through the front (chat completions relayed as they come: the engine
    writes the model's id itself), through the front's Anthropic Messages API, and through a second
-   front (``localchat gateway --upstream`` in front of the ``serve``), in rotation, each prompt ending
-   in a tag of its own (the shared start is cached by the engine, as in a conversation: what a relay
-   adds does not depend on the prefill, whose own swing would hide it). Printed: medians, and the
+   front (``localchat gateway --upstream`` in front of the ``serve``), in rotation, the same prompt
+   each time (the engine has it cached, as a client asking again finds it: what a relay adds does
+   not depend on the prefill, whose own swing would hide it; SmolLM2's TTFT is then one step of
+   ~0.1 s, not 0.8 s of prefill swinging by ±10 ms from run to run). Printed: medians, and the
    median of each round's difference (TTFT) and ratio (decode) against the engine direct (the
-   second front against the first). Targets: TTFT ≤ +10 ms, decode ≥ 0.99×. The demo's is measured
-   on shared cores, then with the engine alone on one core (Linux; the client and the relays on the
+   second front against the first). Targets: TTFT ≤ +10 ms, decode ≥ 0.99×. Each is measured on
+   shared cores, then with the engine alone on one core (Linux; the client and the relays on the
    others), as a Mac's many cores leave it: at ~430 tok/s any process woken on a token that lands on
    a core the engine's threads want shows in its decode. Beside them, the floor:
    ``scripts/bare_relay.py`` (bytes from socket to socket on uvloop, no HTTP, no app) before the same
@@ -45,6 +46,7 @@ from pathlib import Path
 import httpx
 from model_variants import register_demo_variants
 
+from localchat.backends.http import shared_ssl_context
 from localchat.environment import collect
 from localchat.processes import resident_bytes
 from localchat.serve.started import StartedServe
@@ -54,6 +56,8 @@ PROMPT = "Write a short paragraph about the sea, the wind and a small boat."
 # the demo with no end token: every reply is ``max_tokens`` long, as a big model's reply often is
 ENDLESS = {"config.json": {"eos_token_id": []}, "tokenizer_config.json": {"eos_token": None}}
 HELLO = "Remember the code harbor 17. Reply only OK."
+ASKED_AGAIN = f"{PROMPT} [hop]"
+SSL = shared_ssl_context()  # (a client made for each request would build one, ~20 ms of every TTFT's noise)
 
 
 class Serve(StartedServe):
@@ -80,7 +84,7 @@ def streamed(base_url: str, model: str, prompt: str, max_tokens: int, api: str =
         body |= {"stream_options": {"include_usage": True}}
     started, first, last, tokens = time.perf_counter(), None, None, 0
     path = "/chat/completions" if api == "chat" else "/messages"
-    with httpx.stream("POST", base_url + path, json=body, timeout=300) as response:
+    with httpx.stream("POST", base_url + path, json=body, timeout=300, verify=SSL) as response:
         for line in response.iter_lines():
             if not line.startswith("data: {"):
                 continue
@@ -177,13 +181,13 @@ def hop(home: Path, model: str, rounds: int, tokens: int, engine_core: int | Non
                 "bare relay": (bare.url + "/v1", "default_model", "chat"),
                 "two bare": (bare_twice.url + "/v1", "default_model", "chat")}
         for name, (url, named, api) in arms.items():
-            print(f"  warm-up {name}: {streamed(url, named, f'{PROMPT} [warm-up {name}]', tokens, api)}")
+            print(f"  warm-up {name}: {streamed(url, named, ASKED_AGAIN, tokens, api)}")
         runs: dict[str, list[tuple[float, float]]] = {name: [] for name in arms}
         order = list(arms)
         for i in range(rounds):
-            for j, name in enumerate(order[i % len(order):] + order[:i % len(order)]):
+            for name in order[i % len(order):] + order[:i % len(order)]:
                 url, named, api = arms[name]
-                runs[name].append(streamed(url, named, f"{PROMPT} [{i:02d}-{j}]", tokens, api))
+                runs[name].append(streamed(url, named, ASKED_AGAIN, tokens, api))
     finally:
         for relay in (bare_twice, bare):
             if relay is not None:
@@ -317,11 +321,11 @@ def main() -> None:
 def measure(home: Path, args: argparse.Namespace) -> None:
     register_demo_variants(home, {"demo-endless": ENDLESS})
     for model in args.models.split(","):
-        if model == "demo":
-            for engine_core in (None, *own_core()):  # (ms a token: a chunk's cost, or a wake-up's, shows)
+        for engine_core in (None, *own_core()):
+            if model == "demo":  # (ms a token: a chunk's cost, or a wake-up's, shows)
                 hop(home, "demo-endless", 3 * args.rounds, 128, engine_core)
-        else:
-            hop(home, model, args.rounds, args.tokens, None)  # seconds a reply: the relay's share of it
+            else:
+                hop(home, model, args.rounds, args.tokens, engine_core)  # seconds a reply: the relay's share of it
     relay_cpu(home)
     if args.hop_only:
         return
