@@ -113,6 +113,20 @@ def test_save_names_the_conversation_it_is_and_no_second_copy_is_made(home):
     assert "resumed 'harbor': 2 turn(s)" in runner.invoke(app, ["chat", "--resume", "harbor"], input="/quit\n").stderr
 
 
+def test_a_system_message_and_settings_set_after_the_last_turn_come_back_with_continue(home):
+    """``/set`` after the last turn is kept on leaving (it used to be lost: only new turns were
+    written); a flag given on resuming wins, and is the conversation's from then on."""
+    done = runner.invoke(app, ["chat"], input=f"{REMEMBER}\n/set system You are terse.\n/set top_k 7\n")
+    assert done.exit_code == 0, done.stderr
+    back = runner.invoke(app, ["chat", "--continue"], input="/set\n/quit\n")
+    assert "top_k 7 ·" in back.stderr and "system 'You are terse.'" in back.stderr, back.stderr
+    warmer = runner.invoke(app, ["chat", "--continue", "--temperature", "0.5"], input="/set\n/quit\n")
+    assert "temperature 0.5 ·" in warmer.stderr and "top_k 7 ·" in warmer.stderr
+    again = runner.invoke(app, ["chat", "--continue"], input="/set\n/quit\n")
+    assert "temperature 0.5 ·" in again.stderr and "system 'You are terse.'" in again.stderr
+    assert [row[1] for row in logged(home)] == [REMEMBER]  # settings are no turn of the log
+
+
 def test_no_log_config_and_bench_keep_nothing(home):
     assert runner.invoke(app, ["chat", "--no-log", REMEMBER]).exit_code == 0
     assert runner.invoke(app, ["bench", "--repeat", "1", "--max-tokens", "8", "--script", "name-recall"]).exit_code == 0

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
@@ -13,6 +13,7 @@ from rich.console import Console
 
 from localchat.backends import Backend, GenerationParams
 from localchat.backends.mlx_options import RuntimeOptions, server_fields
+from localchat.chosen_settings import chosen_params
 from localchat.cli import outcomes
 from localchat.cli.images import attach, check_model_sees, read_pictures, server_picture_tokens
 from localchat.cli.options import ChatOptions
@@ -36,6 +37,7 @@ from localchat.grammar.answer_formats import (
 from localchat.grammar.think_budget import DRAFT_AND_BUDGET, ThinkBudget
 from localchat.home import keeps_conversations, records_dir
 from localchat.registry import DEFAULT_MODEL, ModelRef, resolve
+from localchat.sampling import SETTINGS
 from localchat.store.keeper import SessionSaver, saved_state
 from localchat.store.kv_files import cache_files
 from localchat.store.saved_sessions import KEEPING_BUSY_TIMEOUT_S, SavedSession, default_store
@@ -44,9 +46,6 @@ from localchat.store.session_cache import SessionCaches
 if TYPE_CHECKING:
     from localchat.tools.runner import ToolRunner
     from localchat.tools.settings import ToolSettings
-
-DEFAULT_MAX_TOKENS = 512
-
 
 def read_prompt(prompt: str, max_chars: int) -> str:
     """The PROMPT argument, or standard input for ``-`` (which must be valid UTF-8), less one final
@@ -83,20 +82,14 @@ def _given(ref: ModelRef | None, value: Any, name: str, fallback: Any) -> Any:
     return value if value is not None else _default(ref, name, fallback)
 
 
-def generation_params(ref: ModelRef | None, opts: ChatOptions) -> GenerationParams:
+def generation_params(ref: ModelRef | None, opts: ChatOptions,
+                      kept: Mapping[str, Any] | None = None) -> GenerationParams:
+    """The flags, else the settings a resumed conversation was left with, else the model's defaults."""
     gen = opts.generation
-    return GenerationParams(
-        temperature=_given(ref, gen.temperature, "temperature", 0.0),
-        top_p=_given(ref, gen.top_p, "top_p", 1.0),
-        top_k=_given(ref, gen.top_k, "top_k", 0),
-        min_p=_given(ref, gen.min_p, "min_p", 0.0),
-        repetition_penalty=_given(ref, gen.repetition_penalty, "repetition_penalty", None),
-        max_tokens=gen.max_tokens or _default(ref, "max_tokens", DEFAULT_MAX_TOKENS),
-        seed=gen.seed,
-        think=gen.think,
-        think_budget=ThinkBudget(tokens=gen.think_budget, message=gen.think_budget_message)
-        if gen.think_budget is not None else None,
-    )
+    given = {name: getattr(gen, name) for name in SETTINGS}
+    budget = ThinkBudget(tokens=gen.think_budget, message=gen.think_budget_message) \
+        if gen.think_budget is not None else None
+    return replace(chosen_params(ref, given, kept), seed=gen.seed, think=gen.think, think_budget=budget)
 
 
 def runtime_options(ref: ModelRef | None, opts: ChatOptions) -> RuntimeOptions:
@@ -285,7 +278,7 @@ def chat_with_ui(*, opts: ChatOptions, prompt: str | None, ui: ChatUI) -> TurnSt
         if tools:
             tools.close()
         raise
-    params = generation_params(ref, opts)
+    params = generation_params(ref, opts, saved.params if saved else None)
     if schema:
         params = replace(params, answer=schema)  # masked in-process; asked for, and checked, over HTTP
     session = ChatSession(backend=backend, conversation=conversation_for(ref, opts, schema, saved, backend),
@@ -306,7 +299,7 @@ def chat_with_ui(*, opts: ChatOptions, prompt: str | None, ui: ChatUI) -> TurnSt
     saver = SessionSaver(store, saved.uid if saved else new_session_id(),
                          opts.model.model or (ref.id if ref else None), name=saved.name if saved else None,
                          caches=caches, logging=keep, revision=saved.revision if saved else 0,
-                         saved_state=saved_state(saved.turns, saved.pins, saved.summary) if saved else None)
+                         saved_state=saved_state(saved) if saved else None)
     saver.start(session)
     try:
         if text is None:

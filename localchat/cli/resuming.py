@@ -25,7 +25,7 @@ PICK_FROM = 10
 
 
 def resumed(opts: ChatOptions, ui: ChatUI) -> SavedSession | None:
-    """The conversation to continue; its system message comes with it."""
+    """The conversation to continue; its system message and settings come with it."""
     storage = opts.storage
     if storage.resume is None and not storage.continue_latest:
         return None

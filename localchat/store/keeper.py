@@ -48,10 +48,9 @@ class SessionSaver:
     def start(self, session: ChatSession) -> None:
         """What the session holds when it begins (a resumed conversation's turns) is logged already,
         and kept as it is."""
-        turns = session.conversation.turns
-        self._remember_logged(turns)
+        self._remember_logged(session.conversation.turns)
         if self.saved_state is None:
-            self.saved_state = saved_state(turns, session.conversation.pins, _notes(session))
+            self.saved_state = saved_state(self._snapshot(session, self.name))
 
     @property
     def key(self) -> str:
@@ -67,7 +66,7 @@ class SessionSaver:
         if self.stale:  # continued elsewhere: nothing more is written from here; each new turn is said once
             said, self._refused = self._refused, len(session.conversation.turns)
             return CONTINUED_ELSEWHERE if len(session.conversation.turns) > said else None
-        state = saved_state(session.conversation.turns, session.conversation.pins, _notes(session))
+        state = saved_state(self._snapshot(session, self.name))
         if not new and not taken_back and state == self.saved_state:
             return None
         if not new and not taken_back and not self._logged and self.name is None:
@@ -102,7 +101,7 @@ class SessionSaver:
         new = self._new_turns(session.conversation.turns) if self.logging else ()
         written = self.store.save(self._snapshot(session, name), log=new, based_on=self.revision)
         replaced, self.name, self.revision = written.replaced, name, written.revision
-        self.saved_state = saved_state(session.conversation.turns, session.conversation.pins, _notes(session))
+        self.saved_state = saved_state(self._snapshot(session, name))
         self._remember_logged(session.conversation.turns)
         cache = write_cache(session, self.uid, name, self.caches) if self.caches else None
         return Saved(name=name, replaced=replaced, cache=cache)
@@ -117,9 +116,8 @@ class SessionSaver:
             else None
 
     def unsaved(self, session: ChatSession) -> bool:
-        """Turns, pins or notes not written yet (never, while every turn is kept)."""
-        state = saved_state(session.conversation.turns, session.conversation.pins, _notes(session))
-        return self.saved_state != state
+        """Turns, pins, notes or settings not written yet (never, while every turn is kept)."""
+        return self.saved_state != saved_state(self._snapshot(session, self.name))
 
     def _snapshot(self, session: ChatSession, name: str | None) -> SavedSession:
         conversation = session.conversation
@@ -141,6 +139,7 @@ def _notes(session: ChatSession) -> str | None:
     return summary.text if summary else None
 
 
-def saved_state(turns: Sequence[Turn], pins: Sequence[str], summary: str | None) -> tuple:
-    """What a save keeps of a conversation, comparable."""
-    return tuple(turns), tuple(pins), summary
+def saved_state(saved: SavedSession) -> tuple:
+    """What a save keeps of a conversation, comparable: a changed system message or setting is
+    written as a new turn is (``/set system``, the page's Set), not lost when it is left."""
+    return tuple(saved.turns), tuple(saved.pins), saved.summary, saved.system, saved.params

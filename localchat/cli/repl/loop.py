@@ -84,6 +84,7 @@ class ReplLoop:
                 self.ui.info(f"({HOW_TO_LEAVE})")
                 continue
             except EOFError:
+                self.keep()
                 if self.may_leave():
                     return
                 continue

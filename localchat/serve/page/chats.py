@@ -24,12 +24,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from localchat.backends import GenerationParams
+from localchat.chosen_settings import chosen_params
 from localchat.conversation.history import Conversation
 from localchat.conversation.result import Listeners, TurnResult
 from localchat.conversation.turn import ChatSession
 from localchat.errors import LocalchatError, UsageError
-from localchat.registry import ModelRef
 from localchat.sampling import check_setting
 from localchat.serve.page.live import (
     LiveChat,
@@ -46,7 +45,6 @@ from localchat.serve.pool.lease import Lease
 from localchat.store.keeper import SessionSaver, saved_state
 from localchat.store.saved_sessions import KEEPING_BUSY_TIMEOUT_S, SessionNotFound, SessionStore, default_store
 
-DEFAULT_MAX_TOKENS = 512
 IDLE_LOOK_S = 1.0  # how often conversations idle past the keep-alive have their tools stopped
 
 
@@ -156,12 +154,12 @@ class WebChats:
               saved: Any) -> LiveChat:
         ref, backend = model_backend(model)
         session = ChatSession(backend=backend, conversation=Conversation.for_backend(backend, system, turns),
-                              params=_params(ref, params))
+                              params=chosen_params(ref, {}, params))
         if saved is not None:
             session.conversation.pins = list(saved.pins)
         saver = SessionSaver(self.store, uid, model, name=saved.name if saved else None, logging=True,
                              revision=saved.revision if saved else 0,
-                             saved_state=saved_state(saved.turns, saved.pins, saved.summary) if saved else None)
+                             saved_state=saved_state(saved) if saved else None)
         saver.start(session)
         return LiveChat(uid=uid, model=model, session=session, saver=saver)
 
@@ -297,7 +295,7 @@ class WebChats:
             if not isinstance(system, str) or len(system) > 20_000:
                 raise UsageError("the system message is text of at most 20,000 characters")
             session.set_system(system or None)
-            chat.saver.kept(session)
+        chat.saver.kept(session)  # (the conversation's own from now on: kept as a turn is)
         return self.shown(uid)
 
     def _switched(self, chat: LiveChat, model: Any) -> None:
@@ -327,15 +325,6 @@ class WebChats:
         self._starter.shutdown(wait=False, cancel_futures=True)
         for chat in list(self.live.values()):
             self._closed(chat)
-
-
-def _params(ref: ModelRef | None, saved: dict[str, Any]) -> GenerationParams:
-    def given(name: str, fallback: Any) -> Any:
-        value = saved.get(name)
-        return value if value is not None else (ref.default(name, fallback) if ref else fallback)
-
-    return GenerationParams(temperature=given("temperature", 0.0), top_p=given("top_p", 1.0),
-                            max_tokens=given("max_tokens", DEFAULT_MAX_TOKENS))
 
 
 def _unique(hits: list[Any]) -> list[Any]:
