@@ -87,6 +87,21 @@ def test_a_cache_that_does_not_fit_is_one_line_and_the_turn_re_prefills(tmp_path
     assert again.ask(QUESTION).stats.cached_tokens == 0
 
 
+def test_where_the_cache_and_the_prompt_part_is_said(tmp_path, demo):
+    """Within the last reply (the demo answers "Yes, Good is .." with "." twice, and the text read back
+    as history is "..": one token) is usual; before it, something changed (here the system message)."""
+    session = chat(backend_for(demo))
+    session.ask("Remember the code harbor 17.")
+    files = CacheFiles(tmp_path / "kv")
+    SessionSaver(SessionStore(tmp_path / "db.sqlite3"), "uid-1", "demo", caches=SessionCaches(files)).save(session, "s")
+    _, line = resumed(demo, session, files)
+    assert "but only" in line and "usual, nothing changed" in line, line
+    terse = ChatSession(backend_for(demo), Conversation("You are terse.", list(session.conversation.turns)),
+                        GenerationParams(max_tokens=24))
+    line = restore_cache(terse, "uid-1", "s", files)
+    assert "but only" in line and "the system message, the tools offered or the template changed" in line, line
+
+
 def _rewrite_header(path, edit):
     raw = path.read_bytes()
     (length,) = struct.unpack("<Q", raw[:8])

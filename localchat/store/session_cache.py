@@ -122,8 +122,18 @@ def restore_cache(session: ChatSession, uid: str, name: str, files: CacheFiles) 
     if matched >= held:
         return f"KV cache loaded: {held} tokens, {size}; the first turn prefills only what is new"
     return (f"KV cache loaded ({size}), but only {matched} of its {held} tokens still match the prompt the template "
-            "renders now (the tools offered or the template changed?): the first turn prefills from token "
-            f"{matched} on")
+            f"renders now ({_why_parted(session, held, matched)}): the first turn prefills from token {matched} on")
+
+
+def _why_parted(session: ChatSession, held: int, matched: int) -> str:
+    """Where the saved tokens and the prompt part, said: within the last reply is usual (its text,
+    read back as history, is tokenized anew, and BPE need not give back the tokens the model chose),
+    before it something changed."""
+    turns = session.conversation.turns
+    reply = turns[-1].stats.completion_tokens if turns and turns[-1].stats is not None else 0
+    if reply and matched >= held - reply:
+        return "the last reply, read back as history, is other tokens than the model generated: usual, nothing changed"
+    return "the system message, the tools offered or the template changed since?"
 
 
 def _matching_tokens(session: ChatSession, held: list[int]) -> int:
