@@ -293,6 +293,7 @@ def test_system_and_temperature_are_the_conversations_own(page, served):
     not undo the typing: what is saved is what was typed."""
     say(page, REMEMBER)
     uid = page.evaluate("() => location.hash.slice(1)")
+    assert page.locator("#system").input_value() == "You are a helpful assistant."  # the model's default, shown
     held = []
     page.route("**/api/chats/*", lambda route: held.append(route) if route.request.method == "PATCH" and
                "temperature" in (route.request.post_data or "") else route.continue_())

@@ -373,6 +373,8 @@ function wire() {
 
 async function start() {
   wire();
+  // what the boxes hold now is shown, not typed: the first conversation's own values replace it
+  for (const field of [$("system"), $("temperature")]) field.dataset.shown = field.value;
   try {
     await loadModels();
     await loadList();
