@@ -66,14 +66,14 @@ class SessionSaver:
         if self.stale:  # continued elsewhere: nothing more is written from here; each new turn is said once
             said, self._refused = self._refused, len(session.conversation.turns)
             return CONTINUED_ELSEWHERE if len(session.conversation.turns) > said else None
-        state = saved_state(self._snapshot(session, self.name))
+        snapshot = self._snapshot(session, self.name)
+        state = saved_state(snapshot)
         if not new and not taken_back and state == self.saved_state:
             return None
         if not new and not taken_back and not self._logged and self.name is None:
             return None  # nothing was ever accepted: there is no conversation to keep yet
         try:
-            written = self.store.save(self._snapshot(session, self.name), log=new, take_back=taken_back,
-                                      based_on=self.revision)
+            written = self.store.save(snapshot, log=new, take_back=taken_back, based_on=self.revision)
         except ContinuedElsewhere as exc:
             self.stale, self._refused = True, len(session.conversation.turns)
             return str(exc)
